@@ -1,0 +1,246 @@
+"""`KernelCache`: memory, then local disk, then one compile across all processes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import layout
+from .config import Settings
+from .errors import CorruptEntry, KCacheError, PublishError
+from .fsutil import ensure_dir
+from .keys import derive_key
+from .locks import KeyLock
+from .maintenance import GcReport, collect_garbage, gc_is_due
+from .memory import MemoryTier
+from .stats import CacheStats
+from .store import EntryStore, PublishOutcome
+
+if TYPE_CHECKING:
+    from tilelang.jit import JITKernel
+    from tvm.tirx import PrimFunc
+
+log = logging.getLogger("kcache")
+
+KERNELS = "kernels"
+
+
+class KernelCache:
+    """A kernel cache on one root directory, shared safely by any number of processes."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, settings: Settings | None = None) -> None:
+        self.settings = settings if settings is not None else Settings.from_env(root)
+        self.root = self.settings.root
+        try:
+            ensure_dir(self.root)
+        except OSError as err:
+            raise KCacheError(
+                f"cannot create the cache root {self.root}: {err.strerror or err}. "
+                "Set KCACHE_DIR (or pass root=) to a writable directory."
+            ) from err
+        self.stats = CacheStats()
+        self.memory: MemoryTier | None = None  # needs TVM: made with the backend
+        self._store: EntryStore | None = None
+        self._backend: Any = None
+        self._key_threads: dict[str, threading.Lock] = {}
+        self._key_threads_guard = threading.Lock()
+        self._maybe_gc()
+
+    # ------------------------------------------------------------ public
+
+    def get_or_compile(
+        self,
+        func: PrimFunc,
+        target: str | dict[str, Any] | Any | None = None,
+        *,
+        out_idx: int | Sequence[int] | None = None,
+        pass_configs: dict[str, Any] | None = None,
+        compile_flags: str | Sequence[str] | None = None,
+        execution_backend: str = "tvm_ffi",
+    ) -> JITKernel:
+        """A runnable TileLang kernel for `func`, compiled at most once across processes."""
+        backend = self._tilelang()
+        options = (
+            backend.target_memo_key(target),
+            None if out_idx is None else tuple(backend.normalize_out_idx(out_idx)),
+            None if not pass_configs else backend.canonical_json(pass_configs),
+            None if compile_flags is None else tuple(backend.normalize_flags(compile_flags)),
+            execution_backend,
+        )
+        kernel = self.memory.get(func, options)
+        if kernel is not None:
+            self.stats.add(memory_hits=1)
+            return kernel
+        kernel = self._get_slow(backend, func, target, out_idx, pass_configs, compile_flags, execution_backend)
+        return self.memory.put(func, options, kernel)
+
+    def gc(self) -> GcReport:
+        """Remove stale staging directories (everywhere under the root) and idle lock files."""
+        return collect_garbage(self.root, self.settings.staging_ttl_s)
+
+    def stats_dict(self) -> dict[str, float]:
+        return self.stats.snapshot()
+
+    @property
+    def store(self) -> EntryStore:
+        if self._store is None:
+            from .tilelang_backend import COMPONENTS
+
+            self._store = EntryStore(self.root, KERNELS, COMPONENTS)
+        return self._store
+
+    # ------------------------------------------------------------ internals
+
+    def _tilelang(self) -> Any:
+        backend = self._backend
+        if backend is None:
+            from . import tilelang_backend as backend
+
+            self.memory = MemoryTier(backend.structural_hash, backend.structural_equal)
+            self._backend = backend
+        return backend
+
+    def _get_slow(self, backend: Any, func: Any, target: Any, out_idx: Any, pass_configs: Any, compile_flags: Any, execution_backend: str) -> Any:
+        from .toolchain import toolchain_fingerprint
+
+        request = _Request(
+            func=func,
+            resolved=backend.resolve_target(target, execution_backend),
+            out_idx=backend.normalize_out_idx(out_idx),
+            pass_configs=backend.normalize_pass_configs(pass_configs),
+            compile_flags=backend.normalize_flags(compile_flags),
+            toolchain=toolchain_fingerprint(self.root),
+        )
+        request.key = derive_key(backend.key_fields(
+            func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags, request.toolchain
+        ))
+        kernel = self._load_published(backend, request, quarantine=False)
+        if kernel is not None:
+            self.stats.add(disk_hits=1)
+            return kernel
+        self.stats.add(misses=1)
+        with self._thread_gate(request.key):
+            # Another thread of this process may have finished it meanwhile.
+            kernel = self._load_published(backend, request, quarantine=False)
+            if kernel is not None:
+                self.stats.add(disk_hits=1)
+                return kernel
+            return self._compile_once(backend, request)
+
+    def _compile_once(self, backend: Any, request: _Request) -> Any:
+        lock = KeyLock(self.root / layout.LOCKS / f"{request.key}.lock", request.key)
+        waited = lock.acquire(self.settings.lock_timeout_s)
+        if waited > 0:
+            self.stats.add(lock_waits=1, lock_wait_seconds=waited)
+        with lock:
+            kernel = self._load_published(backend, request, quarantine=True)
+            if kernel is not None:
+                self.stats.add(disk_hits=1)
+                return kernel
+            compiled = backend.compile_kernel(
+                request.func, request.resolved, request.out_idx, request.pass_configs,
+                request.compile_flags, self.root / layout.LOGS,
+            )
+            self.stats.add(compiles=1)
+            return self._publish(backend, request, compiled)
+
+    def _publish(self, backend: Any, request: _Request, compiled: Any) -> Any:
+        def fill(staging: Path) -> None:
+            backend.write_entry(staging, compiled, request.key, request.resolved, request.toolchain)
+
+        for _attempt in range(2):
+            try:
+                outcome = self.store.publish(request.key, fill)
+            except (PublishError, KCacheError, OSError) as err:
+                # The kernel compiled fine; only saving it failed. The caller
+                # still gets a working kernel, and the cause is not hidden.
+                self.stats.add(publish_failures=1)
+                log.warning("kcache: compiled %s but could not save it, so it will compile again next time: %s",
+                            compiled.name, err)
+                return compiled.kernel
+            if outcome is PublishOutcome.PUBLISHED:
+                return compiled.kernel
+            # Lost the race to a writer that did not take our lock (another
+            # host on a filesystem without working flock, say): use theirs.
+            self.stats.add(lost_races=1)
+            theirs = self._load_published(backend, request, quarantine=True)
+            if theirs is not None:
+                return theirs
+        return compiled.kernel
+
+    def _load_published(self, backend: Any, request: _Request, *, quarantine: bool) -> Any | None:
+        """Load the verified entry of `request.key`, or None.
+
+        A corrupt entry is a miss. With `quarantine` (only under the key's
+        lock) it is also moved aside, so that the compile that follows can
+        publish a good one.
+        """
+        entry_dir = self.store.entry_path(request.key)
+        try:
+            files = self.store.read(request.key)
+            if files is None:
+                return None
+            try:
+                return backend.load_kernel(
+                    request.func, entry_dir, files, request.resolved,
+                    request.out_idx, request.pass_configs, request.compile_flags,
+                )
+            except Exception as err:  # a verified entry that TileLang cannot load is unusable, whatever the cause
+                _refuse_noexec(entry_dir, err)
+                raise CorruptEntry(str(entry_dir), f"verified but failed to load: {type(err).__name__}: {err}") from err
+        except CorruptEntry as corrupt:
+            if quarantine:
+                self.stats.add(corrupt_entries=1)
+                self.store.quarantine(request.key, corrupt.reason)
+            else:
+                log.debug("kcache: %s", corrupt)
+            return None
+
+    @contextlib.contextmanager
+    def _thread_gate(self, key: str) -> Iterator[None]:
+        """Threads of one process missing the same key queue here, not on the file lock."""
+        with self._key_threads_guard:
+            gate = self._key_threads.setdefault(key, threading.Lock())
+        with gate:
+            yield
+
+    def _maybe_gc(self) -> None:
+        try:
+            if gc_is_due(self.root, self.settings.gc_interval_s):
+                report = self.gc()
+                if report.staging_removed or report.locks_removed:
+                    log.debug("kcache: gc at open removed %s", report)
+        except OSError as err:
+            log.warning("kcache: gc of %s at open failed (the cache still works): %s", self.root, err)
+
+
+@dataclass
+class _Request:
+    """One get_or_compile call's normalized arguments and key."""
+
+    func: Any
+    resolved: Any
+    out_idx: list[int] | None
+    pass_configs: dict[str, Any]
+    compile_flags: list[str] | None
+    toolchain: dict[str, object]
+    key: str = ""
+
+
+def _refuse_noexec(entry_dir: Path, err: BaseException) -> None:
+    """A noexec mount is the machine's problem, not the entry's: never quarantine for it."""
+    try:
+        noexec = bool(os.statvfs(entry_dir).f_flag & os.ST_NOEXEC)
+    except OSError:
+        return
+    if noexec:
+        raise KCacheError(
+            f"cannot load {entry_dir / 'kernel.so'}: the cache root is on a noexec mount ({err}). "
+            "Point KCACHE_DIR at a filesystem mounted with exec."
+        ) from err

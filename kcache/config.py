@@ -1,0 +1,54 @@
+"""Settings, from arguments first and then from KCACHE_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+DEFAULT_LOCK_TIMEOUT_S = 900.0
+DEFAULT_STAGING_TTL_S = 3600.0
+DEFAULT_GC_INTERVAL_S = 600.0
+
+
+def default_root() -> Path:
+    """$KCACHE_DIR, else the platform's per-user cache directory."""
+    configured = os.environ.get("KCACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(platformdirs.user_cache_dir("kcache", appauthor=False))
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    root: Path
+    # How long a process waits for another's compile of the same key.
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+    # Staging directories of other hosts (and reused pids) older than this are garbage.
+    staging_ttl_s: float = DEFAULT_STAGING_TTL_S
+    # Opening a cache runs gc at most this often per root.
+    gc_interval_s: float = DEFAULT_GC_INTERVAL_S
+
+    @classmethod
+    def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
+        return cls(
+            root=Path(root).expanduser() if root is not None else default_root(),
+            lock_timeout_s=_env_seconds("KCACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S),
+            staging_ttl_s=_env_seconds("KCACHE_STAGING_TTL", DEFAULT_STAGING_TTL_S),
+            gc_interval_s=_env_seconds("KCACHE_GC_INTERVAL", DEFAULT_GC_INTERVAL_S),
+        )

@@ -1,0 +1,94 @@
+"""kcache's exceptions.
+
+Every error subclasses a builtin as well as `KCacheError`, so callers that
+already catch `OSError`, `TimeoutError` or `ValueError` keep working, and
+each carries the path or kernel it is about plus a hint of what to do.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+
+class KCacheError(Exception):
+    """Base class of every error kcache raises on purpose."""
+
+
+class TargetError(KCacheError, ValueError):
+    """The compile target cannot be resolved (no GPU and no arch, say)."""
+
+    def __init__(self, target: object, reason: str, fix: str) -> None:
+        self.target = target
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"cannot resolve compile target {target!r}: {reason}. Fix: {fix}")
+
+
+class CompileError(KCacheError, RuntimeError):
+    """TileLang or nvcc rejected a kernel.
+
+    The message holds only the compiler's first errors; the whole output
+    (TileLang prints hundreds of lines of warnings and the source) is in
+    `log_path`.
+    """
+
+    def __init__(self, kernel_name: str, summary: str, log_path: str | None) -> None:
+        self.kernel_name = kernel_name
+        self.summary = summary
+        self.log_path = log_path
+        where = f"full log: {log_path}" if log_path else "no log could be written"
+        super().__init__(f"compiling kernel {kernel_name!r} failed:\n{summary}\n({where})")
+
+
+class CacheLockTimeout(KCacheError, TimeoutError):
+    """Waiting for another process's compile of the same kernel took too long."""
+
+    def __init__(self, lock_file: str, timeout: float, key: str) -> None:
+        self.lock_file = lock_file
+        self.timeout = timeout
+        self.key = key
+        super().__init__(
+            f"timed out after {timeout:g} s waiting for the compile lock {lock_file} (key {key[:16]}). "
+            "Another process holds it and is still compiling, or is stuck. "
+            "Raise KCACHE_LOCK_TIMEOUT for very long compiles, or find the holder with `fuser -v` on the lock file."
+        )
+
+
+class PublishError(KCacheError, OSError):
+    """Publishing an entry failed for a reason other than losing a race.
+
+    Subclasses OSError with the original errno, so `err.errno` works as usual.
+    """
+
+    def __init__(self, path: str, err: OSError, action: str) -> None:
+        code = err.errno if err.errno is not None else _errno.EIO
+        self.path = path
+        self.action = action
+        self.cause = err
+        name = _errno.errorcode.get(code, str(code))
+        super().__init__(code, f"{action} {path} failed with {name} ({os.strerror(code)}): {err}. {_hint(code)}")
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+class CorruptEntry(KCacheError, ValueError):
+    """A published entry does not match its manifest or cannot be loaded."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cache entry {path} is corrupt: {reason}")
+
+
+def _hint(code: int) -> str:
+    hints = {
+        _errno.ENOSPC: "The cache filesystem is full: free space or point KCACHE_DIR elsewhere.",
+        _errno.EDQUOT: "The disk quota is exhausted: free space or point KCACHE_DIR elsewhere.",
+        _errno.EROFS: "The cache filesystem is read-only: point KCACHE_DIR at a writable directory.",
+        _errno.EACCES: "No permission: check the owner and mode of the cache root, or point KCACHE_DIR elsewhere.",
+        _errno.EPERM: "No permission: check the owner and mode of the cache root, or point KCACHE_DIR elsewhere.",
+        _errno.EXDEV: "Staging and entries are on different filesystems: do not mount over parts of the cache root.",
+    }
+    return hints.get(code, "Check the cache filesystem's health.")

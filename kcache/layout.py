@@ -1,0 +1,70 @@
+"""Where things live under a cache root, and how staging directories are named.
+
+    <root>/kernels/<key>/            published kernel entries (immutable)
+    <root>/autotuner/<key>/          published autotune results
+    <root>/.staging/<key>.<host>.<pid>.<uuid>   one writer's private work
+    <root>/.quarantine/<key>.<time>.<uuid>      corrupt entries moved aside
+    <root>/.locks/<key>.lock         per-key compile locks
+    <root>/.logs/                    full compiler logs of failed compiles
+    <root>/.toolchain/               memoized toolchain fingerprints
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGING = ".staging"
+QUARANTINE = ".quarantine"
+LOCKS = ".locks"
+LOGS = ".logs"
+TOOLCHAIN = ".toolchain"
+
+_KEY_RE = re.compile(r"[0-9a-f]{16,128}")
+
+
+def is_key(name: str) -> bool:
+    return _KEY_RE.fullmatch(name) is not None
+
+
+def check_key(key: str) -> str:
+    """Keys name directories: only lowercase hex may pass, so none escapes the root."""
+    if not is_key(key):
+        raise ValueError(f"invalid cache key {key!r}: expected 16 to 128 lowercase hex digits")
+    return key
+
+
+def this_host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "unknown"
+
+
+@dataclass(frozen=True)
+class StagingName:
+    key: str
+    host: str
+    pid: int
+    token: str
+
+    def __str__(self) -> str:
+        return f"{self.key}.{self.host}.{self.pid}.{self.token}"
+
+    @classmethod
+    def fresh(cls, key: str) -> StagingName:
+        return cls(key, this_host(), os.getpid(), uuid.uuid4().hex)
+
+    @classmethod
+    def parse(cls, name: str) -> StagingName | None:
+        key, _, rest = name.partition(".")
+        host, _, tail = rest.rpartition(".")
+        host, _, pid = host.rpartition(".")
+        if not (is_key(key) and host and pid.isdigit() and tail):
+            return None
+        return cls(key, host, int(pid), tail)
+
+
+def staging_root(root: Path) -> Path:
+    return root / STAGING

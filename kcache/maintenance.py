@@ -1,0 +1,109 @@
+"""Garbage collection: stale staging directories and idle lock files.
+
+A staging directory belongs to the process named in it. On this host a
+dead owner means the directory is garbage at once; on another host (a
+shared filesystem) we cannot see the owner, so a TTL decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import layout
+from .fsutil import remove_tree
+from .locks import remove_idle_lock_files
+
+log = logging.getLogger("kcache")
+
+GC_STAMP = ".gc-stamp"
+# Directories gc never descends into when it looks for staging areas.
+_SKIP = {layout.QUARANTINE, layout.LOCKS, layout.LOGS, layout.TOOLCHAIN}
+
+
+@dataclass
+class GcReport:
+    staging_removed: int = 0
+    locks_removed: int = 0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def staging_is_stale(name: str, age_s: float, ttl_s: float, host: str) -> bool:
+    parsed = layout.StagingName.parse(name)
+    if parsed is None or parsed.host != host:
+        return age_s > ttl_s
+    if parsed.pid == os.getpid():
+        return False
+    # A live pid older than the TTL is a reused pid, not our writer.
+    return not pid_alive(parsed.pid) or age_s > ttl_s
+
+
+def staging_dirs(root: Path) -> list[Path]:
+    """Every `.staging` directory under `root`, the autotuner subtree included."""
+    found = []
+    for current, subdirs, _files in os.walk(root):
+        if os.path.basename(current) == layout.STAGING:
+            found.append(Path(current))
+            subdirs[:] = []
+            continue
+        # Published entries hold only files; skipping them keeps the walk
+        # proportional to the number of namespaces, not of entries.
+        subdirs[:] = [d for d in subdirs if d not in _SKIP and not layout.is_key(d)]
+    return found
+
+
+def clean_stale_staging(root: Path, ttl_s: float) -> int:
+    host = layout.this_host()
+    now = time.time()
+    removed = 0
+    for area in staging_dirs(root):
+        try:
+            children = list(os.scandir(area))
+        except FileNotFoundError:
+            continue
+        for child in children:
+            try:
+                age = now - child.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue
+            if staging_is_stale(child.name, age, ttl_s, host):
+                if child.is_dir(follow_symlinks=False):
+                    gone = remove_tree(Path(child.path), "removing stale staging")
+                else:
+                    os.unlink(child.path)
+                    gone = True
+                removed += gone
+                log.debug("kcache: removed stale staging %s", child.path)
+    return removed
+
+
+def collect_garbage(root: Path, staging_ttl_s: float) -> GcReport:
+    return GcReport(
+        staging_removed=clean_stale_staging(root, staging_ttl_s),
+        locks_removed=remove_idle_lock_files(root / layout.LOCKS),
+    )
+
+
+def gc_is_due(root: Path, interval_s: float) -> bool:
+    """Rate limit for the gc run at open: at most once per interval per root."""
+    stamp = root / GC_STAMP
+    try:
+        if time.time() - os.stat(stamp).st_mtime < interval_s:
+            return False
+    except FileNotFoundError:
+        pass
+    stamp.touch()
+    os.utime(stamp)
+    return True

@@ -1,0 +1,334 @@
+"""Everything kcache knows about TileLang: targets, keys, compiling, saving, loading.
+
+TileLang is imported when this module is, so `import kcache` stays cheap
+and only a cache that actually compiles or loads pays for it.
+
+While kcache compiles, TileLang's own kernel cache and CUDA binary cache
+neither serve nor store: kcache constructs `JITKernel` directly (TileLang's
+kernel cache sits in `tilelang.compile`, not in `JITKernel`), and the CUDA
+binary cache is short-circuited for the compiling thread only (other
+threads of the process keep TileLang's behaviour). The same hook captures
+the device binary nvcc produced, so the entry can keep it as its own file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tilelang
+import tvm_ffi
+from tilelang.backend.module import BackendContext, create_backend_context
+from tilelang.cache.cuda_binary_cache import CUDABinaryCache
+from tilelang.cuda import backend as tl_cuda_backend
+from tilelang.engine.param import dump_kernel_params, load_kernel_params
+from tilelang.jit import JITKernel
+from tilelang.jit.adapter.base import CachedTextSource
+from tilelang.transform.pass_config import normalize_pass_configs  # noqa: F401 - part of this module's interface
+from tvm.ir import structural_equal, structural_hash  # noqa: F401 - used by the memory tier
+from tvm.target import Target
+from tvm.tirx import PrimFunc
+
+from . import layout
+from .errors import CompileError, TargetError
+from .fsutil import ensure_dir, fsync_path, write_durable
+from .keys import canonical_json
+
+log = logging.getLogger("kcache")
+
+DEVICE_SOURCE = "device.cu"
+HOST_SOURCE = "host.cu"
+DEVICE_BINARY = "kernel.cubin"
+LIBRARY = "kernel.so"
+PARAMS = "params.json"
+META = "meta.json"
+COMPONENTS = frozenset({DEVICE_SOURCE, HOST_SOURCE, DEVICE_BINARY, LIBRARY, PARAMS, META})
+
+SUPPORTED_EXECUTION_BACKENDS = ("tvm_ffi",)
+_ARCH_FIX = 'pass an explicit arch, e.g. target={"kind": "cuda", "arch": "sm_90a"}'
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    context: BackendContext
+    # Canonical JSON of the TVM target, arch included: what the key uses.
+    canonical: str
+
+
+@dataclass
+class CompiledKernel:
+    kernel: JITKernel
+    name: str
+    device_binary: bytes
+    binary_format: str
+    seconds: float
+
+
+# ---------------------------------------------------------------- hooks
+
+_compiling = threading.local()
+_hooks_lock = threading.Lock()
+_hooks_installed = False
+
+
+def _kcache_compiling() -> bool:
+    return getattr(_compiling, "binaries", None) is not None
+
+
+def _install_hooks() -> None:
+    """Route TileLang's nvcc callback through kcache (once per process)."""
+    global _hooks_installed
+    with _hooks_lock:
+        if _hooks_installed:
+            return
+        original_compile = tl_cuda_backend.tilelang_callback_cuda_compile
+        original_load = CUDABinaryCache.load.__func__
+        original_save = CUDABinaryCache.save.__func__
+
+        def compile_callback(code: str, target: Target, pass_config: Any = None) -> bytearray:
+            binary = original_compile(code, target, pass_config)
+            binaries = getattr(_compiling, "binaries", None)
+            if binaries is not None:
+                binaries.append(bytes(binary))
+            return binary
+
+        def load(cls: type, key: str, compile_format: str) -> bytes | None:
+            return None if _kcache_compiling() else original_load(cls, key, compile_format)
+
+        def save(cls: type, key: str, compile_format: str, data: bytes) -> None:
+            if not _kcache_compiling():
+                original_save(cls, key, compile_format, data)
+
+        CUDABinaryCache.load = classmethod(load)
+        CUDABinaryCache.save = classmethod(save)
+        tvm_ffi.register_global_func("tilelang_callback_cuda_compile", f=compile_callback, override=True)
+        _hooks_installed = True
+
+
+# ---------------------------------------------------------------- targets
+
+_target_memo: dict[tuple[str, str], ResolvedTarget] = {}
+
+
+def target_memo_key(target: object) -> str:
+    """A cheap, hashable stand-in for a target argument (dicts are unhashable)."""
+    if isinstance(target, dict):
+        return "d:" + canonical_json(target)
+    if isinstance(target, Target):
+        return "t:" + str(target)
+    return "s:" + repr(target)
+
+
+def _names_arch(target: object) -> bool:
+    if isinstance(target, dict):
+        return "arch" in target
+    if isinstance(target, Target):
+        return "arch" in target.attrs
+    return False
+
+
+def _gpu_present() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_target(target: object, execution_backend: str) -> ResolvedTarget:
+    memo_key = (target_memo_key(target), execution_backend)
+    resolved = _target_memo.get(memo_key)
+    if resolved is not None:
+        return resolved
+    if execution_backend not in SUPPORTED_EXECUTION_BACKENDS:
+        raise ValueError(
+            f"execution_backend={execution_backend!r} is not supported by kcache; use one of {SUPPORTED_EXECUTION_BACKENDS}"
+        )
+    request = "cuda" if target is None else target
+    if not _names_arch(request) and not _gpu_present():
+        raise TargetError(target, "no GPU is visible and the target names no arch", _ARCH_FIX)
+    try:
+        context = create_backend_context(request, None, execution_backend)
+    except (ValueError, AssertionError, RuntimeError) as err:
+        raise TargetError(target, f"TileLang rejected it: {err}", _ARCH_FIX) from err
+    resolved = ResolvedTarget(context=context, canonical=str(context.target))
+    _target_memo[memo_key] = resolved
+    return resolved
+
+
+# ---------------------------------------------------------------- keys
+
+
+def kernel_name(func: PrimFunc) -> str:
+    attrs = func.attrs
+    if attrs is not None and "global_symbol" in attrs:
+        return str(attrs["global_symbol"])
+    return "<unnamed>"
+
+
+def normalize_out_idx(out_idx: int | Sequence[int] | None) -> list[int] | None:
+    if out_idx is None:
+        return None
+    if isinstance(out_idx, int):
+        return [out_idx]
+    return [int(i) for i in out_idx]
+
+
+def normalize_flags(compile_flags: str | Sequence[str] | None) -> list[str] | None:
+    if compile_flags is None:
+        return None
+    return [compile_flags] if isinstance(compile_flags, str) else [str(f) for f in compile_flags]
+
+
+def key_fields(
+    func: PrimFunc,
+    resolved: ResolvedTarget,
+    out_idx: list[int] | None,
+    pass_configs: dict[str, Any],
+    compile_flags: list[str] | None,
+    toolchain: dict[str, object],
+) -> dict[str, object]:
+    return {
+        "kind": "tilelang-kernel",
+        "script": func.script(show_meta=True),
+        "target": resolved.canonical,
+        "out_idx": out_idx,
+        "pass_configs": pass_configs,
+        "compile_flags": compile_flags,
+        "execution_backend": resolved.context.execution_backend.name,
+        "toolchain": toolchain,
+    }
+
+
+# ---------------------------------------------------------------- compile
+
+
+def compile_kernel(
+    func: PrimFunc,
+    resolved: ResolvedTarget,
+    out_idx: list[int] | None,
+    pass_configs: dict[str, Any],
+    compile_flags: list[str] | None,
+    log_dir: Path,
+) -> CompiledKernel:
+    """Compile with TileLang, bypassing its caches. Raises CompileError."""
+    _install_hooks()
+    name = kernel_name(func)
+    context = resolved.context
+    binaries: list[bytes] = []
+    _compiling.binaries = binaries
+    start = time.perf_counter()
+    try:
+        kernel = JITKernel(
+            func,
+            out_idx=out_idx,
+            execution_backend=context.execution_backend.name,
+            target=context.target,
+            target_host=context.target_host,
+            pass_configs=pass_configs,
+            compile_flags=compile_flags,
+            backend_context=context,
+        )
+    except Exception as err:  # TileLang, TVM and nvcc raise many types; all mean "this kernel did not compile"
+        raise CompileError(name, summarize_compiler_error(str(err)), _write_log(log_dir, name, err)) from err
+    finally:
+        _compiling.binaries = None
+    seconds = time.perf_counter() - start
+    if not binaries:
+        raise CompileError(name, "TileLang produced no device binary (the nvcc callback never ran)", None)
+    binary_format = "fatbin" if len(binaries[-1]) and binaries[-1][:4] == b"\x50\xed\x55\xba" else "cubin"
+    return CompiledKernel(kernel=kernel, name=name, device_binary=binaries[-1], binary_format=binary_format, seconds=seconds)
+
+
+_ERROR_LINE = re.compile(r"\berror\b|Error:|error:", re.IGNORECASE)
+
+
+def summarize_compiler_error(message: str, max_lines: int = 8) -> str:
+    """The compiler's first error lines, not the hundreds of warnings and the source around them."""
+    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line) and "warning" not in line.lower()]
+    chosen = errors[:max_lines] if errors else lines[-3:]
+    return "\n".join(line if len(line) <= 300 else line[:297] + "..." for line in chosen) or "(no message)"
+
+
+def _write_log(log_dir: Path, name: str, err: BaseException) -> str | None:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
+    path = log_dir / f"compile-{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}.log"
+    try:
+        ensure_dir(log_dir)
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        write_durable(path, text.encode(errors="replace"))
+    except OSError as log_err:
+        log.warning("kcache: could not write the compile log %s: %s", path, log_err)
+        return None
+    return str(path)
+
+
+# ---------------------------------------------------------------- save and load
+
+
+def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: ResolvedTarget, toolchain: dict) -> None:
+    """Write every component of a kernel entry into `staging` (durably)."""
+    kernel = compiled.kernel
+    adapter = kernel.adapter
+    write_durable(staging / DEVICE_SOURCE, (adapter.get_device_source() or "").encode())
+    write_durable(staging / HOST_SOURCE, (adapter.get_host_source() or "").encode())
+    write_durable(staging / DEVICE_BINARY, compiled.device_binary)
+    write_durable(staging / PARAMS, dump_kernel_params(kernel.params).encode())
+    library = staging / LIBRARY
+    adapter.get_exportable_executable().export_library(str(library))
+    fsync_path(library)
+    meta = {
+        "key": key,
+        "kernel": compiled.name,
+        "target": json.loads(resolved.canonical),
+        "execution_backend": resolved.context.execution_backend.name,
+        "device_binary_format": compiled.binary_format,
+        "toolchain": toolchain,
+        "created": time.time(),
+        "compile_seconds": round(compiled.seconds, 4),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "tilelang": tilelang.__version__,
+    }
+    write_durable(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
+
+
+def load_kernel(
+    func: PrimFunc,
+    entry_dir: Path,
+    files: dict[str, bytes],
+    resolved: ResolvedTarget,
+    out_idx: list[int] | None,
+    pass_configs: dict[str, Any],
+    compile_flags: list[str] | None,
+) -> JITKernel:
+    """Build a runnable kernel from an entry whose files were already verified."""
+    context = resolved.context
+    return JITKernel.from_database(
+        func=func,
+        host_kernel_source=CachedTextSource(text=files[HOST_SOURCE].decode()),
+        device_kernel_source=CachedTextSource(text=files[DEVICE_SOURCE].decode()),
+        kernel_lib_path=str(entry_dir / LIBRARY),
+        params=load_kernel_params(files[PARAMS].decode()),
+        target=context.target,
+        target_host=context.target_host,
+        out_idx=out_idx,
+        execution_backend=context.execution_backend.name,
+        pass_configs=pass_configs,
+        compile_flags=compile_flags,
+        backend_context=context,
+    )
+
+
+def log_dir(root: Path) -> Path:
+    return root / layout.LOGS
