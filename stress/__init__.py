@@ -1,0 +1,1 @@
+"""Stress harness and benchmarks for kcache (`python -m stress`, `python -m stress.bench`)."""

@@ -1,0 +1,85 @@
+"""Fresh interpreters started behind a barrier, speaking one JSON line each way.
+
+Each worker does its imports, prints `ready`, blocks until the parent
+writes `go` to every worker (the start barrier: no sleeps), then works and
+prints `result {...}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class WorkerResult:
+    index: int
+    returncode: int
+    result: dict[str, Any] | None
+    stderr: str
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(PROJECT), env.get("PYTHONPATH", "")] if p)
+    env.update(extra or {})
+    return env
+
+
+class Barrier:
+    """Start `count` copies of `module` (python -m), release them together, collect their results."""
+
+    def __init__(self, module: str, count: int, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", module, "--index", str(i), *args],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=worker_env(env), cwd=str(PROJECT),
+            )
+            for i in range(count)
+        ]
+
+    def wait_ready(self) -> None:
+        for i, proc in enumerate(self.procs):
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                proc.kill()
+                raise RuntimeError(f"worker {i} failed before the barrier: {line!r} {proc.stderr.read()[-3000:]}")
+
+    def release(self) -> float:
+        """Open the barrier; return the release time (time.monotonic())."""
+        start = time.monotonic()
+        for proc in self.procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        return start
+
+    def collect(self, timeout: float = 900) -> list[WorkerResult]:
+        results = []
+        for i, proc in enumerate(self.procs):
+            out, err = proc.communicate(timeout=timeout)
+            payload = None
+            for line in out.splitlines():
+                if line.startswith("result "):
+                    payload = json.loads(line[len("result "):])
+            results.append(WorkerResult(i, proc.returncode, payload, err))
+        return results
+
+
+def worker_handshake() -> None:
+    """Worker side of the barrier."""
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("barrier closed without a go")
+
+
+def worker_report(payload: dict[str, Any]) -> None:
+    print("result " + json.dumps(payload), flush=True)
