@@ -249,14 +249,20 @@ def compile_kernel(
     return CompiledKernel(kernel=kernel, name=name, device_binary=binaries[-1], binary_format=binary_format, seconds=seconds)
 
 
-_ERROR_LINE = re.compile(r"\berror\b|Error:|error:", re.IGNORECASE)
+_ERROR_LINE = re.compile(r"\berror\b|\bfatal\b", re.IGNORECASE)
 
 
 def summarize_compiler_error(message: str, max_lines: int = 8) -> str:
-    """The compiler's first error lines, not the hundreds of warnings and the source around them."""
-    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
+    """The compiler's first error lines, not the hundreds of warnings and the source around them.
+
+    TileLang's nvcc failures read "<whole source> Compilation error: <nvcc output> Command: <cmd>";
+    only the nvcc output matters.
+    """
+    _, marker, after = message.partition("Compilation error:")
+    section = after.partition("\nCommand:")[0] if marker else message
+    lines = [line.rstrip() for line in section.splitlines() if line.strip()]
     errors = [line for line in lines if _ERROR_LINE.search(line) and "warning" not in line.lower()]
-    chosen = errors[:max_lines] if errors else lines[-3:]
+    chosen = errors[:max_lines] if errors else (lines[:max_lines] if marker else lines[-3:])
     return "\n".join(line if len(line) <= 300 else line[:297] + "..." for line in chosen) or "(no message)"
 
 

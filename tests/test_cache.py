@@ -1,0 +1,226 @@
+"""get_or_compile with real TileLang compiles (CPU: compile and load, no launch)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
+
+import kcache  # noqa: E402
+from kcache.store import EntryStore  # noqa: E402
+from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
+
+from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
+
+pytestmark = pytest.mark.tilelang
+OUT_IDX = [2]
+
+
+def get(cache: kcache.KernelCache, func=None, **kw):
+    return cache.get_or_compile(func if func is not None else elementwise_add(), CPU_TARGET, out_idx=OUT_IDX, **kw)
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root holding one compiled entry; tests work on copies of it."""
+    root = tmp_path_factory.mktemp("populated")
+    cache = kcache.KernelCache(root)
+    get(cache)
+    assert cache.stats.compiles == 1
+    return root
+
+
+@pytest.fixture
+def root_copy(populated: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    shutil.copytree(populated, root, symlinks=True)
+    return root
+
+
+def only_entry(root: Path) -> Path:
+    (entry,) = (root / "kernels").iterdir()
+    return entry
+
+
+def test_an_entry_holds_every_component_with_its_manifest(populated: Path) -> None:
+    entry = only_entry(populated)
+    names = sorted(os.listdir(entry))
+    assert names == ["device.cu", "host.cu", "kernel.cubin", "kernel.so", "manifest.json", "meta.json", "params.json"]
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["kernel"] == "add_4096_256_float32"
+    assert meta["target"]["arch"] == "sm_90a" and meta["compile_seconds"] > 0
+    assert meta["toolchain"]["tilelang"] and "V13" in meta["toolchain"]["nvcc"] or "release" in meta["toolchain"]["nvcc"]
+    assert (entry / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert "__global__" in (entry / "device.cu").read_text()
+    cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
+    if os.path.exists(cuobjdump):
+        listing = subprocess.run([cuobjdump, "--list-elf", str(entry / "kernel.cubin")], capture_output=True, text=True)
+        assert listing.returncode == 0, listing.stderr
+
+
+def test_a_fresh_cache_on_the_same_root_hits_disk_without_compiling(root_copy: Path) -> None:
+    cache = kcache.KernelCache(root_copy)
+    kernel = get(cache)
+    assert cache.stats.disk_hits == 1 and cache.stats.compiles == 0 and cache.stats.misses == 0
+    assert [int(d) for d in kernel.params[2].shape] == [4096]
+
+
+def test_memory_hits_on_the_same_and_on_a_structurally_equal_primfunc(root_copy: Path) -> None:
+    cache = kcache.KernelCache(root_copy)
+    func = elementwise_add()
+    first = get(cache, func)
+    assert get(cache, func) is first
+    assert get(cache, elementwise_add()) is first
+    assert cache.stats.memory_hits == 2 and cache.stats.disk_hits == 1
+    other = get(cache, elementwise_add(n=8192))
+    assert other is not first
+
+
+@pytest.mark.parametrize("damage", ["truncate-so", "flip-so", "delete-cubin", "garbage-params"])
+def test_corrupt_entries_are_quarantined_and_recompiled_never_loaded(root_copy: Path, damage: str) -> None:
+    entry = only_entry(root_copy)
+    if damage == "truncate-so":
+        os.truncate(entry / "kernel.so", 4096)  # TileLang 0.1.15 dies of SIGBUS loading this
+    elif damage == "flip-so":
+        data = bytearray((entry / "kernel.so").read_bytes())
+        data[len(data) // 3] ^= 0x5A
+        (entry / "kernel.so").write_bytes(bytes(data))
+    elif damage == "delete-cubin":
+        (entry / "kernel.cubin").unlink()
+    else:
+        (entry / "params.json").write_text("garbage")
+    cache = kcache.KernelCache(root_copy)
+    kernel = get(cache)
+    assert kernel is not None
+    assert cache.stats.corrupt_entries == 1 and cache.stats.compiles == 1
+    quarantined = list((root_copy / ".quarantine").iterdir())
+    assert len(quarantined) == 1 and (quarantined[0] / "QUARANTINED.txt").exists()
+    # The recompiled entry is complete and verifies.
+    assert EntryStore(root_copy, "kernels", cache.store.required).read(entry.name) is not None
+
+
+def test_a_verified_entry_that_cannot_be_loaded_is_corrupt_too(root_copy: Path) -> None:
+    # A well-formed but wrong library: the manifest is rewritten to match it,
+    # so only the load can tell.
+    from kcache.manifest import build_manifest
+
+    entry = only_entry(root_copy)
+    shutil.copy("/bin/true", entry / "kernel.so")
+    (entry / "manifest.json").unlink()
+    (entry / "manifest.json").write_bytes(build_manifest(entry))
+    cache = kcache.KernelCache(root_copy)
+    assert get(cache) is not None
+    assert cache.stats.corrupt_entries == 1 and cache.stats.compiles == 1
+
+
+def test_compile_errors_carry_kernel_summary_and_full_log(cache_root: Path) -> None:
+    cache = kcache.KernelCache(cache_root)
+    with pytest.raises(kcache.CompileError) as caught:
+        get(cache, compile_flags=["--no-such-nvcc-flag"])
+    err = caught.value
+    assert err.kernel_name == "add_4096_256_float32"
+    assert "no-such-nvcc-flag" in err.summary and len(err.summary.splitlines()) <= 8
+    assert err.log_path and Path(err.log_path).is_file()
+    assert "no-such-nvcc-flag" in Path(err.log_path).read_text()
+    assert not (cache_root / "kernels").exists() or not os.listdir(cache_root / "kernels")
+
+
+def test_the_next_call_after_a_compile_error_still_works(cache_root: Path) -> None:
+    cache = kcache.KernelCache(cache_root)
+    with pytest.raises(kcache.CompileError):
+        get(cache, compile_flags=["--no-such-nvcc-flag"])
+    assert get(cache) is not None
+
+
+def test_every_key_input_changes_the_key(cache_root: Path) -> None:
+    from kcache import tilelang_backend as backend
+    from kcache.keys import derive_key
+    from kcache.toolchain import toolchain_fingerprint
+
+    func = elementwise_add()
+    toolchain = toolchain_fingerprint(cache_root)
+    target = backend.resolve_target(CPU_TARGET, "tvm_ffi")
+
+    def key(**over):
+        args = dict(func=func, resolved=target, out_idx=[2], pass_configs={}, compile_flags=None, toolchain=toolchain)
+        args.update(over)
+        return derive_key(backend.key_fields(**args))
+
+    base = key()
+    assert base == key(func=elementwise_add())  # same program, fresh object
+    variants = [
+        key(func=elementwise_add(block=128)),
+        key(resolved=backend.resolve_target({"kind": "cuda", "arch": "sm_80"}, "tvm_ffi")),
+        key(out_idx=[1]),
+        key(pass_configs={"tl.disable_tma_lower": True}),
+        key(compile_flags=["-O1"]),
+        key(toolchain=dict(toolchain, nvcc="Cuda compilation tools, release 12.8")),
+        key(toolchain=dict(toolchain, tilelang_libs={"libtilelang.so": "0" * 64})),
+    ]
+    assert len({base, *variants}) == len(variants) + 1
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU error; this machine has a GPU")
+@pytest.mark.parametrize("target", [None, "cuda"])
+def test_no_gpu_and_no_arch_is_a_clear_error(cache_root: Path, target) -> None:
+    cache = kcache.KernelCache(cache_root)
+    with pytest.raises(kcache.TargetError) as caught:
+        cache.get_or_compile(elementwise_add(), target, out_idx=OUT_IDX)
+    assert "no GPU" in str(caught.value) and "arch" in caught.value.fix
+
+
+def test_unsupported_execution_backend_is_refused(cache_root: Path) -> None:
+    with pytest.raises(ValueError, match="tvm_ffi"):
+        get(kcache.KernelCache(cache_root), execution_backend="cython")
+
+
+def test_tilelang_caches_neither_serve_nor_store_kcache_compiles(cache_root: Path, tmp_path: Path) -> None:
+    tilelang_dir = Path(os.environ["TILELANG_CACHE_DIR"])
+    get(kcache.KernelCache(cache_root), elementwise_add(n=2048))
+    stored = [p for p in tilelang_dir.rglob("*") if p.is_file()] if tilelang_dir.exists() else []
+    assert stored == []
+
+
+def test_a_lost_publish_race_uses_the_winners_entry(root_copy: Path, tmp_path: Path) -> None:
+    # A writer that ignores our lock (another host without working flock)
+    # publishes while we are staging; inject it at our "verified" step.
+    winner = only_entry(root_copy)
+    stash = tmp_path / "winner"
+    shutil.move(winner, stash)
+    cache = kcache.KernelCache(root_copy)
+    fired = []
+
+    def other_writer_publishes(step: str) -> None:
+        if step == "verified":
+            fired.append(step)
+            shutil.copytree(stash, winner)
+
+    cache.store.fault_hook = other_writer_publishes
+    kernel = get(cache)
+    assert fired == ["verified"]
+    assert cache.stats.lost_races == 1 and cache.stats.compiles == 1
+    assert kernel.adapter.libpath == str(winner / "kernel.so")
+
+
+@needs_root
+def test_a_full_disk_after_a_good_compile_returns_the_kernel_and_warns_once(tmp_path: Path, caplog) -> None:
+    with tmpfs(tmp_path / "tiny", size="1m") as mount:
+        cache = kcache.KernelCache(mount / "cache")
+        from kcache.toolchain import toolchain_fingerprint
+
+        toolchain_fingerprint(cache.root)  # the small files that come before the entry
+        fill_filesystem(mount, leave_bytes=8 * 1024)
+        with caplog.at_level(logging.WARNING, logger="kcache"):
+            kernel = get(cache)
+        assert kernel is not None and cache.stats.publish_failures == 1
+        warnings = [r for r in caplog.records if "could not save" in r.getMessage()]
+        assert len(warnings) == 1 and "ENOSPC" in warnings[0].getMessage()
+        assert not (cache.root / "kernels").exists() or os.listdir(cache.root / "kernels") == []
+        assert os.listdir(cache.root / ".staging") == []
