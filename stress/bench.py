@@ -1,0 +1,181 @@
+"""`python -m stress.bench`: kcache and TileLang's own cache, side by side, in one run.
+
+Scenarios (each measured for both caches on the same kernels):
+- herd: N fresh processes, an empty cache, one kernel. Compiler runs are
+  counted by an nvcc wrapper; wall time runs from the barrier until every
+  process holds its kernel, and is compared with one uncontended cold
+  compile plus load.
+- disk hit: a fresh process imports everything, then one get call is timed
+  with the entry already on disk (kcache verifies every file's sha256).
+- memory hit: repeated calls in one process, on the same PrimFunc object and
+  on a structurally equal fresh one.
+
+Prints a table; `--json FILE` writes rows
+{"scenario", "metric", "kcache", "tilelang", "ratio", "unit"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .nvcc_counter import NvccCounter
+from .procs import PROJECT, Barrier, worker_env
+
+BACKENDS = ("kcache", "tilelang")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def row(scenario: str, metric: str, kc: float, tl: float, unit: str) -> dict[str, Any]:
+    return {"scenario": scenario, "metric": metric, "kcache": kc, "tilelang": tl,
+            "ratio": (kc / tl) if tl else None, "unit": unit}
+
+
+def run_workers(backend: str, root: Path, procs: int, kernels: int, env: dict[str, str]) -> tuple[float, list[Any]]:
+    barrier = Barrier("stress.worker", procs, ["--root", str(root), "--kernels", str(kernels), "--backend", backend], env=env)
+    barrier.wait_ready()
+    release = barrier.release()
+    results = barrier.collect()
+    for r in results:
+        if r.result is None or r.result["errors"]:
+            raise RuntimeError(f"{backend} worker {r.index} failed: {r.result and r.result['errors']} {r.stderr[-2000:]}")
+    wall = max(op["end"] for r in results for op in r.result["ops"]) - release
+    return wall, results
+
+
+def get_seconds(results: list[Any]) -> list[float]:
+    return [op["end"] - op["start"] for r in results for op in r.result["ops"]]
+
+
+def bench_herd(work: Path, procs: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    compiles, walls, singles = {}, {}, {}
+    for backend in BACKENDS:
+        counter = NvccCounter(work / f"nvcc-herd-{backend}")
+        wall, _ = run_workers(backend, work / f"herd-{backend}", procs, 1, {**env, **counter.env()})
+        compiles[backend], walls[backend] = counter.count(), wall
+        single_wall, results = run_workers(backend, work / f"single-{backend}", 1, 1, {**env, **counter.env()})
+        singles[backend] = get_seconds(results)[0]
+    return [
+        row("herd", f"compiler runs ({procs} processes)", compiles["kcache"], compiles["tilelang"], "runs"),
+        row("herd", "barrier to all ready", walls["kcache"], walls["tilelang"], "s"),
+        row("herd", "one uncontended cold compile+load", singles["kcache"], singles["tilelang"], "s"),
+        row("herd", "all ready / one cold compile", walls["kcache"] / singles["kcache"],
+            walls["tilelang"] / singles["tilelang"], "x"),
+    ]
+
+
+def bench_disk_hit(work: Path, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    samples: dict[str, list[float]] = {}
+    for backend in BACKENDS:
+        root = work / f"disk-{backend}"
+        run_workers(backend, root, 1, 1, env)  # populate
+        samples[backend] = []
+        for _ in range(repeats):
+            _, results = run_workers(backend, root, 1, 1, env)
+            samples[backend] += get_seconds(results)
+    ms = {b: [s * 1e3 for s in v] for b, v in samples.items()}
+    return [
+        row("disk hit (fresh process)", f"p50 of {repeats}", percentile(ms["kcache"], 50), percentile(ms["tilelang"], 50), "ms"),
+        row("disk hit (fresh process)", f"p90 of {repeats}", percentile(ms["kcache"], 90), percentile(ms["tilelang"], 90), "ms"),
+    ]
+
+
+def bench_memory_hit(work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "stress.bench", "--memory-worker", str(work / "memory")],
+        capture_output=True, text=True, env=worker_env(env), cwd=str(PROJECT), check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"memory-hit worker failed: {done.stderr[-3000:]}")
+    us = json.loads(lines[-1][len("result "):])
+    return [
+        row("memory hit", "same PrimFunc, p50", us["kcache_same_p50"], us["tilelang_same_p50"], "us"),
+        row("memory hit", "same PrimFunc, p99", us["kcache_same_p99"], us["tilelang_same_p99"], "us"),
+        row("memory hit", "equal PrimFunc, p50", us["kcache_equal_p50"], us["tilelang_equal_p50"], "us"),
+        row("memory hit", "equal PrimFunc, p99", us["kcache_equal_p99"], us["tilelang_equal_p99"], "us"),
+    ]
+
+
+def memory_worker(work: Path, calls: int = 2000) -> None:
+    os.environ["TILELANG_CACHE_DIR"] = str(work / "tilelang")
+    import logging
+
+    import tilelang
+
+    import kcache
+
+    from .kernels import CPU_TARGET, elementwise_add
+
+    # TileLang logs a warning on every memory hit; keep it out of the timing.
+    logging.getLogger("tilelang").setLevel(logging.ERROR)
+    cache = kcache.KernelCache(work / "kcache")
+    getters = {
+        "kcache": lambda f: cache.get_or_compile(f, CPU_TARGET, out_idx=[2]),
+        "tilelang": lambda f: tilelang.compile(f, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi"),
+    }
+    out: dict[str, float] = {}
+    for name, get in getters.items():
+        func = elementwise_add()
+        get(func)
+        for mode, funcs in (("same", [func] * calls), ("equal", [elementwise_add() for _ in range(calls // 4)])):
+            samples = []
+            for f in funcs:
+                start = time.perf_counter()
+                get(f)
+                samples.append((time.perf_counter() - start) * 1e6)
+            out[f"{name}_{mode}_p50"] = statistics.median(samples)
+            out[f"{name}_{mode}_p99"] = percentile(samples, 99)
+    print("result " + json.dumps(out), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m stress.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--procs", type=int, default=4, help="herd size (use 16 on a 16-core machine)")
+    p.add_argument("--repeats", type=int, default=10, help="fresh processes per disk-hit measurement")
+    p.add_argument("--only", choices=["herd", "disk", "memory"], action="append", help="run only these scenarios")
+    p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--memory-worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_worker:
+        memory_worker(Path(args.memory_worker))
+        return 0
+
+    # Both caches' modules load from bytecode, as after a pip install.
+    compileall.compile_dir(str(PROJECT / "kcache"), quiet=1)
+    env = {"PYTHONDONTWRITEBYTECODE": ""}
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
+    only = set(args.only or ["herd", "disk", "memory"])
+    rows: list[dict[str, Any]] = []
+    if "memory" in only:
+        rows += bench_memory_hit(work, env)
+    if "disk" in only:
+        rows += bench_disk_hit(work, args.repeats, env)
+    if "herd" in only:
+        rows += bench_herd(work, args.procs, env)
+
+    print(f"{'scenario':<26} {'metric':<36} {'kcache':>10} {'tilelang':>10} {'ratio':>7} unit")
+    for r in rows:
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+        print(f"{r['scenario']:<26} {r['metric']:<36} {r['kcache']:>10.4g} {r['tilelang']:>10.4g} {ratio:>7} {r['unit']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

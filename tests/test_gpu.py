@@ -1,0 +1,74 @@
+"""On a GPU: kernels from kcache (compiled, from disk in a fresh process) run and match torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
+
+import kcache  # noqa: E402
+from stress.kernels import POOL, elementwise_add  # noqa: E402
+
+from .helpers import spawn  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible; run these on the GPU machine"),
+]
+
+
+def gpu_target() -> dict:
+    major, minor = torch.cuda.get_device_capability()
+    # Hopper's wgmma/TMA code needs the arch-specific sm_90a.
+    return {"kind": "cuda", "arch": f"sm_{major}{minor}{'a' if major == 9 else ''}"}
+
+
+def assert_matches(spec, kernel) -> None:
+    inputs = spec.make_inputs("cuda")
+    out = kernel(*inputs)
+    expected = spec.reference(*inputs)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), expected.float(), rtol=spec.tolerance, atol=spec.tolerance)
+
+
+@pytest.mark.parametrize("spec", POOL, ids=[s.name for s in POOL])
+def test_compiled_and_disk_loaded_kernels_match_torch(spec, cache_root: Path) -> None:
+    compiled = kcache.KernelCache(cache_root).get_or_compile(spec.build(), gpu_target(), out_idx=spec.out_idx)
+    assert_matches(spec, compiled)
+    fresh = kcache.KernelCache(cache_root)
+    loaded = fresh.get_or_compile(spec.build(), gpu_target(), out_idx=spec.out_idx)
+    assert fresh.stats.disk_hits == 1 and fresh.stats.compiles == 0
+    assert_matches(spec, loaded)
+
+
+def test_target_none_means_the_gpu_present(cache_root: Path) -> None:
+    cache = kcache.KernelCache(cache_root)
+    kernel = cache.get_or_compile(elementwise_add(), None, out_idx=[2])
+    assert_matches(POOL[0], kernel)
+    (entry,) = (cache_root / "kernels").iterdir()
+    major, minor = torch.cuda.get_device_capability()
+    assert json.loads((entry / "meta.json").read_text())["target"]["arch"].startswith(f"sm_{major}{minor}")
+
+
+def test_a_fresh_process_runs_the_cached_kernel_correctly(cache_root: Path) -> None:
+    spec = POOL[2]  # matmul
+    kcache.KernelCache(cache_root).get_or_compile(spec.build(), gpu_target(), out_idx=spec.out_idx)
+    child = spawn(f"""
+        import json, torch, kcache
+        from stress.kernels import POOL
+        spec = POOL[2]
+        cache = kcache.KernelCache({str(cache_root)!r})
+        kernel = cache.get_or_compile(spec.build(), {gpu_target()!r}, out_idx=spec.out_idx)
+        a, b = spec.make_inputs("cuda")
+        err = (kernel(a, b).float() - spec.reference(a, b).float()).abs().max().item()
+        print("result " + json.dumps({{"err": err, **cache.stats_dict()}}), flush=True)
+    """)
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err[-3000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("result "))[7:])
+    assert result["compiles"] == 0 and result["disk_hits"] == 1
+    assert result["err"] <= 0.05
