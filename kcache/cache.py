@@ -66,8 +66,9 @@ class KernelCache:
     ) -> JITKernel:
         """A runnable TileLang kernel for `func`, compiled at most once across processes."""
         backend = self._tilelang()
+        target_key = backend.target_memo_key(target)
         options = (
-            backend.target_memo_key(target),
+            target_key,
             None if out_idx is None else tuple(backend.normalize_out_idx(out_idx)),
             None if not pass_configs else backend.canonical_json(pass_configs),
             None if compile_flags is None else tuple(backend.normalize_flags(compile_flags)),
@@ -77,7 +78,7 @@ class KernelCache:
         if kernel is not None:
             self.stats.add(memory_hits=1)
             return kernel
-        kernel = self._get_slow(backend, func, target, out_idx, pass_configs, compile_flags, execution_backend)
+        kernel = self._get_slow(backend, func, target, out_idx, pass_configs, compile_flags, execution_backend, target_key)
         return self.memory.put(func, options, kernel)
 
     def gc(self) -> GcReport:
@@ -102,20 +103,19 @@ class KernelCache:
         if backend is None:
             from . import tilelang_backend as backend
 
-            self.memory = MemoryTier(backend.structural_hash, backend.structural_equal)
+            self.memory = MemoryTier(backend.fast_structural_hash, backend.fast_structural_equal)
             self._backend = backend
         return backend
 
-    def _get_slow(self, backend: Any, func: Any, target: Any, out_idx: Any, pass_configs: Any, compile_flags: Any, execution_backend: str) -> Any:
-        from .toolchain import toolchain_fingerprint
-
+    def _get_slow(self, backend: Any, func: Any, target: Any, out_idx: Any, pass_configs: Any, compile_flags: Any,
+                  execution_backend: str, target_key: str | None = None) -> Any:
         request = _Request(
             func=func,
-            resolved=backend.resolve_target(target, execution_backend),
+            resolved=backend.resolve_target(target, execution_backend, target_key),
             out_idx=backend.normalize_out_idx(out_idx),
             pass_configs=backend.normalize_pass_configs(pass_configs),
             compile_flags=backend.normalize_flags(compile_flags),
-            toolchain=toolchain_fingerprint(self.root),
+            toolchain=backend.toolchain_fingerprint(self.root),
         )
         request.key = derive_key(backend.key_fields(
             func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags, request.toolchain

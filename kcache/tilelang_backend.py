@@ -1,51 +1,42 @@
-"""Everything kcache knows about TileLang: targets, keys, compiling, saving, loading.
+"""What kcache knows about TileLang on the hit path: targets, keys, the toolchain, loading.
 
 TileLang is imported when this module is, so `import kcache` stays cheap
-and only a cache that actually compiles or loads pays for it.
-
-While kcache compiles, TileLang's own kernel cache and CUDA binary cache
-neither serve nor store: kcache constructs `JITKernel` directly (TileLang's
-kernel cache sits in `tilelang.compile`, not in `JITKernel`), and the CUDA
-binary cache is short-circuited for the compiling thread only (other
-threads of the process keep TileLang's behaviour). The same hook captures
-the device binary nvcc produced, so the entry can keep it as its own file.
+and only a cache that actually compiles or loads pays for it. Compiling and
+saving live in `tilelang_compile`, loaded only on a miss: every module on
+the path of a fresh-process disk hit costs ~0.3 ms to load.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import re
-import socket
 import threading
-import time
-import traceback
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tilelang
-import tvm_ffi
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+import tilelang  # noqa: F401 - puts TileLang's tvm on the path
+import tvm
 from tilelang.backend.module import BackendContext, create_backend_context
-from tilelang.cache.cuda_binary_cache import CUDABinaryCache
-from tilelang.cuda import backend as tl_cuda_backend
-from tilelang.engine.param import dump_kernel_params, load_kernel_params
+from tilelang.engine.param import KernelParam
 from tilelang.jit import JITKernel
-from tilelang.jit.adapter.base import CachedTextSource
+from tilelang.jit.abi import CALLEE_ALLOCATED_OUTPUTS_ATTR, OUT_IDX_ATTR, _normalize_output_indices
+from tilelang.jit.adapter.tvm_ffi import TVMFFIKernelAdapter
 from tilelang.transform.pass_config import normalize_pass_configs  # noqa: F401 - part of this module's interface
+from tvm import runtime
+from tvm.ir import _ffi_api as _ir_ffi
 from tvm.ir import structural_equal, structural_hash  # noqa: F401 - used by the memory tier
+from tvm.runtime import _ffi_node_api
 from tvm.target import Target
-from tvm.tirx import PrimFunc
+from tvm.target import _ffi_api as _target_ffi
+from tvm.tirx import PrimExpr, PrimFunc
 
 from . import layout
-from .errors import CompileError, TargetError
-from .fsutil import ensure_dir, fsync_path, write_durable
-from .keys import canonical_json
-
-log = logging.getLogger("kcache")
+from .errors import TargetError
+from .fsutil import read_nofollow
+from .keys import ENTRY_FORMAT, canonical_json, derive_key
 
 DEVICE_SOURCE = "device.cu"
 HOST_SOURCE = "host.cu"
@@ -59,61 +50,14 @@ SUPPORTED_EXECUTION_BACKENDS = ("tvm_ffi",)
 _ARCH_FIX = 'pass an explicit arch, e.g. target={"kind": "cuda", "arch": "sm_90a"}'
 
 
-@dataclass(frozen=True)
 class ResolvedTarget:
-    context: BackendContext
-    # Canonical JSON of the TVM target, arch included: what the key uses.
-    canonical: str
+    # A plain class: @dataclass costs ~1 ms of import time, paid by every fresh-process hit.
+    __slots__ = ("context", "canonical")
 
-
-@dataclass
-class CompiledKernel:
-    kernel: JITKernel
-    name: str
-    device_binary: bytes
-    binary_format: str
-    seconds: float
-
-
-# ---------------------------------------------------------------- hooks
-
-_compiling = threading.local()
-_hooks_lock = threading.Lock()
-_hooks_installed = False
-
-
-def _kcache_compiling() -> bool:
-    return getattr(_compiling, "binaries", None) is not None
-
-
-def _install_hooks() -> None:
-    """Route TileLang's nvcc callback through kcache (once per process)."""
-    global _hooks_installed
-    with _hooks_lock:
-        if _hooks_installed:
-            return
-        original_compile = tl_cuda_backend.tilelang_callback_cuda_compile
-        original_load = CUDABinaryCache.load.__func__
-        original_save = CUDABinaryCache.save.__func__
-
-        def compile_callback(code: str, target: Target, pass_config: Any = None) -> bytearray:
-            binary = original_compile(code, target, pass_config)
-            binaries = getattr(_compiling, "binaries", None)
-            if binaries is not None:
-                binaries.append(bytes(binary))
-            return binary
-
-        def load(cls: type, key: str, compile_format: str) -> bytes | None:
-            return None if _kcache_compiling() else original_load(cls, key, compile_format)
-
-        def save(cls: type, key: str, compile_format: str, data: bytes) -> None:
-            if not _kcache_compiling():
-                original_save(cls, key, compile_format, data)
-
-        CUDABinaryCache.load = classmethod(load)
-        CUDABinaryCache.save = classmethod(save)
-        tvm_ffi.register_global_func("tilelang_callback_cuda_compile", f=compile_callback, override=True)
-        _hooks_installed = True
+    def __init__(self, context: BackendContext, canonical: str) -> None:
+        self.context = context
+        # Canonical JSON of the TVM target, arch included: what the key uses.
+        self.canonical = canonical
 
 
 # ---------------------------------------------------------------- targets
@@ -144,8 +88,8 @@ def _gpu_present() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def resolve_target(target: object, execution_backend: str) -> ResolvedTarget:
-    memo_key = (target_memo_key(target), execution_backend)
+def resolve_target(target: object, execution_backend: str, memo_key_str: str | None = None) -> ResolvedTarget:
+    memo_key = (target_memo_key(target) if memo_key_str is None else memo_key_str, execution_backend)
     resolved = _target_memo.get(memo_key)
     if resolved is not None:
         return resolved
@@ -157,12 +101,48 @@ def resolve_target(target: object, execution_backend: str) -> ResolvedTarget:
     if not _names_arch(request) and not _gpu_present():
         raise TargetError(target, "no GPU is visible and the target names no arch", _ARCH_FIX)
     try:
-        context = create_backend_context(request, None, execution_backend)
+        context = _fast_backend_context(request, execution_backend)
+        if context is None:
+            context = create_backend_context(request, None, execution_backend)
     except (ValueError, AssertionError, RuntimeError) as err:
         raise TargetError(target, f"TileLang rejected it: {err}", _ARCH_FIX) from err
     resolved = ResolvedTarget(context=context, canonical=str(context.target))
     _target_memo[memo_key] = resolved
     return resolved
+
+
+def _fast_backend_context(request: object, execution_backend: str) -> BackendContext | None:
+    """create_backend_context for a target dict, with Target objects made through the FFI.
+
+    `Target(dict)` and `Target("llvm")` run `tvm_ffi.convert`, whose
+    `isinstance(value, tvm_ffi.core.Object)` walks all ~500 subclasses of that
+    ABC the first time a process checks a dict (then a str): ~1-2 ms each.
+    The FFI converts a dict to a Map in Cython without any ABC check, and
+    TileLang's normalizers treat Target(d) exactly as they treat d for every
+    kind the FFI accepts ("cutedsl" is no TVM kind, so it takes the slow path).
+    """
+    if type(request) is not dict:
+        return None
+    try:
+        target = _target_ffi.Target(request)
+    except Exception:  # let TileLang produce its own error (or normalize a non-TVM kind)
+        return None
+    # create_backend_context's own default host, built the same way.
+    host = _target_ffi.Target("llvm" if runtime.enabled("llvm") else "c")
+    return create_backend_context(target, host, execution_backend)
+
+
+# ---------------------------------------------------------------- memory tier
+
+
+def fast_structural_hash(func: PrimFunc) -> int:
+    """tvm.ir.structural_hash(func) without its tvm_ffi.convert(func) (a PrimFunc is an FFI object already)."""
+    return _ffi_node_api.StructuralHash(func, False)
+
+
+def fast_structural_equal(lhs: PrimFunc, rhs: PrimFunc) -> bool:
+    """tvm.ir.structural_equal(lhs, rhs) without the two tvm_ffi.convert calls."""
+    return bool(_ffi_node_api.StructuralEqual(lhs, rhs, False, False))
 
 
 # ---------------------------------------------------------------- keys
@@ -212,101 +192,89 @@ def key_fields(
 # ---------------------------------------------------------------- compile
 
 
-def compile_kernel(
-    func: PrimFunc,
-    resolved: ResolvedTarget,
-    out_idx: list[int] | None,
-    pass_configs: dict[str, Any],
-    compile_flags: list[str] | None,
-    log_dir: Path,
-) -> CompiledKernel:
-    """Compile with TileLang, bypassing its caches. Raises CompileError."""
-    _install_hooks()
-    name = kernel_name(func)
-    context = resolved.context
-    binaries: list[bytes] = []
-    _compiling.binaries = binaries
-    start = time.perf_counter()
-    try:
-        kernel = JITKernel(
-            func,
-            out_idx=out_idx,
-            execution_backend=context.execution_backend.name,
-            target=context.target,
-            target_host=context.target_host,
-            pass_configs=pass_configs,
-            compile_flags=compile_flags,
-            backend_context=context,
-        )
-    except Exception as err:  # TileLang, TVM and nvcc raise many types; all mean "this kernel did not compile"
-        raise CompileError(name, summarize_compiler_error(str(err)), _write_log(log_dir, name, err)) from err
-    finally:
-        _compiling.binaries = None
-    seconds = time.perf_counter() - start
-    if not binaries:
-        raise CompileError(name, "TileLang produced no device binary (the nvcc callback never ran)", None)
-    binary_format = "fatbin" if len(binaries[-1]) and binaries[-1][:4] == b"\x50\xed\x55\xba" else "cubin"
-    return CompiledKernel(kernel=kernel, name=name, device_binary=binaries[-1], binary_format=binary_format, seconds=seconds)
+# ---------------------------------------------------------------- compile and save (tilelang_compile, on a miss)
 
 
-_ERROR_LINE = re.compile(r"\berror\b|\bfatal\b", re.IGNORECASE)
+def compile_kernel(*args: Any, **kwargs: Any) -> Any:
+    from . import tilelang_compile
+
+    return tilelang_compile.compile_kernel(*args, **kwargs)
+
+
+def write_entry(*args: Any, **kwargs: Any) -> None:
+    from . import tilelang_compile
+
+    tilelang_compile.write_entry(*args, **kwargs)
 
 
 def summarize_compiler_error(message: str, max_lines: int = 8) -> str:
-    """The compiler's first error lines, not the hundreds of warnings and the source around them.
+    from . import tilelang_compile
 
-    TileLang's nvcc failures read "<whole source> Compilation error: <nvcc output> Command: <cmd>";
-    only the nvcc output matters.
+    return tilelang_compile.summarize_compiler_error(message, max_lines)
+
+
+# ---------------------------------------------------------------- toolchain
+
+_LIB_NAMES = ("libtilelang.so", "libtvm_compiler.so", "libtvm_runtime.so")
+_toolchain_memo: dict[str, dict[str, object]] = {}
+
+
+def toolchain_signature() -> tuple[str, list[str], str]:
+    """(signature, libraries, compiler): a stat signature of every file the fingerprint is computed from.
+
+    A library that does not exist is left out; nvcc and the toolkit's cuda.h
+    are stat'ed through any symlink (os.stat follows it), so retargeting a
+    link changes the signature through the target's inode, size and mtime.
     """
-    _, marker, after = message.partition("Compilation error:")
-    section = after.partition("\nCommand:")[0] if marker else message
-    lines = [line.rstrip() for line in section.splitlines() if line.strip()]
-    errors = [line for line in lines if _ERROR_LINE.search(line) and "warning" not in line.lower()]
-    chosen = errors[:max_lines] if errors else (lines[:max_lines] if marker else lines[-3:])
-    return "\n".join(line if len(line) <= 300 else line[:297] + "..." for line in chosen) or "(no message)"
+    import importlib
+
+    from tilelang.contrib import nvcc
+
+    tl_env = importlib.import_module("tilelang.env")  # the module: `from tilelang import env` is an object
+
+    libraries: list[str] = []
+    rows: list[list[object]] = []
+    for lib_dir in getattr(tl_env, "TL_LIBS", []):
+        for name in _LIB_NAMES:
+            path = os.path.join(lib_dir, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            libraries.append(path)
+            rows.append([path, st.st_size, st.st_mtime_ns, st.st_ino])
+    compiler = nvcc.get_nvcc_compiler()
+    cuda_h = os.path.join(nvcc.find_cuda_path(), "include", "cuda.h")
+    for path in (compiler, cuda_h):
+        try:
+            st = os.stat(path)
+            rows.append([path, st.st_size, st.st_mtime_ns, st.st_ino])
+        except FileNotFoundError:
+            rows.append([path, None])
+    return derive_key({"files": rows, "entry_format": ENTRY_FORMAT}), libraries, compiler
 
 
-def _write_log(log_dir: Path, name: str, err: BaseException) -> str | None:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-    path = log_dir / f"compile-{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}.log"
+def toolchain_fingerprint(root: Path) -> dict[str, object]:
+    """The toolchain part of every key: memoized per process and under `<root>/.toolchain/`.
+
+    Only a memo miss loads `kcache.toolchain` (which hashes ~100 MB of
+    libraries and runs nvcc --version).
+    """
+    signature, libraries, compiler = toolchain_signature()
+    cached = _toolchain_memo.get(signature)
+    if cached is not None:
+        return cached
     try:
-        ensure_dir(log_dir)
-        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        write_durable(path, text.encode(errors="replace"))
-    except OSError as log_err:
-        log.warning("kcache: could not write the compile log %s: %s", path, log_err)
-        return None
-    return str(path)
+        fingerprint = json.loads(read_nofollow(os.path.join(root, layout.TOOLCHAIN, signature + ".json")))
+    except (OSError, ValueError):
+        from . import toolchain
+
+        fingerprint = toolchain.compute_and_persist(root, signature, libraries, compiler)
+    _toolchain_memo[signature] = fingerprint
+    return fingerprint
 
 
-# ---------------------------------------------------------------- save and load
-
-
-def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: ResolvedTarget, toolchain: dict) -> None:
-    """Write every component of a kernel entry into `staging` (durably)."""
-    kernel = compiled.kernel
-    adapter = kernel.adapter
-    write_durable(staging / DEVICE_SOURCE, (adapter.get_device_source() or "").encode())
-    write_durable(staging / HOST_SOURCE, (adapter.get_host_source() or "").encode())
-    write_durable(staging / DEVICE_BINARY, compiled.device_binary)
-    write_durable(staging / PARAMS, dump_kernel_params(kernel.params).encode())
-    library = staging / LIBRARY
-    adapter.get_exportable_executable().export_library(str(library))
-    fsync_path(library)
-    meta = {
-        "key": key,
-        "kernel": compiled.name,
-        "target": json.loads(resolved.canonical),
-        "execution_backend": resolved.context.execution_backend.name,
-        "device_binary_format": compiled.binary_format,
-        "toolchain": toolchain,
-        "created": time.time(),
-        "compile_seconds": round(compiled.seconds, 4),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "tilelang": tilelang.__version__,
-    }
-    write_durable(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
+# ---------------------------------------------------------------- load
 
 
 def load_kernel(
@@ -318,22 +286,93 @@ def load_kernel(
     pass_configs: dict[str, Any],
     compile_flags: list[str] | None,
 ) -> JITKernel:
-    """Build a runnable kernel from an entry whose files were already verified."""
+    """Build a runnable kernel from an entry whose files were already verified.
+
+    Sets exactly the fields that `JITKernel.from_database` and
+    `TVMFFIKernelAdapter.from_database` (TileLang 0.1.15) set, without their
+    redundant target normalizations and without `tvm_ffi.convert` on a list
+    and an int (two first-time ABC walks, ~1-2 ms each).
+    """
     context = resolved.context
-    return JITKernel.from_database(
-        func=func,
-        host_kernel_source=CachedTextSource(text=files[HOST_SOURCE].decode()),
-        device_kernel_source=CachedTextSource(text=files[DEVICE_SOURCE].decode()),
-        kernel_lib_path=str(entry_dir / LIBRARY),
-        params=load_kernel_params(files[PARAMS].decode()),
-        target=context.target,
-        target_host=context.target_host,
-        out_idx=out_idx,
-        execution_backend=context.execution_backend.name,
-        pass_configs=pass_configs,
-        compile_flags=compile_flags,
-        backend_context=context,
-    )
+    spec = context.execution_backend
+    host_source = files[HOST_SOURCE].decode()
+    device_source = files[DEVICE_SOURCE].decode()
+    library = str(entry_dir / LIBRARY)
+
+    kernel = JITKernel.__new__(JITKernel)
+    kernel.prim_func = func
+    kernel.verbose = False
+    kernel.pass_configs = dict(pass_configs)  # = normalize_pass_configs(pass_configs): it is normalized already
+    kernel.compile_flags = [compile_flags] if isinstance(compile_flags, str) else compile_flags
+    kernel.backend_context = context
+    kernel.backend = context.module
+    kernel.target = context.target
+    kernel.target_host = context.target_host
+    kernel.execution_backend_spec = spec
+    kernel.execution_backend = spec.name
+
+    stamped = _stamp_out_idx(func, out_idx, spec.supports_callee_allocated_outputs)
+    adapter = TVMFFIKernelAdapter.__new__(TVMFFIKernelAdapter)
+    adapter.params = _load_params(files[PARAMS].decode())
+    adapter.result_idx = adapter._legalize_result_idx(out_idx)
+    adapter.host_kernel_source = host_source
+    adapter._host_kernel_source_path = None
+    adapter.device_kernel_source = device_source
+    adapter._device_kernel_source_path = None
+    adapter.wrapped_source = device_source + "\n\n" + host_source
+    adapter.pass_configs = pass_configs
+    adapter.ir_module = tvm.IRModule({stamped.attrs["global_symbol"]: stamped})
+    adapter.target = _target_ffi.Target(context.target)  # from_database's Target(determine_target(target)): a copy
+    adapter.verbose = False
+    adapter.libpath = library
+    adapter.kernel_global_source = device_source
+    adapter.rt_mod = None
+    adapter.executable = runtime.load_module(library)
+    adapter._ffi_callee_allocated_output_abi = adapter._uses_ffi_callee_allocated_output_abi()
+    adapter.dynamic_symbolic_map = None if adapter._ffi_callee_allocated_output_abi else adapter._process_dynamic_symbolic()
+    adapter._executable_lock = threading.Lock()
+    adapter._post_init()
+    kernel.adapter = adapter
+    kernel.torch_function = adapter.func
+    return kernel
+
+
+def _with_attr(func: PrimFunc, key: str, value: object) -> PrimFunc:
+    """BaseFunc.with_attr, passing `value` to the FFI as is instead of through tvm_ffi.convert."""
+    return _ir_ffi.BaseFuncWithAttr(_ir_ffi.BaseFuncCopy(func)._move(), key, value)
+
+
+def _stamp_out_idx(func: PrimFunc, out_idx: list[int] | None, supports_callee_allocated_outputs: bool) -> PrimFunc:
+    """The PrimFunc that tilelang.jit.abi.prepare_tvm_ffi_callee_allocated_outputs returns."""
+    requested = None if out_idx is None else list(out_idx)
+    attrs = func.attrs
+    if attrs is not None and OUT_IDX_ATTR in attrs:
+        attr_indices = [int(index) for index in attrs[OUT_IDX_ATTR]]
+        if requested is not None:
+            num_params = len(func.params)
+            if _normalize_output_indices(requested, num_params) != _normalize_output_indices(attr_indices, num_params):
+                raise ValueError("out_idx does not match the PrimFunc's tilelang_out_idx attribute")
+        if attr_indices and supports_callee_allocated_outputs and CALLEE_ALLOCATED_OUTPUTS_ATTR not in attrs:
+            func = _with_attr(func, CALLEE_ALLOCATED_OUTPUTS_ATTR, 1)
+        return func
+    if not requested:
+        return func
+    _normalize_output_indices(requested, len(func.params))
+    func = _with_attr(func, OUT_IDX_ATTR, requested)
+    if supports_callee_allocated_outputs:
+        func = _with_attr(func, CALLEE_ALLOCATED_OUTPUTS_ATTR, 1)
+    return func
+
+
+def _load_params(text: str) -> list[KernelParam]:
+    """tilelang.engine.param.load_kernel_params, minus upgrade_json (a loads/dumps(indent=2)
+    round trip that changes nothing for JSON this TileLang wrote) and minus
+    isinstance(int, PrimExpr) (a first-time ABC walk)."""
+    params = []
+    for record in _ffi_node_api.LoadJSON(text):
+        shape = [dim if type(dim) is not int and isinstance(dim, PrimExpr) else int(dim) for dim in record["shape"]]
+        params.append(KernelParam(tvm.DataType(str(record["dtype"])), shape))
+    return params
 
 
 def log_dir(root: Path) -> Path:

@@ -10,12 +10,14 @@ fingerprint is memoized per process and persisted under
 `<root>/.toolchain/`, keyed by a stat signature (path, size, mtime, inode)
 of every file it was computed from. Replacing any of those files changes
 the signature and forces a recomputation.
+
+The signature and the memo lookup are on the hit path and live in
+`tilelang_backend`; this module (the recomputation) loads only on a memo miss.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -26,45 +28,21 @@ from pathlib import Path
 
 from . import layout
 from .fsutil import ensure_dir, read_nofollow, sha256_hex, write_durable
-from .keys import ENTRY_FORMAT, derive_key
+from .keys import ENTRY_FORMAT
 
 log = logging.getLogger("kcache")
 
-_LIB_NAMES = ("libtilelang.so", "libtvm_compiler.so", "libtvm_runtime.so")
-_memo: dict[str, dict[str, object]] = {}
+
+def toolchain_fingerprint(root: Path) -> dict[str, object]:
+    from .tilelang_backend import toolchain_fingerprint as fingerprint
+
+    return fingerprint(root)
 
 
-def _tilelang_libraries() -> list[Path]:
-    env_module = importlib.import_module("tilelang.env")
-    found = []
-    for lib_dir in getattr(env_module, "TL_LIBS", []):
-        for name in _LIB_NAMES:
-            path = Path(lib_dir) / name
-            if path.exists():
-                found.append(path)
-    return found
-
-
-def _nvcc_inputs() -> tuple[Path, list[Path]]:
-    from tilelang.contrib import nvcc
-
-    compiler = Path(nvcc.get_nvcc_compiler())
-    watched = [compiler, Path(os.path.realpath(compiler))]
-    cuda_home = Path(nvcc.find_cuda_path())
-    # nvcc is often a wrapper script; the toolkit's headers change with it.
-    watched.append(Path(os.path.realpath(cuda_home / "include" / "cuda.h")))
-    return compiler, watched
-
-
-def _stat_signature(paths: list[Path]) -> list[list[object]]:
-    rows: list[list[object]] = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-            rows.append([str(path), st.st_size, st.st_mtime_ns, st.st_ino])
-        except FileNotFoundError:
-            rows.append([str(path), None])
-    return rows
+def compute_and_persist(root: Path, signature: str, libraries: list[str], compiler: str) -> dict[str, object]:
+    fingerprint = _compute([Path(p) for p in libraries], Path(compiler))
+    _persist(Path(root) / layout.TOOLCHAIN / f"{signature}.json", fingerprint)
+    return fingerprint
 
 
 def _nvcc_version(compiler: Path) -> str:
@@ -87,23 +65,6 @@ def _compute(libraries: list[Path], compiler: Path) -> dict[str, object]:
         "nvcc": _nvcc_version(compiler),
         "machine": platform.machine(),
     }
-
-
-def toolchain_fingerprint(root: Path) -> dict[str, object]:
-    libraries = _tilelang_libraries()
-    compiler, watched = _nvcc_inputs()
-    signature = derive_key({"files": _stat_signature(libraries + watched), "entry_format": ENTRY_FORMAT})
-    cached = _memo.get(signature)
-    if cached is not None:
-        return cached
-    memo_file = root / layout.TOOLCHAIN / f"{signature}.json"
-    try:
-        fingerprint = json.loads(read_nofollow(memo_file))
-    except (OSError, ValueError):
-        fingerprint = _compute(libraries, compiler)
-        _persist(memo_file, fingerprint)
-    _memo[signature] = fingerprint
-    return fingerprint
 
 
 def _persist(memo_file: Path, fingerprint: dict[str, object]) -> None:
