@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,14 @@ class KernelCache:
         self._backend: Any = None
         self._key_threads: dict[str, threading.Lock] = {}
         self._key_threads_guard = threading.Lock()
+        self._toolchain: dict[str, object] | None = None
         self._maybe_gc()
+        if "tilelang" in sys.modules:
+            # TileLang is loaded, so this cache is about to serve it: opening
+            # the cache loads the backend and identifies the toolchain (like
+            # TileLang's own cache, which does its setup at import). A process
+            # that only inspects the cache never imports TileLang.
+            self._toolchain = self._tilelang().toolchain_fingerprint(self.root)
 
     # ------------------------------------------------------------ public
 
@@ -107,6 +115,12 @@ class KernelCache:
             self._backend = backend
         return backend
 
+    def _toolchain_fingerprint(self, backend: Any) -> dict[str, object]:
+        # One process runs one TileLang: identify its toolchain once per cache.
+        if self._toolchain is None:
+            self._toolchain = backend.toolchain_fingerprint(self.root)
+        return self._toolchain
+
     def _get_slow(self, backend: Any, func: Any, target: Any, out_idx: Any, pass_configs: Any, compile_flags: Any,
                   execution_backend: str, target_key: str | None = None) -> Any:
         request = _Request(
@@ -115,7 +129,7 @@ class KernelCache:
             out_idx=backend.normalize_out_idx(out_idx),
             pass_configs=backend.normalize_pass_configs(pass_configs),
             compile_flags=backend.normalize_flags(compile_flags),
-            toolchain=backend.toolchain_fingerprint(self.root),
+            toolchain=self._toolchain_fingerprint(backend),
         )
         request.key = derive_key(backend.key_fields(
             func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags, request.toolchain

@@ -38,12 +38,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.backend == "kcache":
         import kcache
 
+        opened = time.monotonic()
         cache = kcache.KernelCache(args.root)
+        open_s = time.monotonic() - opened
 
         def get(spec: Any, func: Any) -> Any:
             return cache.get_or_compile(func, CPU_TARGET, out_idx=spec.out_idx)
     else:
-        cache = None
+        cache, open_s = None, None
 
         def get(spec: Any, func: Any) -> Any:
             return tilelang.compile(func, out_idx=spec.out_idx, target=CPU_TARGET, execution_backend="tvm_ffi")
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         "errors": errors,
         "wrong_results": wrong,
         "stats": cache.stats_dict() if cache is not None else None,
+        "open_s": open_s,
     })
 
 
