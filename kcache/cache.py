@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import layout
 from .config import Settings
-from .errors import CorruptEntry, KCacheError, PublishError
+from .errors import CorruptEntry, KCacheError
 from .fsutil import ensure_dir
 from .keys import derive_key
 from .locks import KeyLock
@@ -149,9 +150,24 @@ class KernelCache:
 
     def _compile_once(self, backend: Any, request: _Request) -> Any:
         lock = KeyLock(self.root / layout.LOCKS / f"{request.key}.lock", request.key)
-        waited = lock.acquire(self.settings.lock_timeout_s)
-        if waited > 0:
-            self.stats.add(lock_waits=1, lock_wait_seconds=waited)
+        entry = self.store.entry_path(request.key)
+        # Waiters stop waiting as soon as the holder's entry appears and load
+        # it without the lock; queueing them through it would serialize N loads.
+        give_up_when: Any = entry.is_dir
+        while True:
+            started = time.monotonic()
+            waited = lock.acquire(self.settings.lock_timeout_s, give_up_when)
+            if waited is None:
+                self.stats.add(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
+                kernel = self._load_published(backend, request, quarantine=False)
+                if kernel is not None:
+                    self.stats.add(disk_hits=1)
+                    return kernel
+                give_up_when = None  # it is corrupt or went away: take the lock to repair it
+                continue
+            if waited > 0:
+                self.stats.add(lock_waits=1, lock_wait_seconds=waited)
+            break
         with lock:
             kernel = self._load_published(backend, request, quarantine=True)
             if kernel is not None:
@@ -171,7 +187,7 @@ class KernelCache:
         for _attempt in range(2):
             try:
                 outcome = self.store.publish(request.key, fill)
-            except (PublishError, KCacheError, OSError) as err:
+            except (KCacheError, OSError) as err:
                 # The kernel compiled fine; only saving it failed. The caller
                 # still gets a working kernel, and the cause is not hidden.
                 self.stats.add(publish_failures=1)

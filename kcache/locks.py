@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import portalocker
@@ -27,7 +28,7 @@ log = logging.getLogger("kcache")
 
 _FLAGS = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
 _FIRST_POLL_S = 0.002
-_MAX_POLL_S = 0.05
+_MAX_POLL_S = 0.02
 
 
 class KeyLock:
@@ -42,9 +43,11 @@ class KeyLock:
     def is_locked(self) -> bool:
         return self._fd is not None
 
-    def acquire(self, timeout: float) -> float:
+    def acquire(self, timeout: float, give_up_when: Callable[[], bool] | None = None) -> float | None:
         """Block until the lock is ours; return the seconds spent waiting (0.0 if free).
 
+        Between attempts, `give_up_when()` may end the wait early (the holder's
+        result became visible, say): then None is returned and nothing is held.
         Raises CacheLockTimeout after `timeout` seconds.
         """
         if self._fd is not None:
@@ -58,6 +61,8 @@ class KeyLock:
             if fd is not None:
                 self._fd = fd
                 return time.monotonic() - start if logged else 0.0
+            if give_up_when is not None and give_up_when():
+                return None
             waited = time.monotonic() - start
             if waited >= timeout:
                 raise CacheLockTimeout(str(self.path), timeout, self.key)

@@ -108,3 +108,24 @@ def test_an_acquirer_whose_file_was_unlinked_by_gc_retries_on_the_new_file(tmp_p
         assert os.fstat(lock._fd).st_ino == os.stat(path).st_ino
     finally:
         lock.release()
+
+
+def test_a_waiter_gives_up_when_the_holders_result_appears(tmp_path: Path) -> None:
+    path = tmp_path / ".locks" / f"{KEY}.lock"
+    result = tmp_path / "entry"
+    child = hold_lock_in_child(path)
+    try:
+        checks = []
+
+        def published() -> bool:
+            checks.append(True)
+            if len(checks) == 3:
+                result.mkdir()  # the holder "publishes" while we wait
+            return result.is_dir()
+
+        waiter = KeyLock(path, KEY)
+        assert waiter.acquire(timeout=30, give_up_when=published) is None
+        assert not waiter.is_locked and len(checks) == 3
+    finally:
+        child.kill()
+        child.wait()
