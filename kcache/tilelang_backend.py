@@ -27,7 +27,6 @@ from tilelang.jit.adapter.tvm_ffi import TVMFFIKernelAdapter
 from tilelang.transform.pass_config import normalize_pass_configs  # noqa: F401 - part of this module's interface
 from tvm import runtime
 from tvm.ir import _ffi_api as _ir_ffi
-from tvm.ir import structural_equal, structural_hash  # noqa: F401 - used by the memory tier
 from tvm.runtime import _ffi_node_api
 from tvm.target import Target
 from tvm.target import _ffi_api as _target_ffi
@@ -189,9 +188,6 @@ def key_fields(
     }
 
 
-# ---------------------------------------------------------------- compile
-
-
 # ---------------------------------------------------------------- compile and save (tilelang_compile, on a miss)
 
 
@@ -205,12 +201,6 @@ def write_entry(*args: Any, **kwargs: Any) -> None:
     from . import tilelang_compile
 
     tilelang_compile.write_entry(*args, **kwargs)
-
-
-def summarize_compiler_error(message: str, max_lines: int = 8) -> str:
-    from . import tilelang_compile
-
-    return tilelang_compile.summarize_compiler_error(message, max_lines)
 
 
 # ---------------------------------------------------------------- toolchain
@@ -314,7 +304,7 @@ def load_kernel(
     stamped = _stamp_out_idx(func, out_idx, spec.supports_callee_allocated_outputs)
     adapter = TVMFFIKernelAdapter.__new__(TVMFFIKernelAdapter)
     adapter.params = _load_params(files[PARAMS].decode())
-    adapter.result_idx = adapter._legalize_result_idx(out_idx)
+    adapter.result_idx = adapter._legalize_result_idx(None if out_idx is None else list(out_idx))  # it edits in place
     adapter.host_kernel_source = host_source
     adapter._host_kernel_source_path = None
     adapter.device_kernel_source = device_source

@@ -33,12 +33,6 @@ from .keys import ENTRY_FORMAT
 log = logging.getLogger("kcache")
 
 
-def toolchain_fingerprint(root: Path) -> dict[str, object]:
-    from .tilelang_backend import toolchain_fingerprint as fingerprint
-
-    return fingerprint(root)
-
-
 def compute_and_persist(root: Path, signature: str, libraries: list[str], compiler: str) -> dict[str, object]:
     fingerprint = _compute([Path(p) for p in libraries], Path(compiler))
     _persist(Path(root) / layout.TOOLCHAIN / f"{signature}.json", fingerprint)

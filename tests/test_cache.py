@@ -142,7 +142,7 @@ def test_the_next_call_after_a_compile_error_still_works(cache_root: Path) -> No
 def test_every_key_input_changes_the_key(cache_root: Path) -> None:
     from kcache import tilelang_backend as backend
     from kcache.keys import derive_key
-    from kcache.toolchain import toolchain_fingerprint
+    from kcache.tilelang_backend import toolchain_fingerprint
 
     func = elementwise_add()
     toolchain = toolchain_fingerprint(cache_root)
@@ -213,7 +213,7 @@ def test_a_lost_publish_race_uses_the_winners_entry(root_copy: Path, tmp_path: P
 def test_a_full_disk_after_a_good_compile_returns_the_kernel_and_warns_once(tmp_path: Path, caplog) -> None:
     with tmpfs(tmp_path / "tiny", size="1m") as mount:
         cache = kcache.KernelCache(mount / "cache")
-        from kcache.toolchain import toolchain_fingerprint
+        from kcache.tilelang_backend import toolchain_fingerprint
 
         toolchain_fingerprint(cache.root)  # the small files that come before the entry
         fill_filesystem(mount, leave_bytes=8 * 1024)
@@ -224,3 +224,45 @@ def test_a_full_disk_after_a_good_compile_returns_the_kernel_and_warns_once(tmp_
         assert len(warnings) == 1 and "ENOSPC" in warnings[0].getMessage()
         assert not (cache.root / "kernels").exists() or os.listdir(cache.root / "kernels") == []
         assert os.listdir(cache.root / ".staging") == []
+
+
+@pytest.mark.parametrize("out_idx", [[2], -1, None])
+def test_a_disk_hit_builds_the_same_kernel_as_tilelangs_from_database(cache_root: Path, out_idx) -> None:
+    # kcache assembles the JITKernel itself (faster, see docs/benchmarks.md); it
+    # must set exactly what TileLang's own loader sets.
+    import tvm
+    from tilelang.engine.param import load_kernel_params
+    from tilelang.jit import JITKernel
+    from tilelang.jit.adapter.base import CachedTextSource
+
+    from kcache import tilelang_backend as backend
+    from kcache.keys import derive_key
+
+    func = elementwise_add()
+    cache = kcache.KernelCache(cache_root)
+    cache.get_or_compile(func, CPU_TARGET, out_idx=out_idx)
+    resolved = backend.resolve_target(CPU_TARGET, "tvm_ffi")
+    norm_idx = backend.normalize_out_idx(out_idx)
+    configs = backend.normalize_pass_configs(None)
+    key = derive_key(backend.key_fields(func, resolved, norm_idx, configs, None, backend.toolchain_fingerprint(cache_root)))
+    files, entry = cache.store.read(key), cache.store.entry_path(key)
+    ours = backend.load_kernel(func, entry, files, resolved, norm_idx, configs, None)
+    assert norm_idx == backend.normalize_out_idx(out_idx)  # the caller's list is left alone
+    theirs = JITKernel.from_database(
+        func=func, host_kernel_source=CachedTextSource(text=files["host.cu"].decode()),
+        device_kernel_source=CachedTextSource(text=files["device.cu"].decode()), kernel_lib_path=str(entry / "kernel.so"),
+        params=load_kernel_params(files["params.json"].decode()), target=resolved.context.target,
+        target_host=resolved.context.target_host, out_idx=backend.normalize_out_idx(out_idx), execution_backend="tvm_ffi",
+        pass_configs=configs, compile_flags=None, backend_context=resolved.context,
+    )
+    assert set(vars(ours)) == set(vars(theirs))
+    assert set(vars(ours.adapter)) == set(vars(theirs.adapter))
+    a, b = theirs.adapter, ours.adapter
+    assert a.result_idx == b.result_idx
+    assert a._ffi_callee_allocated_output_abi == b._ffi_callee_allocated_output_abi
+    assert a.ir_module.script(show_meta=True) == b.ir_module.script(show_meta=True)
+    assert str(a.target) == str(b.target) and a.libpath == b.libpath
+    assert [(str(p.dtype), [str(s) for s in p.shape]) for p in a.params] == [
+        (str(p.dtype), [str(s) for s in p.shape]) for p in b.params]
+    assert (a.dynamic_symbolic_map is None) == (b.dynamic_symbolic_map is None)
+    assert tvm.ir.structural_equal(ours.prim_func, theirs.prim_func)
