@@ -46,7 +46,7 @@ class KernelCache:
                 f"cannot create the cache root {self.root}: {err.strerror or err}. "
                 "Set KCACHE_DIR (or pass root=) to a writable directory."
             ) from err
-        self.stats = CacheStats()
+        self._stats = CacheStats()
         self.memory: MemoryTier | None = None  # needs TVM: made with the backend
         self._store: EntryStore | None = None
         self._backend: Any = None
@@ -85,7 +85,7 @@ class KernelCache:
         )
         kernel = self.memory.get(func, options)
         if kernel is not None:
-            self.stats.add(memory_hits=1)
+            self._stats.add(memory_hits=1)
             return kernel
         kernel = self._get_slow(backend, func, target, out_idx, pass_configs, compile_flags, execution_backend, target_key)
         return self.memory.put(func, options, kernel)
@@ -94,8 +94,10 @@ class KernelCache:
         """Remove stale staging directories (everywhere under the root) and idle lock files."""
         return collect_garbage(self.root, self.settings.staging_ttl_s)
 
-    def stats_dict(self) -> dict[str, float]:
-        return self.stats.snapshot()
+    def stats(self) -> dict[str, float]:
+        """This cache's counters in this process: memory_hits, disk_hits, misses, compiles,
+        lost_races, corrupt_entries, publish_failures, lock_waits, lock_wait_seconds."""
+        return self._stats.snapshot()
 
     @property
     def store(self) -> EntryStore:
@@ -137,14 +139,14 @@ class KernelCache:
         ))
         kernel = self._load_published(backend, request, quarantine=False)
         if kernel is not None:
-            self.stats.add(disk_hits=1)
+            self._stats.add(disk_hits=1)
             return kernel
-        self.stats.add(misses=1)
+        self._stats.add(misses=1)
         with self._thread_gate(request.key):
             # Another thread of this process may have finished it meanwhile.
             kernel = self._load_published(backend, request, quarantine=False)
             if kernel is not None:
-                self.stats.add(disk_hits=1)
+                self._stats.add(disk_hits=1)
                 return kernel
             return self._compile_once(backend, request)
 
@@ -158,26 +160,26 @@ class KernelCache:
             started = time.monotonic()
             waited = lock.acquire(self.settings.lock_timeout_s, give_up_when)
             if waited is None:
-                self.stats.add(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
+                self._stats.add(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
                 kernel = self._load_published(backend, request, quarantine=False)
                 if kernel is not None:
-                    self.stats.add(disk_hits=1)
+                    self._stats.add(disk_hits=1)
                     return kernel
                 give_up_when = None  # it is corrupt or went away: take the lock to repair it
                 continue
             if waited > 0:
-                self.stats.add(lock_waits=1, lock_wait_seconds=waited)
+                self._stats.add(lock_waits=1, lock_wait_seconds=waited)
             break
         with lock:
             kernel = self._load_published(backend, request, quarantine=True)
             if kernel is not None:
-                self.stats.add(disk_hits=1)
+                self._stats.add(disk_hits=1)
                 return kernel
             compiled = backend.compile_kernel(
                 request.func, request.resolved, request.out_idx, request.pass_configs,
                 request.compile_flags, self.root / layout.LOGS,
             )
-            self.stats.add(compiles=1)
+            self._stats.add(compiles=1)
             return self._publish(backend, request, compiled)
 
     def _publish(self, backend: Any, request: _Request, compiled: Any) -> Any:
@@ -190,7 +192,7 @@ class KernelCache:
             except (KCacheError, OSError) as err:
                 # The kernel compiled fine; only saving it failed. The caller
                 # still gets a working kernel, and the cause is not hidden.
-                self.stats.add(publish_failures=1)
+                self._stats.add(publish_failures=1)
                 log.warning("kcache: compiled %s but could not save it, so it will compile again next time: %s",
                             compiled.name, err)
                 return compiled.kernel
@@ -198,7 +200,7 @@ class KernelCache:
                 return compiled.kernel
             # Lost the race to a writer that did not take our lock (another
             # host on a filesystem without working flock, say): use theirs.
-            self.stats.add(lost_races=1)
+            self._stats.add(lost_races=1)
             theirs = self._load_published(backend, request, quarantine=True)
             if theirs is not None:
                 return theirs
@@ -226,7 +228,7 @@ class KernelCache:
                 raise CorruptEntry(str(entry_dir), f"verified but failed to load: {type(err).__name__}: {err}") from err
         except CorruptEntry as corrupt:
             if quarantine:
-                self.stats.add(corrupt_entries=1)
+                self._stats.add(corrupt_entries=1)
                 self.store.quarantine(request.key, corrupt.reason)
             else:
                 log.debug("kcache: %s", corrupt)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         "ops": ops,
         "errors": errors,
         "wrong_results": wrong,
-        "stats": cache.stats_dict() if cache is not None else None,
+        "stats": cache.stats() if cache is not None else None,
         "open_s": open_s,
     })
 
