@@ -36,7 +36,11 @@ KERNELS = "kernels"
 class KernelCache:
     """A kernel cache on one root directory, shared safely by any number of processes."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, *, settings: Settings | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str] | None = None, *, settings: Settings | None = None, backend: Any = None
+    ) -> None:
+        """`backend` replaces TileLang (a module-like object with kcache.tilelang_backend's
+        functions); the stress harness's synthetic compiler is one. None means TileLang."""
         self.settings = settings if settings is not None else Settings.from_env(root)
         self.root = self.settings.root
         try:
@@ -50,11 +54,13 @@ class KernelCache:
         self.memory: MemoryTier | None = None  # needs TVM: made with the backend
         self._store: EntryStore | None = None
         self._backend: Any = None
+        if backend is not None:
+            self._use_backend(backend)
         self._key_threads: dict[str, threading.Lock] = {}
         self._key_threads_guard = threading.Lock()
         self._toolchain: dict[str, object] | None = None
         self._maybe_gc()
-        if "tilelang" in sys.modules:
+        if self._backend is not None or "tilelang" in sys.modules:
             # TileLang is loaded, so this cache is about to serve it: opening
             # the cache loads the backend and identifies the toolchain (like
             # TileLang's own cache, which does its setup at import). A process
@@ -102,9 +108,7 @@ class KernelCache:
     @property
     def store(self) -> EntryStore:
         if self._store is None:
-            from .tilelang_backend import COMPONENTS
-
-            self._store = EntryStore(self.root, KERNELS, COMPONENTS)
+            self._store = EntryStore(self.root, KERNELS, self._tilelang().COMPONENTS)
         return self._store
 
     # ------------------------------------------------------------ internals
@@ -114,9 +118,12 @@ class KernelCache:
         if backend is None:
             from . import tilelang_backend as backend
 
-            self.memory = MemoryTier(backend.fast_structural_hash, backend.fast_structural_equal)
-            self._backend = backend
+            self._use_backend(backend)
         return backend
+
+    def _use_backend(self, backend: Any) -> None:
+        self.memory = MemoryTier(backend.fast_structural_hash, backend.fast_structural_equal)
+        self._backend = backend
 
     def _toolchain_fingerprint(self, backend: Any) -> dict[str, object]:
         # One process runs one TileLang: identify its toolchain once per cache.

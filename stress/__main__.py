@@ -1,32 +1,70 @@
-"""`python -m stress`: N fresh processes call get_or_compile on a few kernels against one cache root.
+"""`python -m stress`: concurrent workers, SIGKILLs and corruption against one cache root, then the invariants.
 
-This is the README's main job. It prints what each process did (compiles,
-hits, errors) and exits non-zero if an invariant is broken: a worker
-failed, or more compiles happened than there are distinct kernels.
+The default run (no flags) is the README's main job: 4 workers for 40 s on
+the default local cache, with kills and corruption on. Exits non-zero if an
+invariant is violated.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from .procs import Barrier
+from .run import run_stress
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m stress", description=__doc__.splitlines()[0])
-    p.add_argument("--procs", type=int, default=4, help="fresh worker processes (default 4)")
-    p.add_argument("--kernels", type=int, default=3, help="distinct kernels from the pool (default 3)")
-    p.add_argument("--rounds", type=int, default=2, help="passes over the kernels per process (default 2)")
+    p.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--duration", type=float, help="seconds of load (default 40)")
+    length.add_argument("--ops", type=int, help="total operations instead of a duration")
+    p.add_argument("--kernels", type=int, help="distinct kernels (default 3, or 64 with --synthetic)")
     p.add_argument("--cache-dir", help="cache root (default: $KCACHE_DIR or the user cache directory)")
-    p.add_argument("--fresh", action="store_true", help="use a new empty cache root in a temporary directory")
-    p.add_argument("--check-gpu", action="store_true", help="run every kernel on the GPU against torch")
+    p.add_argument("--fresh", action="store_true", help="use a new empty root in a temporary directory")
+    p.add_argument("--kill-rate", type=float, default=0.05, help="SIGKILLs of random workers per second (default 0.05)")
+    p.add_argument("--corrupt-rate", type=float, default=0.2, help="corrupted published files per second (default 0.2)")
+    p.add_argument("--synthetic", action="store_true", help="a fake compiler with realistic artifacts: store stress without TileLang")
+    p.add_argument("--backend", choices=["kcache", "tilelang"], default="kcache", help="the cache under load")
+    p.add_argument("--remote", help="remote tier URL (not available yet: see the Redis issue)")
+    p.add_argument("--check-gpu", action="store_true", help="run every loaded kernel on the GPU against torch")
     p.add_argument("--json", help="also write the summary as JSON to this file")
-    return p.parse_args(argv)
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
+    p.add_argument("--quiet", action="store_true", help="no live progress line")
+    args = p.parse_args(argv)
+    if args.remote:
+        p.error("--remote needs the Redis tier, which kcache does not have yet")
+    if args.synthetic and args.backend == "tilelang":
+        p.error("--synthetic replaces the compiler of kcache; TileLang's own cache has no such mode")
+    if args.duration is None and args.ops is None:
+        args.duration = 40.0
+    if args.kernels is None:
+        args.kernels = 64 if args.synthetic else 3
+    if args.seed is None:
+        args.seed = random.randrange(1 << 30)
+    return args
+
+
+def print_report(summary: dict) -> None:
+    print(f"\n{'operation':<10} {'count':>8} {'p50 ms':>9} {'p99 ms':>9}")
+    for name, row in summary["ops_by_type"].items():
+        print(f"{name:<10} {row['count']:>8} {row['p50_ms']:>9.3f} {row['p99_ms']:>9.3f}")
+    c = summary["corruptions"]
+    print(f"\nops {summary['ops']} in {summary['wall_s']} s ({summary['ops_per_s']}/s); "
+          f"hits: memory {summary['hits']['memory']}, disk {summary['hits']['disk']}; misses {summary['misses']}")
+    print(f"compiles {summary['compiles']} (nvcc saw {summary.get('nvcc_compiles', '-')}; "
+          f"{summary['compiles_interrupted']} interrupted by kills); lost races {summary['lost_races']}; "
+          f"lock waits {summary['lock_waits']}")
+    print(f"kills {summary['kills']}; crashes {summary['crashes']}; corruptions injected {c['injected']}, "
+          f"detected {c['detected']} ({c['by_workers']} by workers, {c['at_final_check']} at the final check); "
+          f"wrong results {summary['wrong_results']}")
+    for violation in summary["invariants"]["violations"]:
+        print("VIOLATION:", violation, file=sys.stderr)
+    print("invariants:", "PASS" if summary["invariants"]["pass"] else "FAIL")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,48 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         from kcache.config import default_root
 
         root = default_root()
-    print(f"kcache stress: {args.procs} processes, {args.kernels} kernels, {args.rounds} rounds, root {root}")
-    started = time.monotonic()
-    barrier = Barrier("stress.worker", args.procs, [
-        "--root", str(root), "--kernels", str(args.kernels), "--rounds", str(args.rounds),
-        *(["--check-gpu"] if args.check_gpu else []),
-    ])
-    barrier.wait_ready()
-    release = barrier.release()
-    results = barrier.collect()
-    wall = time.monotonic() - release
-
-    rows, failures = [], []
-    totals = {"compiles": 0, "memory_hits": 0, "disk_hits": 0, "lock_waits": 0, "corrupt_entries": 0}
-    for r in results:
-        if r.result is None:
-            failures.append(f"worker {r.index} died (rc={r.returncode}): {r.stderr[-2000:]}")
-            continue
-        stats = r.result["stats"]
-        for name in totals:
-            totals[name] += stats[name]
-        failures += [f"worker {r.index}: {e}" for e in r.result["errors"]]
-        if r.result["wrong_results"]:
-            failures.append(f"worker {r.index}: {r.result['wrong_results']} wrong results")
-        rows.append((r.index, r.result["pid"], stats["compiles"], stats["disk_hits"], stats["memory_hits"],
-                     stats["lock_waits"], len(r.result["errors"])))
-
-    print(f"{'proc':>4} {'pid':>8} {'compiles':>8} {'disk':>6} {'memory':>7} {'waits':>6} {'errors':>6}")
-    for row in rows:
-        print(f"{row[0]:>4} {row[1]:>8} {row[2]:>8} {row[3]:>6} {row[4]:>7} {row[5]:>6} {row[6]:>6}")
-    if totals["compiles"] > args.kernels:
-        failures.append(f"{totals['compiles']} compiles for {args.kernels} distinct kernels")
-    print(f"total: {totals['compiles']} compiles for {args.kernels} kernels, {totals['disk_hits']} disk hits, "
-          f"{totals['memory_hits']} memory hits, {totals['lock_waits']} lock waits; "
-          f"{wall:.1f} s after the barrier ({time.monotonic() - started:.1f} s in all)")
-    summary = {"procs": args.procs, "kernels": args.kernels, "rounds": args.rounds, "root": str(root),
-               "wall_s": wall, "totals": totals, "failures": failures}
+    mode = "synthetic compiler" if args.synthetic else f"{args.backend} with TileLang"
+    span = f"{args.duration:g} s" if args.duration else f"{args.ops} ops"
+    print(f"stress: {args.procs} workers, {args.kernels} kernels, {span}, {mode}, kill rate {args.kill_rate}/s, "
+          f"corrupt rate {args.corrupt_rate}/s, seed {args.seed}, root {root}")
+    summary = run_stress(args, root)
+    print_report(summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
-    for failure in failures:
-        print("FAIL:", failure, file=sys.stderr)
-    print("invariants:", "FAIL" if failures else "PASS")
-    return 1 if failures else 0
+    return 0 if summary["invariants"]["pass"] else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,11 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class Barrier:
     """Start `count` copies of `module` (python -m), release them together, collect their results."""
 
-    def __init__(self, module: str, count: int, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, module: str, count: int, args: list[str], env: dict[str, str] | None = None,
+                 per_worker: Callable[[int], list[str]] | None = None) -> None:
         self.procs = [
             subprocess.Popen(
-                [sys.executable, "-m", module, "--index", str(i), *args],
+                [sys.executable, "-m", module, "--index", str(i), *args, *(per_worker(i) if per_worker else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True, env=worker_env(env), cwd=str(PROJECT),
             )

@@ -1,14 +1,19 @@
-"""One stress worker: imports, waits at the barrier, then gets kernels and reports.
+"""One stress worker: imports, (first generation) waits at the barrier, then loops over random operations.
 
-Run by `python -m stress` and the benchmarks, never by hand.
+Every operation is appended to the worker's JSONL log as it completes, so
+the parent can account for everything even when it SIGKILLs the worker
+mid-operation. Run by `python -m stress` and the benchmarks, never by hand.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from .procs import worker_handshake, worker_report
@@ -17,63 +22,162 @@ from .procs import worker_handshake, worker_report
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m stress.worker")
     p.add_argument("--index", type=int, required=True)
+    p.add_argument("--gen", type=int, default=0, help="restart generation (0: started behind the barrier)")
     p.add_argument("--root", required=True)
     p.add_argument("--kernels", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1, help="passes over the kernels (without --until/--ops)")
+    p.add_argument("--until", type=float, help="stop at this time.time()")
+    p.add_argument("--ops", type=int, help="stop after this many operations")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log", help="append one JSON line per operation here")
     p.add_argument("--backend", choices=["kcache", "tilelang"], default="kcache")
+    p.add_argument("--synthetic", action="store_true", help="fake compiler (stress.synthetic), no TileLang")
     p.add_argument("--check-gpu", action="store_true", help="run each kernel against its torch reference")
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse(argv)
-    if args.backend == "tilelang":
-        os.environ["TILELANG_CACHE_DIR"] = args.root
-    import tilelang
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed * 1000 + args.index * 37 + args.gen)
+        self.log = open(args.log, "a", buffering=1) if args.log else None  # noqa: SIM115 - lives as long as the worker
+        self.ops: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self.wrong = 0
+        self.cache: Any = None
+        if args.backend == "tilelang":
+            os.environ["TILELANG_CACHE_DIR"] = args.root
+        if args.synthetic:
+            from . import synthetic
 
-    from .kernels import CPU_TARGET, pool
+            self.items = [(f"k{i}", synthetic.SyntheticFunc(f"k{i}"), None) for i in range(args.kernels)]
+            self.target: Any = "synthetic"
+            backend: Any = synthetic
+        else:
+            import tilelang  # noqa: F401 - before kcache opens, so that it prepares the backend
 
-    specs = pool(args.kernels)
-    funcs = [spec.build() for spec in specs]
-    if args.backend == "kcache":
-        import kcache
+            from .kernels import CPU_TARGET, pool
 
-        opened = time.monotonic()
-        cache = kcache.KernelCache(args.root)
-        open_s = time.monotonic() - opened
+            self.items = [(spec.name, spec.build(), spec) for spec in pool(args.kernels)]
+            self.target = CPU_TARGET
+            backend = None
+        if args.backend == "kcache":
+            import kcache
 
-        def get(spec: Any, func: Any) -> Any:
-            return cache.get_or_compile(func, CPU_TARGET, out_idx=spec.out_idx)
-    else:
-        cache, open_s = None, None
+            opened = time.monotonic()
+            self.cache = kcache.KernelCache(args.root, backend=backend)
+            self.open_s = time.monotonic() - opened
+            self._count_compiles()
+        else:
+            self.open_s = None
 
-        def get(spec: Any, func: Any) -> Any:
-            return tilelang.compile(func, out_idx=spec.out_idx, target=CPU_TARGET, execution_backend="tvm_ffi")
+    def _count_compiles(self) -> None:
+        """Log compile begin/end around the backend's compile, so the parent sees interrupted ones."""
+        backend = self.cache._tilelang()
+        original = backend.compile_kernel
+        worker = self
 
-    worker_handshake()
-    ops: list[dict[str, Any]] = []
-    errors: list[str] = []
-    wrong = 0
-    for _ in range(args.rounds):
-        for spec, func in zip(specs, funcs):
+        def compile_kernel(func: Any, *args: Any, **kwargs: Any) -> Any:
+            name = getattr(func, "name", None) or str(func.attrs["global_symbol"])
+            worker.emit({"t": "compile_begin", "kernel": name})
+            result = original(func, *args, **kwargs)
+            worker.emit({"t": "compile_end", "kernel": name})
+            return result
+
+        backend.compile_kernel = compile_kernel
+
+    def emit(self, record: dict[str, Any]) -> None:
+        if self.log is not None:
+            self.log.write(json.dumps(record) + "\n")
+
+    def get(self, name: str, func: Any, spec: Any) -> Any:
+        if self.cache is None:
+            import tilelang
+
+            return tilelang.compile(func, out_idx=spec.out_idx, target=self.target, execution_backend="tvm_ffi")
+        out_idx = spec.out_idx if spec is not None else None
+        return self.cache.get_or_compile(func, self.target, out_idx=out_idx)
+
+    def one_op(self, op: str, name: str, func: Any, spec: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"t": "op", "op": op, "kernel": name}
+        before = self.cache.stats() if self.cache is not None else None
+        if op == "get_cold":
+            self.cache.memory.clear()  # forces the disk path
+        if op in ("get", "get_cold"):
+            kernel = self.get(name, func, spec)
+            if self.args.check_gpu and spec is not None:
+                ok = _matches(spec, kernel)
+                self.wrong += not ok
+                if not ok:
+                    self.emit({"t": "wrong", "kernel": name})
+        elif op == "gc":
+            self.cache.gc()
+        elif op == "verify":
+            record.update(self.verify_one())
+        if before is not None:
+            after = self.cache.stats()
+            record["delta"] = {k: after[k] - before[k] for k in after if after[k] != before[k] and k != "lock_wait_seconds"}
+        return record
+
+    def verify_one(self) -> dict[str, Any]:
+        from kcache.errors import CorruptEntry
+
+        store = self.cache.store
+        keys = store.keys()
+        if not keys:
+            return {"verified": None}
+        key = self.rng.choice(keys)
+        try:
+            inode = os.stat(store.entry_path(key)).st_ino
+            store.read(key)
+        except FileNotFoundError:
+            return {"verified": None}  # quarantined meanwhile: a miss
+        except CorruptEntry as corrupt:
+            return {"verified": False, "key": key, "inode": inode, "reason": corrupt.reason}
+        return {"verified": True, "key": key}
+
+    def choose(self) -> str:
+        if self.cache is None:
+            return "get"
+        return self.rng.choices(["get", "get_cold", "verify", "gc"], weights=[60, 15, 20, 5])[0]
+
+    def run(self) -> None:
+        args = self.args
+        if args.gen == 0:
+            worker_handshake()
+        self.emit({"t": "start", "pid": os.getpid(), "gen": args.gen, "time": time.time()})
+        count = 0
+        sequence = [item for _ in range(args.rounds) for item in self.items] if not (args.until or args.ops) else None
+        while True:
+            if sequence is not None:
+                if count >= len(sequence):
+                    break
+                name, func, spec = sequence[count]
+                op = "get"
+            else:
+                if (args.until and time.time() >= args.until) or (args.ops is not None and count >= args.ops):
+                    break
+                name, func, spec = self.rng.choice(self.items)
+                op = self.choose()
             start = time.monotonic()
             try:
-                kernel = get(spec, func)
-                if args.check_gpu:
-                    wrong += not _matches(spec, kernel)
-            except Exception as err:  # reported to the parent, which decides
-                errors.append(f"{spec.name}: {type(err).__name__}: {err}\n{traceback.format_exc()[-2000:]}")
-                continue
-            ops.append({"kernel": spec.name, "start": start, "end": time.monotonic()})
-    worker_report({
-        "index": args.index,
-        "pid": os.getpid(),
-        "ops": ops,
-        "errors": errors,
-        "wrong_results": wrong,
-        "stats": cache.stats() if cache is not None else None,
-        "open_s": open_s,
-    })
+                record = self.one_op(op, name, func, spec)
+            except Exception as err:  # every exception is reported; the parent decides it is a violation
+                record = {"t": "error", "op": op, "kernel": name, "error": f"{type(err).__name__}: {err}"}
+                self.errors.append(f"{name}: {type(err).__name__}: {err}\n{traceback.format_exc()[-2000:]}")
+            end = time.monotonic()
+            record.update(start=start, end=end, ms=(end - start) * 1e3)
+            self.emit(record)
+            if self.log is None:
+                self.ops.append({"kernel": name, "op": op, "start": start, "end": end})
+            count += 1
+        self.emit({"t": "done", "stats": self.cache.stats() if self.cache is not None else None})
+        worker_report({
+            # With a log, the operations are there: a long run's list would fill the pipe.
+            "index": args.index, "pid": os.getpid(), "ops": [] if self.log else self.ops, "errors": self.errors,
+            "wrong_results": self.wrong, "open_s": self.open_s,
+            "stats": self.cache.stats() if self.cache is not None else None,
+        })
 
 
 def _matches(spec: Any, kernel: Any) -> bool:
@@ -84,6 +188,10 @@ def _matches(spec: Any, kernel: Any) -> bool:
     expected = spec.reference(*inputs)
     torch.cuda.synchronize()
     return bool(torch.allclose(out.float(), expected.float(), rtol=spec.tolerance, atol=spec.tolerance))
+
+
+def main(argv: list[str] | None = None) -> None:
+    Worker(parse(argv)).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,110 @@
+"""The chaos thread: SIGKILLs random workers mid-operation (and restarts them), corrupts published files.
+
+Corruption models what a new reader finds on a bad disk: a file of a
+published entry is truncated, has a byte flipped, or is gone. The damaged
+copy replaces the file by rename (a delete is an unlink), so processes that
+already mapped the old file keep valid pages: truncating a mapped .so in
+place would SIGBUS its users, a fault of the harness rather than of the
+cache. Each injection records the entry directory's inode, which a
+quarantine rename keeps, so the end of the run can tell whether it was
+detected.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Injection:
+    key: str
+    inode: int
+    file: str
+    mode: str
+    time: float
+
+
+@dataclass
+class ChaosLog:
+    kills: list[dict] = field(default_factory=list)
+    injections: list[Injection] = field(default_factory=list)
+
+
+class Chaos(threading.Thread):
+    def __init__(self, kernels_dir: Path, workers: dict[int, subprocess.Popen], restart: Callable[[int], subprocess.Popen],
+                 kill_rate: float, corrupt_rate: float, seed: int, lock: threading.Lock) -> None:
+        super().__init__(daemon=True, name="chaos")
+        self.kernels_dir = kernels_dir
+        self.workers = workers
+        self.restart = restart
+        self.kill_rate = kill_rate
+        self.corrupt_rate = corrupt_rate
+        self.rng = random.Random(seed)
+        self.lock = lock
+        self.log = ChaosLog()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        total = self.kill_rate + self.corrupt_rate
+        if total <= 0:
+            return
+        # Event.wait paces the faults (a Poisson process); it synchronizes nothing.
+        while not self.stopping.wait(self.rng.expovariate(total)):
+            if self.rng.random() < self.kill_rate / total:
+                self.kill_one()
+            else:
+                self.corrupt_one()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+
+    def kill_one(self) -> None:
+        with self.lock:
+            alive = [i for i, p in self.workers.items() if p.poll() is None]
+            if not alive:
+                return
+            index = self.rng.choice(alive)
+            proc = self.workers[index]
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            self.log.kills.append({"index": index, "pid": proc.pid, "time": time.time()})
+            self.workers[index] = self.restart(index)
+
+    def corrupt_one(self) -> None:
+        try:
+            keys = os.listdir(self.kernels_dir)
+            if not keys:
+                return
+            key = self.rng.choice(keys)
+            entry = self.kernels_dir / key
+            inode = os.stat(entry).st_ino
+            name = self.rng.choice(sorted(os.listdir(entry)))
+            mode = self.rng.choice(["truncate", "flip", "delete"])
+            victim = entry / name
+            if mode == "delete":
+                os.unlink(victim)
+            else:
+                data = bytearray(victim.read_bytes())
+                if mode == "truncate" or not data:
+                    data = data[: len(data) // 2]
+                else:
+                    data[self.rng.randrange(len(data))] ^= 0xFF
+                damaged = entry.parent / f".chaos-{key}-{os.getpid()}"
+                damaged.write_bytes(bytes(data))
+                try:
+                    os.rename(damaged, victim)
+                finally:
+                    if damaged.exists():
+                        damaged.unlink()
+        except FileNotFoundError:
+            return  # the entry was quarantined meanwhile: nothing was injected
+        self.log.injections.append(Injection(key, inode, name, mode, time.time()))

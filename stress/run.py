@@ -1,0 +1,268 @@
+"""A timed stress run: workers, chaos, a live progress line, the final integrity check, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from .chaos import Chaos
+from .procs import PROJECT, Barrier, worker_env
+
+LOCK_TIMEOUT_S = 300
+
+
+class LogTail:
+    """Reads the workers' JSONL logs incrementally (a killed worker may leave half a line)."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[Path, int] = {}
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self, paths: list[Path]) -> list[dict[str, Any]]:
+        fresh = []
+        for path in paths:
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets.get(path, 0))
+                    chunk = fh.read()
+            except FileNotFoundError:
+                continue
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self.offsets[path] = self.offsets.get(path, 0) + len(complete)
+            for line in complete.splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # torn by a SIGKILL
+                record["_log"] = path.name
+                fresh.append(record)
+        self.records += fresh
+        return fresh
+
+
+def entries_dir(args: Any, root: Path) -> Path:
+    """Where the cache under test keeps its published kernels (chaos corrupts them there)."""
+    if args.backend == "kcache":
+        return root / "kernels"
+    import platform
+    from importlib.metadata import version
+
+    return root / version("tilelang") / f"{sys.platform}-{platform.machine()}" / "kernels"
+
+
+def run_stress(args: Any, root: Path) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(prefix="kcache-stress-run-"))
+    until = time.time() + args.duration if args.duration else None
+    per_worker_ops = -(-args.ops // args.procs) if args.ops else None
+    env = {"KCACHE_LOCK_TIMEOUT": str(LOCK_TIMEOUT_S)}
+    counter = None
+    if not args.synthetic:
+        from .nvcc_counter import NvccCounter
+
+        counter = NvccCounter(run_dir)  # counts compiles independently of the cache under test
+        env.update(counter.env())
+    base = ["--root", str(root), "--kernels", str(args.kernels), "--seed", str(args.seed), "--backend", args.backend]
+    base += ["--synthetic"] if args.synthetic else []
+    base += ["--check-gpu"] if args.check_gpu else []
+    base += ["--until", str(until)] if until else ["--ops", str(per_worker_ops)]
+    generations: dict[int, int] = defaultdict(int)
+    tail = LogTail()
+
+    def log_path(index: int, gen: int) -> Path:
+        return run_dir / f"worker-{index}-{gen}.jsonl"
+
+    def ops_done(index: int) -> int:
+        return sum(1 for r in tail.records if r["t"] in ("op", "error") and r["_log"].startswith(f"worker-{index}-"))
+
+    def restart(index: int) -> subprocess.Popen:
+        generations[index] += 1
+        gen = generations[index]
+        argv = [sys.executable, "-m", "stress.worker", "--index", str(index), "--gen", str(gen),
+                "--log", str(log_path(index, gen)), *base]
+        if per_worker_ops is not None:
+            tail.poll(sorted(run_dir.glob("worker-*.jsonl")))
+            argv[argv.index("--ops") + 1] = str(max(per_worker_ops - ops_done(index), 0))
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=open(run_dir / f"worker-{index}-{gen}.err", "w"),  # noqa: SIM115
+                                env=worker_env(env), cwd=str(PROJECT))
+
+    barrier = Barrier("stress.worker", args.procs, base, env=env,
+                      per_worker=lambda i: ["--log", str(log_path(i, 0))])
+    barrier.wait_ready()
+    started = time.time()
+    barrier.release()
+    workers = {i: p for i, p in enumerate(barrier.procs)}
+    lock = threading.Lock()
+    chaos = Chaos(entries_dir(args, root), workers, restart, args.kill_rate, args.corrupt_rate, args.seed, lock)
+    chaos.start()
+
+    deadline = (until or float("inf")) + LOCK_TIMEOUT_S + 120
+    last_line = 0.0
+    crashes: list[dict[str, Any]] = []
+    finished: set[int] = set()
+    while True:
+        with lock:
+            for index, proc in list(workers.items()):
+                if index in finished or proc.poll() is None:
+                    continue
+                if proc.returncode != 0 and not chaos.stopping.is_set():
+                    # Died on its own (a SIGBUS on a corrupt entry, say): record it and keep the load going.
+                    crashes.append({"index": index, "gen": generations[index], "returncode": proc.returncode})
+                    workers[index] = restart(index)
+                else:
+                    finished.add(index)
+            running = [p for p in workers.values() if p.poll() is None]
+        if not running:
+            break
+        if time.time() > deadline:
+            break
+        if until and time.time() >= until and not chaos.stopping.is_set():
+            chaos.stopping.set()
+        tail.poll(sorted(run_dir.glob("worker-*.jsonl")))
+        if time.time() - last_line >= 2 and not args.quiet:
+            last_line = time.time()
+            ops = sum(1 for r in tail.records if r["t"] == "op")
+            compiles = sum(1 for r in tail.records if r["t"] == "compile_begin")
+            elapsed = max(time.time() - started, 1e-9)
+            print(f"\r{elapsed:6.0f} s  {ops} ops  {ops / elapsed:7.1f} ops/s  kills {len(chaos.log.kills)}  "
+                  f"corruptions {len(chaos.log.injections)}  compiles {compiles}   ", end="", flush=True)
+        # Polling the workers' exits paces this loop; nothing waits on it.
+        chaos.stopping.wait(0.2)
+    chaos.stop()
+    hung = []
+    with lock:
+        for index, proc in workers.items():
+            if proc.poll() is None:
+                hung.append(index)
+                proc.kill()
+                proc.wait()
+    for proc in barrier.procs:  # drain the first generation's pipes
+        if proc.stdout:
+            proc.stdout.read()
+    wall = time.time() - started
+    if not args.quiet:
+        print()
+    tail.poll(sorted(run_dir.glob("worker-*.jsonl")))
+    summary = summarize(args, root, run_dir, tail.records, chaos, generations, hung, crashes, wall)
+    summary["nvcc_compiles"] = counter.count() if counter is not None else None
+    return summary
+
+
+def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]], chaos: Chaos,
+              generations: dict[int, int], hung: list[int], crashes: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    from kcache import KernelCache
+    from kcache.errors import CorruptEntry
+
+    violations: list[str] = []
+    ops = [r for r in records if r["t"] == "op"]
+    errors = [r for r in records if r["t"] == "error"]
+
+    # Compiles: all begun, and those lost to a kill: begun during the operation a
+    # killed generation never finished (killed while compiling or publishing).
+    begun = Counter(r["_log"] for r in records if r["t"] == "compile_begin")
+    killed_logs = {f"worker-{k['index']}-{g}.jsonl" for k in chaos.log.kills for g in range(generations[k["index"]] + 1)}
+    unfinished: Counter = Counter()
+    for r in records:
+        if r["_log"] in killed_logs:
+            if r["t"] == "compile_begin":
+                unfinished[r["_log"]] += 1
+            elif r["t"] in ("op", "error", "done"):
+                unfinished[r["_log"]] = 0
+    interrupted = sum(unfinished.values())
+    compiles = sum(begun.values())
+    quarantine = root / ".quarantine"
+    quarantined_by_workers = {os.stat(quarantine / n).st_ino for n in os.listdir(quarantine)} if quarantine.exists() else set()
+
+    # The final integrity check: every published entry verifies, or was corrupted by chaos.
+    if args.synthetic:
+        from . import synthetic as backend_module
+    else:
+        backend_module = None
+    cache = KernelCache(root, backend=backend_module)
+    injected_inodes = {i.inode for i in chaos.log.injections}
+    found_at_sweep = set()
+    for key in cache.store.keys():
+        entry = cache.store.entry_path(key)
+        try:
+            inode = os.stat(entry).st_ino
+            cache.store.read(key)
+        except FileNotFoundError:
+            continue
+        except CorruptEntry as corrupt:
+            if inode in injected_inodes:
+                found_at_sweep.add(inode)
+                cache.store.quarantine(key, f"stress final check: {corrupt.reason}")
+            else:
+                violations.append(f"published entry {entry} fails verification without injected corruption: {corrupt.reason}")
+    detected = sum(1 for i in chaos.log.injections if i.inode in quarantined_by_workers or i.inode in found_at_sweep)
+    undetected = len(chaos.log.injections) - detected
+    if undetected:
+        violations.append(f"{undetected} injected corruptions were never detected")
+
+    # Partial entries observed by workers' verify operations, not caused by chaos.
+    for r in ops:
+        if r.get("verified") is False and r.get("inode") not in injected_inodes:
+            violations.append(f"worker saw a corrupt entry chaos did not cause: {r.get('key')}: {r.get('reason')}")
+
+    bound = args.kernels + interrupted + len(quarantined_by_workers)
+    if args.backend == "kcache" and compiles > bound:
+        violations.append(f"{compiles} compiles > {args.kernels} keys + {interrupted} interrupted + "
+                          f"{len(quarantined_by_workers)} repairs")
+
+    # Final gc: nothing left behind.
+    cache.settings = type(cache.settings)(root=root, staging_ttl_s=0)
+    cache.gc()
+    for leftover in (".staging", ".locks"):
+        path = root / leftover
+        if args.backend == "kcache" and path.exists() and os.listdir(path):
+            violations.append(f"{len(os.listdir(path))} item(s) left in {path} after the final gc")
+
+    for r in errors:
+        violations.append(f"unexpected exception in {r['_log']}: {r['error']}")
+    for crash in crashes:
+        violations.append(f"worker {crash['index']} (generation {crash['gen']}) crashed with exit status {crash['returncode']}")
+    if hung:
+        violations.append(f"workers {hung} did not finish (deadlock or hang)")
+    for index in range(args.procs):
+        if not any(r["_log"].startswith(f"worker-{index}-") for r in ops):
+            violations.append(f"worker {index} made no progress")
+    slowest = max((r["ms"] for r in ops), default=0.0)
+    if slowest > LOCK_TIMEOUT_S * 1e3:
+        violations.append(f"an operation took {slowest / 1e3:.0f} s (lock waits unbounded?)")
+    wrong = sum(1 for r in records if r["t"] == "wrong")
+    if wrong:
+        violations.append(f"{wrong} wrong results on the GPU")
+
+    by_type: dict[str, list[float]] = defaultdict(list)
+    for r in ops:
+        by_type[r["op"]].append(r["ms"])
+    outcome = Counter()
+    for r in ops:
+        outcome.update(r.get("delta", {}))
+    return {
+        "procs": args.procs, "kernels": args.kernels, "backend": args.backend, "synthetic": args.synthetic,
+        "root": str(root), "run_dir": str(run_dir), "wall_s": round(wall, 2),
+        "ops": len(ops), "ops_per_s": round(len(ops) / max(wall, 1e-9), 1),
+        "ops_by_type": {k: {"count": len(v), "p50_ms": _pct(v, 50), "p99_ms": _pct(v, 99)} for k, v in sorted(by_type.items())},
+        "hits": {"memory": outcome["memory_hits"], "disk": outcome["disk_hits"]},
+        "misses": outcome["misses"], "compiles": compiles, "compiles_interrupted": interrupted,
+        "lost_races": outcome["lost_races"], "lock_waits": outcome["lock_waits"],
+        "kills": len(chaos.log.kills), "crashes": len(crashes),
+        "corruptions": {"injected": len(chaos.log.injections), "detected": detected,
+                        "by_workers": len(quarantined_by_workers), "at_final_check": len(found_at_sweep)},
+        "wrong_results": wrong,
+        "invariants": {"violations": violations, "pass": not violations},
+    }
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3) if ordered else 0.0

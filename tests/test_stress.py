@@ -1,0 +1,54 @@
+"""The stress harness end to end: short runs with kills and corruption must keep every invariant."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import PROJECT, child_env
+
+
+def run_stress(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "summary.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "stress", "--fresh", "--quiet", "--seed", "7", "--json", str(out), *args],
+        capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_synthetic_run_with_kills_and_corruption_keeps_every_invariant(tmp_path: Path) -> None:
+    summary = run_stress(tmp_path, "--synthetic", "--procs", "4", "--duration", "8", "--kill-rate", "1", "--corrupt-rate", "4")
+    assert summary["invariants"]["pass"]
+    assert summary["ops"] > 1000 and summary["kills"] >= 1
+    assert summary["corruptions"]["injected"] >= 5
+    assert summary["corruptions"]["detected"] == summary["corruptions"]["injected"]
+
+
+@pytest.mark.tilelang
+def test_short_real_tilelang_run_keeps_every_invariant(tmp_path: Path) -> None:
+    pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
+    summary = run_stress(tmp_path, "--procs", "3", "--kernels", "2", "--duration", "20", "--kill-rate", "0.1", "--corrupt-rate", "0.5")
+    assert summary["invariants"]["pass"]
+    assert summary["nvcc_compiles"] == summary["compiles"] or summary["compiles_interrupted"] > 0
+    assert summary["ops"] > 0
+
+
+def test_a_violation_fails_the_run(tmp_path: Path) -> None:
+    # An entry corrupted before the run, not by chaos, must be reported as a violation.
+    root = tmp_path / "root"
+    (root / "kernels" / ("ab" * 32)).mkdir(parents=True)
+    out = tmp_path / "summary.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "stress", "--synthetic", "--quiet", "--cache-dir", str(root), "--procs", "2",
+         "--duration", "2", "--kill-rate", "0", "--corrupt-rate", "0", "--json", str(out)],
+        capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=300,
+    )
+    assert done.returncode == 1
+    violations = json.loads(out.read_text())["invariants"]["violations"]
+    assert any("without injected corruption" in v for v in violations)
