@@ -35,6 +35,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", help="also write the summary as JSON to this file")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     p.add_argument("--quiet", action="store_true", help="no live progress line")
+    p.add_argument("--hang-grace", type=float, default=420.0,
+                   help="seconds after the end a worker may take to finish before it counts as hung (default 420)")
     args = p.parse_args(argv)
     if args.remote:
         p.error("--remote needs the Redis tier, which kcache does not have yet")

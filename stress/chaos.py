@@ -12,6 +12,7 @@ detected.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -40,7 +41,8 @@ class ChaosLog:
 
 class Chaos(threading.Thread):
     def __init__(self, kernels_dir: Path, workers: dict[int, subprocess.Popen], restart: Callable[[int], subprocess.Popen],
-                 kill_rate: float, corrupt_rate: float, seed: int, lock: threading.Lock) -> None:
+                 kill_rate: float, corrupt_rate: float, seed: int, lock: threading.Lock,
+                 own_kernels: set[str] | None = None) -> None:
         super().__init__(daemon=True, name="chaos")
         self.kernels_dir = kernels_dir
         self.workers = workers
@@ -49,6 +51,8 @@ class Chaos(threading.Thread):
         self.corrupt_rate = corrupt_rate
         self.rng = random.Random(seed)
         self.lock = lock
+        # Only entries of these kernels (the run's own) are corrupted: the root may be a real cache.
+        self.own_kernels = own_kernels
         self.log = ChaosLog()
         self.stopping = threading.Event()
 
@@ -86,6 +90,8 @@ class Chaos(threading.Thread):
                 return
             key = self.rng.choice(keys)
             entry = self.kernels_dir / key
+            if self.own_kernels is not None and json.loads((entry / "meta.json").read_bytes()).get("kernel") not in self.own_kernels:
+                return
             inode = os.stat(entry).st_ino
             name = self.rng.choice(sorted(os.listdir(entry)))
             mode = self.rng.choice(["truncate", "flip", "delete"])
@@ -105,6 +111,6 @@ class Chaos(threading.Thread):
                 finally:
                     if damaged.exists():
                         damaged.unlink()
-        except FileNotFoundError:
-            return  # the entry was quarantined meanwhile: nothing was injected
+        except (FileNotFoundError, ValueError):
+            return  # quarantined meanwhile, or its meta is damaged: nothing was injected
         self.log.injections.append(Injection(key, inode, name, mode, time.time()))

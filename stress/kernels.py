@@ -22,6 +22,7 @@ class KernelSpec:
     reference: Callable[..., Any]  # inputs -> expected output
     tolerance: float = 1e-5
     params: dict[str, Any] = field(default_factory=dict)
+    symbol: str = ""  # the PrimFunc's global_symbol: the kernel name in an entry's meta.json
 
 
 def elementwise_add(n: int = 4096, block: int = 256, dtype: str = "float32") -> Any:
@@ -81,7 +82,7 @@ def _add_spec(n: int, block: int) -> KernelSpec:
     return KernelSpec(
         name=f"add_{n}_{block}", build=lambda: elementwise_add(n, block), out_idx=[2],
         make_inputs=lambda dev: [_rand(dev, n), _rand(dev, n)], reference=lambda a, b: a + b,
-        params={"n": n, "block": block},
+        params={"n": n, "block": block}, symbol=f"add_{n}_{block}_float32",
     )
 
 
@@ -89,7 +90,7 @@ def _rowsum_spec(m: int, n: int, block_m: int) -> KernelSpec:
     return KernelSpec(
         name=f"rowsum_{m}_{n}_{block_m}", build=lambda: row_sum(m, n, block_m), out_idx=[1],
         make_inputs=lambda dev: [_rand(dev, m, n)], reference=lambda a: a.sum(dim=1), tolerance=1e-4,
-        params={"m": m, "n": n, "block_m": block_m},
+        params={"m": m, "n": n, "block_m": block_m}, symbol=f"rowsum_{m}_{n}_{block_m}_float32",
     )
 
 
@@ -100,6 +101,7 @@ def _matmul_spec(size: int, block_m: int, block_n: int, block_k: int) -> KernelS
         make_inputs=lambda dev: [_rand(dev, size, size, dtype="float16"), _rand(dev, size, size, dtype="float16")],
         reference=lambda a, b: (a.float() @ b.float()).half(), tolerance=1e-2,
         params={"size": size, "block": (block_m, block_n, block_k)},
+        symbol=f"matmul_{size}_{size}_{size}_{block_m}_{block_n}_{block_k}",
     )
 
 

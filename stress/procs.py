@@ -56,11 +56,11 @@ class Barrier:
                 proc.kill()
                 raise RuntimeError(f"worker {i} failed before the barrier: {line!r} {proc.stderr.read()[-3000:]}")
 
-    def release(self) -> float:
-        """Open the barrier; return the release time (time.monotonic())."""
+    def release(self, payload: str = "") -> float:
+        """Open the barrier (handing every worker `payload`); return the release time (time.monotonic())."""
         start = time.monotonic()
         for proc in self.procs:
-            proc.stdin.write("go\n")
+            proc.stdin.write(f"go {payload}\n")
             proc.stdin.flush()
         return start
 
@@ -76,11 +76,13 @@ class Barrier:
         return results
 
 
-def worker_handshake() -> None:
-    """Worker side of the barrier."""
+def worker_handshake() -> str:
+    """Worker side of the barrier; returns the payload the parent sent with `go`."""
     print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    word, _, payload = sys.stdin.readline().strip().partition(" ")
+    if word != "go":
         raise SystemExit("barrier closed without a go")
+    return payload
 
 
 def worker_report(payload: dict[str, Any]) -> None:

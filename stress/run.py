@@ -58,6 +58,15 @@ def entries_dir(args: Any, root: Path) -> Path:
     return root / version("tilelang") / f"{sys.platform}-{platform.machine()}" / "kernels"
 
 
+def own_kernel_names(args: Any) -> set[str]:
+    """The names in meta.json of the kernels this run uses (what chaos may corrupt)."""
+    if args.synthetic:
+        return {f"k{i}" for i in range(args.kernels)}
+    from .kernels import pool  # imports no TileLang
+
+    return {spec.symbol for spec in pool(args.kernels)}
+
+
 def run_stress(args: Any, root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="kcache-stress-run-"))
     until = time.time() + args.duration if args.duration else None
@@ -98,13 +107,18 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
                       per_worker=lambda i: ["--log", str(log_path(i, 0))])
     barrier.wait_ready()
     started = time.time()
-    barrier.release()
+    if args.duration:
+        # The duration counts from the barrier: workers importing TileLang is not load.
+        until = started + args.duration
+        base[base.index("--until") + 1] = str(until)
+    barrier.release(str(until) if until else "")
     workers = {i: p for i, p in enumerate(barrier.procs)}
     lock = threading.Lock()
-    chaos = Chaos(entries_dir(args, root), workers, restart, args.kill_rate, args.corrupt_rate, args.seed, lock)
+    chaos = Chaos(entries_dir(args, root), workers, restart, args.kill_rate, args.corrupt_rate, args.seed, lock,
+                  own_kernels=own_kernel_names(args) if args.backend == "kcache" else None)
     chaos.start()
 
-    deadline = (until or float("inf")) + LOCK_TIMEOUT_S + 120
+    deadline = (until or float("inf")) + args.hang_grace
     last_line = 0.0
     crashes: list[dict[str, Any]] = []
     finished: set[int] = set()

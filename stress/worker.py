@@ -144,7 +144,9 @@ class Worker:
     def run(self) -> None:
         args = self.args
         if args.gen == 0:
-            worker_handshake()
+            payload = worker_handshake()
+            if args.until is not None and payload:
+                args.until = float(payload)  # the load's clock starts at the barrier, not at spawn
         self.emit({"t": "start", "pid": os.getpid(), "gen": args.gen, "time": time.time()})
         count = 0
         sequence = [item for _ in range(args.rounds) for item in self.items] if not (args.until or args.ops) else None
