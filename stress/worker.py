@@ -13,7 +13,6 @@ import os
 import random
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 from .procs import worker_handshake, worker_report

@@ -184,11 +184,28 @@ def test_unsupported_execution_backend_is_refused(cache_root: Path) -> None:
         get(kcache.KernelCache(cache_root), execution_backend="cython")
 
 
-def test_tilelang_caches_neither_serve_nor_store_kcache_compiles(cache_root: Path, tmp_path: Path) -> None:
+def test_tilelang_caches_neither_serve_nor_store_kcache_compiles(cache_root: Path, monkeypatch) -> None:
+    import tilelang
+    from tilelang.contrib import nvcc
+
+    calls = []
+    real_compile = nvcc.compile_cuda
+
+    def counting_compile(*args, **kwargs):
+        calls.append(1)
+        return real_compile(*args, **kwargs)
+
+    monkeypatch.setattr(nvcc, "compile_cuda", counting_compile)
+    # TileLang's own path fills its kernel cache and its CUDA binary cache.
+    tilelang.compile(elementwise_add(n=2048), out_idx=OUT_IDX, target=CPU_TARGET, execution_backend="tvm_ffi")
+    assert len(calls) == 1
     tilelang_dir = Path(os.environ["TILELANG_CACHE_DIR"])
+    before = sorted(p for p in tilelang_dir.rglob("*") if p.is_file())
+    assert any("cuda-binaries" in str(p) for p in before)
+
     get(kcache.KernelCache(cache_root), elementwise_add(n=2048))
-    stored = [p for p in tilelang_dir.rglob("*") if p.is_file()] if tilelang_dir.exists() else []
-    assert stored == []
+    assert len(calls) == 2  # nvcc really ran: TileLang's binary cache did not serve the binary
+    assert sorted(p for p in tilelang_dir.rglob("*") if p.is_file()) == before  # and nothing was stored
 
 
 def test_a_lost_publish_race_uses_the_winners_entry(root_copy: Path, tmp_path: Path) -> None:
