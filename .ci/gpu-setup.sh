@@ -1,0 +1,10 @@
+# Sourced by the GPU scripts: unpack the TileLang bundle, add the wheels the GPU image lacks.
+OUT="${OUT:-/tmp/kcache-gpu-out}"; mkdir -p "$OUT"
+mkdir -p /tmp/site && tar xJf .gpu/tilelang-bundle.tar.xz -C /tmp/site || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$OUT/device.txt"
+python3 -c "import tilelang, torch; print('tilelang', tilelang.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())" 2>&1 | grep -v INFO | tee -a "$OUT/device.txt"
+date -u | tee -a "$OUT/device.txt"
