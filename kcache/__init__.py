@@ -13,16 +13,27 @@ from typing import TYPE_CHECKING, Any
 
 from .cache import KernelCache
 from .config import Settings, default_root
-from .errors import CacheLockTimeout, CompileError, CorruptEntry, KCacheError, PublishError, TargetError
+from .errors import (
+    CacheLockTimeout, CompileError, CompilePoolError, CompilerCrashed, CompileTimeout, CorruptEntry, KCacheError,
+    PublishError, TargetError,
+)
 
 if TYPE_CHECKING:
     from tilelang.jit import JITKernel
     from tvm.tirx import PrimFunc
 
+    from .pool import CompilePool, Job, JobResult
+
 __version__ = "0.1.0"
 __all__ = [
     "CacheLockTimeout",
     "CompileError",
+    "CompilePool",
+    "CompilePoolError",
+    "CompileTimeout",
+    "CompilerCrashed",
+    "Job",
+    "JobResult",
     "CorruptEntry",
     "KCacheError",
     "KernelCache",
@@ -33,6 +44,18 @@ __all__ = [
     "default_root",
     "get_or_compile",
 ]
+
+_LAZY = {"CompilePool", "Job", "JobResult"}
+
+
+def __getattr__(name: str) -> Any:
+    # The pool's imports (subprocess, cloudpickle) stay off the path of a cache hit.
+    if name in _LAZY:
+        from . import pool
+
+        return getattr(pool, name)
+    raise AttributeError(f"module 'kcache' has no attribute {name!r}")
+
 
 _default: KernelCache | None = None
 _default_lock = threading.Lock()

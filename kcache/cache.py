@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -15,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import layout
 from .config import Settings
-from .errors import CorruptEntry, KCacheError
-from .fsutil import ensure_dir
+from .errors import CorruptEntry, KCacheError, PublishError
+from .fsutil import ensure_dir, remove_tree
 from .keys import derive_key
 from .locks import KeyLock
 from .maintenance import GcReport, collect_garbage, gc_is_due
@@ -26,6 +27,8 @@ from .store import EntryStore, PublishOutcome
 
 if TYPE_CHECKING:
     from tilelang.jit import JITKernel
+
+    from .pool import CompilePool
     from tvm.tirx import PrimFunc
 
 log = logging.getLogger("kcache")
@@ -37,10 +40,12 @@ class KernelCache:
     """A kernel cache on one root directory, shared safely by any number of processes."""
 
     def __init__(
-        self, root: str | os.PathLike[str] | None = None, *, settings: Settings | None = None, backend: Any = None
+        self, root: str | os.PathLike[str] | None = None, *, settings: Settings | None = None, backend: Any = None,
+        compile_pool: CompilePool | None = None,
     ) -> None:
         """`backend` replaces TileLang (a module-like object with kcache.tilelang_backend's
-        functions); the stress harness's synthetic compiler is one. None means TileLang."""
+        functions); the stress harness's synthetic compiler is one. None means TileLang.
+        `compile_pool`: compile in this pool instead of the process's shared one."""
         self.settings = settings if settings is not None else Settings.from_env(root)
         self.root = self.settings.root
         try:
@@ -59,6 +64,7 @@ class KernelCache:
         self._key_threads: dict[str, threading.Lock] = {}
         self._key_threads_guard = threading.Lock()
         self._toolchain: dict[str, object] | None = None
+        self._pool = compile_pool
         self._maybe_gc()
         if self._backend is not None or "tilelang" in sys.modules:
             # TileLang is loaded, so this cache is about to serve it: opening
@@ -104,6 +110,16 @@ class KernelCache:
         """This cache's counters in this process: memory_hits, disk_hits, misses, compiles,
         lost_races, corrupt_entries, publish_failures, lock_waits, lock_wait_seconds."""
         return self._stats.snapshot()
+
+    @property
+    def compile_pool(self) -> CompilePool:
+        """The worker pool this cache compiles in: the one given, else the process's shared pool."""
+        if self._pool is not None:
+            return self._pool
+        from .pool import shared_pool  # not on the hit path: ~5 ms of imports
+
+        return shared_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
+                           self._tilelang().COMPILE_PRELOAD)
 
     @property
     def store(self) -> EntryStore:
@@ -182,12 +198,58 @@ class KernelCache:
             if kernel is not None:
                 self._stats.add(disk_hits=1)
                 return kernel
-            compiled = backend.compile_kernel(
-                request.func, request.resolved, request.out_idx, request.pass_configs,
-                request.compile_flags, self.root / layout.LOGS,
+            if self.settings.compile_isolation == "inprocess":
+                compiled = backend.compile_kernel(
+                    request.func, request.resolved, request.out_idx, request.pass_configs,
+                    request.compile_flags, self.root / layout.LOGS,
+                )
+                self._stats.add(compiles=1)
+                return self._publish(backend, request, compiled)
+            return self._compile_isolated(backend, request)
+
+    def _compile_isolated(self, backend: Any, request: _Request) -> Any:
+        """Compile in the pool: a worker writes the staged entry, this process publishes and loads it."""
+        pool = self.compile_pool
+
+        def compile_into(out_dir: Path) -> None:
+            backend.compile_entry(
+                request.func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags,
+                self.root / layout.LOGS, pool=pool, out_dir=out_dir, key=request.key, toolchain=request.toolchain,
             )
+
+        try:
+            outcome = self.store.publish(request.key, compile_into)
+        except PublishError as err:
+            # The cache cannot take the entry (a full disk, say): compile into a
+            # private directory and load from there, so the caller still gets
+            # its kernel; the cause is not hidden.
+            self._stats.add(publish_failures=1)
+            log.warning("kcache: could not save %s in the cache, so it will compile again next time: %s",
+                        backend.kernel_name(request.func), err)
+            kernel = self._compile_unsaved(backend, request, compile_into)
             self._stats.add(compiles=1)
-            return self._publish(backend, request, compiled)
+            return kernel
+        self._stats.add(compiles=1)
+        if outcome is PublishOutcome.LOST_RACE:
+            self._stats.add(lost_races=1)
+        kernel = self._load_published(backend, request, quarantine=True)
+        if kernel is None:
+            raise KCacheError(
+                f"{self.store.entry_path(request.key)}: compiled and published, but it could not be loaded back "
+                "(see the warning above)"
+            )
+        return kernel
+
+    def _compile_unsaved(self, backend: Any, request: _Request, compile_into: Any) -> Any:
+        private = Path(tempfile.mkdtemp(prefix="kcache-unsaved-"))
+        try:
+            compile_into(private)
+            files = {name: (private / name).read_bytes() for name in self.store.required}
+            # dlopen has mapped the library: the directory can go at once.
+            return backend.load_kernel(request.func, private, files, request.resolved,
+                                       request.out_idx, request.pass_configs, request.compile_flags)
+        finally:
+            remove_tree(private, "removing the private compile directory")
 
     def _publish(self, backend: Any, request: _Request, compiled: Any) -> Any:
         def fill(staging: Path) -> None:

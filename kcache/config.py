@@ -11,6 +11,9 @@ import platformdirs
 DEFAULT_LOCK_TIMEOUT_S = 900.0
 DEFAULT_STAGING_TTL_S = 3600.0
 DEFAULT_GC_INTERVAL_S = 600.0
+# Below the lock timeout, so that a stuck compile fails its own caller before its waiters give up.
+DEFAULT_COMPILE_TIMEOUT_S = 600.0
+ISOLATION_MODES = ("pool", "inprocess")
 
 
 def default_root() -> Path:
@@ -43,6 +46,12 @@ class Settings:
     staging_ttl_s: float = DEFAULT_STAGING_TTL_S
     # Opening a cache runs gc at most this often per root.
     gc_interval_s: float = DEFAULT_GC_INTERVAL_S
+    # "pool": compile in long-lived worker processes (a crash kills a worker); "inprocess": in the caller.
+    compile_isolation: str = "pool"
+    # At most this many compiles at once in the pool (None: the usable CPU count).
+    compile_workers: int | None = None
+    # One compile's time limit in the pool (None: no limit).
+    compile_timeout_s: float | None = DEFAULT_COMPILE_TIMEOUT_S
 
     @classmethod
     def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
@@ -51,4 +60,29 @@ class Settings:
             lock_timeout_s=_env_seconds("KCACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S),
             staging_ttl_s=_env_seconds("KCACHE_STAGING_TTL", DEFAULT_STAGING_TTL_S),
             gc_interval_s=_env_seconds("KCACHE_GC_INTERVAL", DEFAULT_GC_INTERVAL_S),
+            compile_isolation=_env_choice("KCACHE_COMPILE_ISOLATION", ISOLATION_MODES),
+            compile_workers=_env_count("KCACHE_COMPILE_WORKERS"),
+            compile_timeout_s=_env_seconds("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S) or None,
         )
+
+
+def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return choices[0]
+    if raw not in choices:
+        raise ValueError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
+def _env_count(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} must be at least 1")
+    return value

@@ -12,7 +12,17 @@ import os
 
 
 class KCacheError(Exception):
-    """Base class of every error kcache raises on purpose."""
+    """Base class of every error kcache raises on purpose.
+
+    Errors cross the compile pool's process boundary by pickle, which
+    rebuilds an exception from `self.args`; the subclasses keep their
+    constructor arguments there (`_init_args`) so that they rebuild exactly.
+    """
+
+    _init_args: tuple = ()
+
+    def __reduce__(self) -> tuple:
+        return (type(self), self._init_args or self.args)
 
 
 class TargetError(KCacheError, ValueError):
@@ -22,6 +32,7 @@ class TargetError(KCacheError, ValueError):
         self.target = target
         self.reason = reason
         self.fix = fix
+        self._init_args = (target, reason, fix)
         super().__init__(f"cannot resolve compile target {target!r}: {reason}. Fix: {fix}")
 
 
@@ -37,6 +48,7 @@ class CompileError(KCacheError, RuntimeError):
         self.kernel_name = kernel_name
         self.summary = summary
         self.log_path = log_path
+        self._init_args = (kernel_name, summary, log_path)
         where = f"full log: {log_path}" if log_path else "no log could be written"
         super().__init__(f"compiling kernel {kernel_name!r} failed:\n{summary}\n({where})")
 
@@ -48,6 +60,7 @@ class CacheLockTimeout(KCacheError, TimeoutError):
         self.lock_file = lock_file
         self.timeout = timeout
         self.key = key
+        self._init_args = (lock_file, timeout, key)
         super().__init__(
             f"timed out after {timeout:g} s waiting for the compile lock {lock_file} (key {key[:16]}). "
             "Another process holds it and is still compiling, or is stuck. "
@@ -66,6 +79,7 @@ class PublishError(KCacheError, OSError):
         self.path = path
         self.action = action
         self.cause = err
+        self._init_args = (path, err, action)
         name = _errno.errorcode.get(code, str(code))
         super().__init__(code, f"{action} {path} failed with {name} ({os.strerror(code)}): {err}. {_hint(code)}")
 
@@ -79,7 +93,55 @@ class CorruptEntry(KCacheError, ValueError):
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         self.reason = reason
+        self._init_args = (path, reason)
         super().__init__(f"cache entry {path} is corrupt: {reason}")
+
+
+class CompilerCrashed(KCacheError, RuntimeError):
+    """The compile worker died (a C++ abort, a segfault, an exit) while compiling.
+
+    Only that worker died; the pool replaced it. `stderr_tail` holds the
+    worker's last lines of output, where the compiler says why.
+    """
+
+    def __init__(self, kernel_name: str, signal_name: str | None, exit_code: int | None, stderr_tail: str) -> None:
+        self.kernel_name = kernel_name
+        self.signal_name = signal_name
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+        self._init_args = (kernel_name, signal_name, exit_code, stderr_tail)
+        how = f"was killed by {signal_name}" if signal_name else f"exited with status {exit_code}"
+        tail = stderr_tail.strip() or "(it printed nothing)"
+        super().__init__(
+            f"the compile worker {how} while compiling {kernel_name!r}; this process is unaffected. "
+            f"The worker's last output:\n{tail}"
+        )
+
+
+class CompileTimeout(KCacheError, TimeoutError):
+    """A compile outlived its time limit; its worker (and the worker's compiler processes) were killed."""
+
+    def __init__(self, kernel_name: str, timeout: float) -> None:
+        self.kernel_name = kernel_name
+        self.timeout = timeout
+        self._init_args = (kernel_name, timeout)
+        super().__init__(
+            f"compiling {kernel_name!r} took longer than {timeout:g} s, so its worker was killed. "
+            "Raise KCACHE_COMPILE_TIMEOUT (0 means no limit) if this kernel really compiles that slowly."
+        )
+
+
+class CompilePoolError(KCacheError, RuntimeError):
+    """A compile worker could not be started (a broken environment, not a kernel's fault)."""
+
+    def __init__(self, reason: str, stderr_tail: str) -> None:
+        self.reason = reason
+        self.stderr_tail = stderr_tail
+        self._init_args = (reason, stderr_tail)
+        super().__init__(
+            f"could not start a kcache compile worker: {reason}. Its output:\n{stderr_tail.strip() or '(none)'}\n"
+            "Check that this Python can import TileLang on its own, or set KCACHE_COMPILE_ISOLATION=inprocess."
+        )
 
 
 def _hint(code: int) -> str:

@@ -85,6 +85,11 @@ class EntryStore:
             verify_entry(staging, self.required)
             fsync_dir(staging)
             self._step("verified")
+        except KCacheError:
+            # kcache's own errors (a compile that timed out is a TimeoutError, so an
+            # OSError too) are the fill's failure, not the filesystem's.
+            remove_tree(staging, "cleaning up a failed publish")
+            raise
         except OSError as err:
             remove_tree(staging, "cleaning up a failed publish")
             raise PublishError(str(staging), err, "writing the staged entry") from err

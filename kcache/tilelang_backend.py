@@ -203,6 +203,30 @@ def write_entry(*args: Any, **kwargs: Any) -> None:
     tilelang_compile.write_entry(*args, **kwargs)
 
 
+# What a compile worker imports before its first job.
+COMPILE_PRELOAD = ("tilelang", "kcache.tilelang_compile")
+
+
+def compile_entry(
+    func: PrimFunc, resolved: ResolvedTarget, out_idx: list[int] | None, pass_configs: dict[str, Any],
+    compile_flags: list[str] | None, log_dir: Path, *, pool: Any, out_dir: Path, key: str, toolchain: dict,
+) -> None:
+    """Compile in a worker of `pool`, which writes every component of the entry into `out_dir`.
+
+    The target travels as its canonical JSON (arch included), so the worker
+    never looks for a GPU; the PrimFunc travels pickled (TVM's serialized
+    IR: exact, and ~1 ms for a matmul).
+    """
+    from .pool_protocol import CallByName
+
+    pool.run(
+        CallByName("kcache.tilelang_compile", "compile_job"),
+        func, resolved.canonical, resolved.context.execution_backend.name, out_idx, pass_configs,
+        compile_flags, str(log_dir), str(out_dir), key, toolchain,
+        name=kernel_name(func),
+    )
+
+
 # ---------------------------------------------------------------- toolchain
 
 _LIB_NAMES = ("libtilelang.so", "libtvm_compiler.so", "libtvm_runtime.so")

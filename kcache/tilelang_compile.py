@@ -35,7 +35,9 @@ from tvm.tirx import PrimFunc
 
 from .errors import CompileError
 from .fsutil import ensure_dir, fsync_path, write_durable
-from .tilelang_backend import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS, ResolvedTarget, kernel_name
+from .tilelang_backend import (
+    DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS, ResolvedTarget, kernel_name, resolve_target,
+)
 
 log = logging.getLogger("kcache")
 
@@ -127,6 +129,17 @@ def compile_kernel(
         raise CompileError(name, "TileLang produced no device binary (the nvcc callback never ran)", None)
     binary_format = "fatbin" if len(binaries[-1]) and binaries[-1][:4] == b"\x50\xed\x55\xba" else "cubin"
     return CompiledKernel(kernel=kernel, name=name, device_binary=binaries[-1], binary_format=binary_format, seconds=seconds)
+
+
+def compile_job(
+    func: PrimFunc, target_json: str, execution_backend: str, out_idx: list[int] | None, pass_configs: dict[str, Any],
+    compile_flags: list[str] | None, log_dir: str, out_dir: str, key: str, toolchain: dict,
+) -> float:
+    """A compile worker's job (see `tilelang_backend.compile_entry`): compile, write the entry; the seconds it took."""
+    resolved = resolve_target(json.loads(target_json), execution_backend)
+    compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir))
+    write_entry(Path(out_dir), compiled, key, resolved, toolchain)
+    return compiled.seconds
 
 
 _ERROR_LINE = re.compile(r"\berror\b|\bfatal\b", re.IGNORECASE)

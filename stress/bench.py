@@ -9,9 +9,13 @@ Scenarios (each measured for both caches on the same kernels):
   with the entry already on disk (kcache verifies every file's sha256).
 - memory hit: repeated calls in one process, on the same PrimFunc object and
   on a structurally equal fresh one.
+- compile: kcache's isolated compile pool against compiling in-process,
+  sequential and parallel (see stress/bench_compile.py); the baseline column
+  is kcache's in-process compile there, not TileLang.
 
 Prints a table; `--json FILE` writes rows
-{"scenario", "metric", "kcache", "tilelang", "ratio", "unit"}.
+{"scenario", "metric", "kcache", "tilelang", "ratio", "unit", "baseline"}; "tilelang" holds the
+baseline's value, which is TileLang's cache unless "baseline" says otherwise.
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def row(scenario: str, metric: str, kc: float, tl: float | None, unit: str) -> dict[str, Any]:
+def row(scenario: str, metric: str, kc: float, tl: float | None, unit: str,
+        baseline: str = "tilelang") -> dict[str, Any]:
     return {"scenario": scenario, "metric": metric, "kcache": kc, "tilelang": tl,
-            "ratio": (kc / tl) if tl else None, "unit": unit}
+            "ratio": (kc / tl) if tl else None, "unit": unit, "baseline": baseline}
 
 
 def _fmt(value: float | None) -> str:
@@ -127,6 +132,25 @@ def bench_memory_hit(work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     ]
 
 
+def bench_compile(sequential: int, parallel: int, workers: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "stress.bench_compile", str(sequential), str(parallel), workers],
+        capture_output=True, text=True, env=worker_env(env), cwd=str(PROJECT), check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"compile bench failed: {done.stderr[-3000:]}")
+    r = json.loads(lines[-1][len("result "):])
+    scenario = f"compile ({r['workers']} workers)"
+    return [
+        row(scenario, f"pool start-up, {r['workers']} workers", r["pool_startup_s"], None, "s"),
+        row(scenario, f"{sequential} sequential compiles", r["sequential_pool_s"], r["sequential_inprocess_s"], "s",
+            baseline="in-process"),
+        row(scenario, f"{parallel} configs: parallel (pool) vs sequential", r["parallel_pool_wall_s"],
+            r["parallel_inprocess_sequential_s"], "s", baseline="in-process"),
+    ]
+
+
 def memory_worker(work: Path, calls: int = 2000) -> None:
     os.environ["TILELANG_CACHE_DIR"] = str(work / "tilelang")
     import logging
@@ -164,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=4, help="herd size (use 16 on a 16-core machine)")
     p.add_argument("--repeats", type=int, default=10, help="fresh processes per disk-hit measurement")
     p.add_argument("--herd-repeats", type=int, default=3, help="cold herds per cache (medians are reported)")
-    p.add_argument("--only", choices=["herd", "disk", "memory"], action="append", help="run only these scenarios")
+    p.add_argument("--only", choices=["herd", "disk", "memory", "compile"], action="append",
+                   help="run only these scenarios")
+    p.add_argument("--sequential", type=int, default=8, help="distinct kernels compiled one by one (compile scenario)")
+    p.add_argument("--parallel", type=int, default=16, help="configs compiled at once (compile scenario)")
+    p.add_argument("--compile-workers", default="auto", help="pool size for the compile scenario (default: CPU count)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -177,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"PYTHONDONTWRITEBYTECODE": ""}
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
-    only = set(args.only or ["herd", "disk", "memory"])
+    only = set(args.only or ["herd", "disk", "memory", "compile"])
     rows: list[dict[str, Any]] = []
     if "memory" in only:
         rows += bench_memory_hit(work, env)
@@ -185,11 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_disk_hit(work, args.repeats, env)
     if "herd" in only:
         rows += bench_herd(work, args.procs, args.herd_repeats, env)
+    if "compile" in only:
+        rows += bench_compile(args.sequential, args.parallel, args.compile_workers, env)
 
-    print(f"{'scenario':<26} {'metric':<36} {'kcache':>10} {'tilelang':>10} {'ratio':>7} unit")
+    print(f"{'scenario':<26} {'metric':<44} {'kcache':>10} {'baseline':>10} {'ratio':>7} unit  baseline")
     for r in rows:
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-        print(f"{r['scenario']:<26} {r['metric']:<36} {_fmt(r['kcache']):>10} {_fmt(r['tilelang']):>10} {ratio:>7} {r['unit']}")
+        print(f"{r['scenario']:<26} {r['metric']:<44} {_fmt(r['kcache']):>10} {_fmt(r['tilelang']):>10} {ratio:>7} "
+              f"{r['unit']:<5} {r['baseline']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

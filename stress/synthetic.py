@@ -54,6 +54,10 @@ class _Compiled:
         self.files = {part: os.urandom(size) for part, size in SIZES.items()}
 
 
+def kernel_name(func: SyntheticFunc) -> str:
+    return func.name
+
+
 def target_memo_key(target: object) -> str:
     return repr(target)
 
@@ -95,6 +99,18 @@ def compile_kernel(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_config
     compiled = _Compiled(func.name)
     compiled.kernel = SyntheticKernel(func.name, "")
     return compiled
+
+
+COMPILE_PRELOAD = ("stress.synthetic",)
+
+
+def compile_entry(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, log_dir: Path, *,
+                  pool: Any, out_dir: Path, key: str, toolchain: dict) -> None:
+    pool.run(compile_job, func, str(out_dir), key, toolchain, name=func.name)
+
+
+def compile_job(func: SyntheticFunc, out_dir: str, key: str, toolchain: dict) -> None:
+    write_entry(Path(out_dir), compile_kernel(func, None, None, None, None, Path(out_dir)), key, _Resolved(), toolchain)
 
 
 def write_entry(staging: Path, compiled: _Compiled, key: str, resolved: Any, toolchain: dict) -> None:

@@ -73,17 +73,21 @@ class Worker:
     def _count_compiles(self) -> None:
         """Log compile begin/end around the backend's compile, so the parent sees interrupted ones."""
         backend = self.cache._tilelang()
-        original = backend.compile_kernel
         worker = self
 
-        def compile_kernel(func: Any, *args: Any, **kwargs: Any) -> Any:
-            name = getattr(func, "name", None) or str(func.attrs["global_symbol"])
-            worker.emit({"t": "compile_begin", "kernel": name})
-            result = original(func, *args, **kwargs)
-            worker.emit({"t": "compile_end", "kernel": name})
-            return result
+        def counted(original: Any) -> Any:
+            def compile_step(func: Any, *args: Any, **kwargs: Any) -> Any:
+                name = getattr(func, "name", None) or str(func.attrs["global_symbol"])
+                worker.emit({"t": "compile_begin", "kernel": name})
+                result = original(func, *args, **kwargs)
+                worker.emit({"t": "compile_end", "kernel": name})
+                return result
 
-        backend.compile_kernel = compile_kernel
+            return compile_step
+
+        # In-process compiles go through compile_kernel, isolated ones through compile_entry.
+        backend.compile_kernel = counted(backend.compile_kernel)
+        backend.compile_entry = counted(backend.compile_entry)
 
     def emit(self, record: dict[str, Any]) -> None:
         if self.log is not None:

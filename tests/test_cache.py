@@ -15,6 +15,7 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from kcache.store import EntryStore  # noqa: E402
+from stress.nvcc_counter import NvccCounter  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
@@ -184,9 +185,14 @@ def test_unsupported_execution_backend_is_refused(cache_root: Path) -> None:
         get(kcache.KernelCache(cache_root), execution_backend="cython")
 
 
-def test_tilelang_caches_neither_serve_nor_store_kcache_compiles(cache_root: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("isolation", ["pool", "inprocess"])
+def test_tilelang_caches_neither_serve_nor_store_kcache_compiles(
+    cache_root: Path, tmp_path: Path, monkeypatch, isolation: str
+) -> None:
     import tilelang
     from tilelang.contrib import nvcc
+
+    n = {"pool": 2048, "inprocess": 3072}[isolation]  # TileLang's memory cache outlives a test
 
     calls = []
     real_compile = nvcc.compile_cuda
@@ -197,14 +203,21 @@ def test_tilelang_caches_neither_serve_nor_store_kcache_compiles(cache_root: Pat
 
     monkeypatch.setattr(nvcc, "compile_cuda", counting_compile)
     # TileLang's own path fills its kernel cache and its CUDA binary cache.
-    tilelang.compile(elementwise_add(n=2048), out_idx=OUT_IDX, target=CPU_TARGET, execution_backend="tvm_ffi")
+    tilelang.compile(elementwise_add(n=n), out_idx=OUT_IDX, target=CPU_TARGET, execution_backend="tvm_ffi")
     assert len(calls) == 1
     tilelang_dir = Path(os.environ["TILELANG_CACHE_DIR"])
     before = sorted(p for p in tilelang_dir.rglob("*") if p.is_file())
     assert any("cuda-binaries" in str(p) for p in before)
 
-    get(kcache.KernelCache(cache_root), elementwise_add(n=2048))
-    assert len(calls) == 2  # nvcc really ran: TileLang's binary cache did not serve the binary
+    # A pool worker is another process: count its nvcc runs with a wrapper in its CUDA_HOME.
+    counter = NvccCounter(tmp_path)
+    for name, value in counter.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", isolation)
+    with kcache.CompilePool(1) as pool:
+        get(kcache.KernelCache(cache_root, compile_pool=pool), elementwise_add(n=n))
+    # nvcc really ran: TileLang's binary cache did not serve the binary
+    assert (len(calls) - 1, counter.count()) == ((1, 0) if isolation == "inprocess" else (0, 1))
     assert sorted(p for p in tilelang_dir.rglob("*") if p.is_file()) == before  # and nothing was stored
 
 

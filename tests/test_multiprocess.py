@@ -75,7 +75,8 @@ EntryStore.fault_hook = staticmethod(pause)
 from kcache import tilelang_backend
 def pause(*args, **kwargs):
     print("paused", flush=True); sys.stdin.readline()
-tilelang_backend.compile_kernel = pause
+tilelang_backend.compile_kernel = pause  # in-process compiles
+tilelang_backend.compile_entry = pause  # compiles in the pool
 """
     writer = spawn("import sys\n" + pause + GET.format(root=str(cache_root)), **counter.env())
     expect_line(writer, "paused")

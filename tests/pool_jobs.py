@@ -1,0 +1,56 @@
+"""Jobs for the compile pool's tests: importable, so that workers load them by reference."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+def worker_pid() -> int:
+    return os.getpid()
+
+
+def abort(message: str = "") -> None:
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    os.abort()
+
+
+def segfault() -> None:
+    ctypes.string_at(0)
+
+
+def hang() -> None:
+    threading.Event().wait()  # never set: the job outlives any timeout
+
+
+def raise_value_error() -> None:
+    raise ValueError("a bad config")
+
+
+def install_faulty_compiler() -> None:
+    """Make `kcache.tilelang_compile.compile_kernel` abort or hang for the kernel named in the environment.
+
+    Preloaded by a test's pool (module `tests.pool_jobs_faulty`), so the fault
+    fires inside a real worker, in the middle of a real get_or_compile.
+    """
+    from kcache import tilelang_compile
+    from kcache.tilelang_backend import kernel_name
+
+    original = tilelang_compile.compile_kernel
+
+    def faulty(func, *args, **kwargs):  # noqa: ANN001, ANN202 - same signature as compile_kernel
+        name = kernel_name(func)
+        if name == os.environ.get("KCACHE_TEST_ABORT_KERNEL"):
+            abort(f"injected abort while compiling {name}")
+        if name == os.environ.get("KCACHE_TEST_HANG_KERNEL"):
+            hang()
+        return original(func, *args, **kwargs)
+
+    tilelang_compile.compile_kernel = faulty

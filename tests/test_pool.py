@@ -1,0 +1,161 @@
+"""The compile pool: crashes, hangs and errors stay in their worker; the parent stays whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+from pathlib import Path
+
+import pytest
+
+import kcache
+from kcache.config import Settings
+from kcache.pool import CompilePool, Job
+
+from . import pool_jobs
+from .helpers import expect_line, spawn
+
+
+def test_bad_jobs_report_their_class_and_the_pool_keeps_serving() -> None:
+    with CompilePool(2, preload=()) as pool:
+        pool.warm()
+        first_pids = set(pool.worker_pids())
+        jobs = [
+            Job(pool_jobs.double, (1,), tag="good"),
+            Job(pool_jobs.abort, ("the compiler's last words",), tag="abort"),
+            Job(pool_jobs.segfault, tag="segfault"),
+            Job(pool_jobs.hang, timeout_s=1.0, tag="timeout"),
+            Job(pool_jobs.raise_value_error, tag="raises"),
+            Job(pool_jobs.double, (21,), tag="good too"),
+        ]
+        outcomes = {r.job.tag: r for r in pool.compile_many(jobs)}
+
+        assert (outcomes["good"].value, outcomes["good too"].value) == (2, 42)
+        aborted = outcomes["abort"].error
+        assert isinstance(aborted, kcache.CompilerCrashed) and aborted.signal_name == "SIGABRT"
+        assert "the compiler's last words" in aborted.stderr_tail and aborted.kernel_name == "abort"
+        crashed = outcomes["segfault"].error
+        assert isinstance(crashed, kcache.CompilerCrashed) and crashed.signal_name == "SIGSEGV"
+        assert "segfault" in crashed.stderr_tail  # faulthandler's traceback names the job's frame
+        timed_out = outcomes["timeout"].error
+        assert isinstance(timed_out, kcache.CompileTimeout) and timed_out.timeout == 1.0
+        assert isinstance(outcomes["raises"].error, ValueError)
+        assert "a bad config" in str(outcomes["raises"].error)
+
+        # Three workers died and were replaced; the pool serves on, at full size.
+        assert [pool.run(pool_jobs.double, i) for i in range(10)] == [2 * i for i in range(10)]
+        pids = pool.worker_pids()
+        assert len(pids) == 2 and not first_pids & set(pids) or len(first_pids & set(pids)) <= 1
+        assert {pool.run(pool_jobs.worker_pid) for _ in range(6)} <= set(pids)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_200_jobs_with_crashes_leave_the_parents_memory_and_fds_flat() -> None:
+    def batch(count: int) -> list[Job]:
+        return [Job(pool_jobs.abort) if i % 20 == 19 else Job(pool_jobs.double, (i,)) for i in range(count)]
+
+    with CompilePool(2, preload=()) as pool:
+        list(pool.compile_many(batch(40)))  # warm: threads, worker replacement, allocator
+        pool.warm()  # the last crash's replacement is up
+        fds, rss = _open_fds(), _rss_bytes()
+        results = list(pool.compile_many(batch(200)))
+        pool.warm()
+        assert sum(isinstance(r.error, kcache.CompilerCrashed) for r in results) == 10
+        assert sum(r.ok for r in results) == 190
+        assert _open_fds() == fds
+        assert _rss_bytes() - rss < 4 << 20
+
+
+def _wait_for_exit(pid: int, timeout_s: float) -> bool:
+    """Whether `pid` exited within the timeout (a pidfd turns readable when it does)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        return bool(poller.poll(int(timeout_s * 1000)))
+    finally:
+        os.close(pidfd)
+
+
+def test_killing_the_parent_leaves_no_orphan_workers() -> None:
+    parent = spawn("""
+        import json, sys
+        from kcache.pool import CompilePool
+        from tests import pool_jobs
+        pool = CompilePool(2, preload=())
+        pool.warm()
+        pool.submit(pool_jobs.hang)  # one worker busy, one idle
+        print(json.dumps(pool.worker_pids()), flush=True)
+        sys.stdin.readline()
+    """)
+    assert parent.stdout is not None
+    workers = json.loads(parent.stdout.readline())
+    assert len(workers) == 2 and all(not _wait_for_exit(pid, 0) for pid in workers)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    assert all(_wait_for_exit(pid, 10.0) for pid in workers)
+
+
+def test_a_worker_that_cannot_start_is_a_clear_error_not_a_hang() -> None:
+    with CompilePool(1, preload=("kcache_no_such_module",)) as pool:
+        with pytest.raises(kcache.CompilePoolError, match="kcache_no_such_module") as caught:
+            pool.run(pool_jobs.double, 1)
+        assert "KCACHE_COMPILE_ISOLATION=inprocess" in str(caught.value)
+
+
+def test_compile_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KCACHE_COMPILE_WORKERS", "3")
+    monkeypatch.setenv("KCACHE_COMPILE_TIMEOUT", "0")
+    monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", "InProcess")
+    settings = Settings.from_env(tmp_path)
+    assert (settings.compile_workers, settings.compile_timeout_s, settings.compile_isolation) == (3, None, "inprocess")
+    monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", "thread")
+    with pytest.raises(ValueError, match="KCACHE_COMPILE_ISOLATION='thread' must be one of pool, inprocess"):
+        Settings.from_env(tmp_path)
+    monkeypatch.delenv("KCACHE_COMPILE_ISOLATION")
+    assert Settings.from_env(tmp_path).compile_isolation == "pool"
+    monkeypatch.setenv("KCACHE_COMPILE_WORKERS", "0")
+    with pytest.raises(ValueError, match="KCACHE_COMPILE_WORKERS"):
+        Settings.from_env(tmp_path)
+
+
+@pytest.mark.tilelang
+@pytest.mark.parametrize("fault", ["abort", "hang"])
+def test_a_compile_that_crashes_or_hangs_raises_and_the_next_call_works(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    pytest.importorskip("tilelang")
+    from kcache.pool import TILELANG_PRELOAD
+    from stress.kernels import CPU_TARGET, elementwise_add
+
+    faulty, good = elementwise_add(n=1024), elementwise_add(n=2048)
+    name = str(faulty.attrs["global_symbol"])
+    monkeypatch.setenv(f"KCACHE_TEST_{fault.upper()}_KERNEL", name)
+    with CompilePool(1, timeout_s=10.0, preload=(*TILELANG_PRELOAD, "tests.pool_jobs_faulty")) as pool:
+        cache = kcache.KernelCache(cache_root, compile_pool=pool)
+        expected = kcache.CompilerCrashed if fault == "abort" else kcache.CompileTimeout
+        for _attempt in range(2):  # the second attempt proves the key's lock was released
+            with pytest.raises(expected) as caught:
+                cache.get_or_compile(faulty, CPU_TARGET, out_idx=[2])
+            assert caught.value.kernel_name == name
+        if fault == "abort":
+            assert caught.value.signal_name == "SIGABRT" and f"injected abort while compiling {name}" in str(caught.value)
+        assert cache.store.keys() == [] and os.listdir(cache_root / ".staging") == []
+        assert cache.stats()["publish_failures"] == 0  # a compile's failure is not the disk's
+
+        kernel = cache.get_or_compile(good, CPU_TARGET, out_idx=[2])
+        assert kernel.adapter.libpath.startswith(str(cache_root))
+        assert len(cache.store.keys()) == 1 and cache.stats()["compiles"] == 1
