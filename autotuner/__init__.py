@@ -1,5 +1,12 @@
-"""Autotune results stored with kcache's publish protocol (see the autotuner issue).
+"""Autotune results stored with kcache's publish protocol.
 
-Results will live under `<root>/autotuner/`; the cache's gc already cleans
-stale staging there (kcache.maintenance.staging_dirs walks the whole root).
+    result.save_to_disk(path)                  # atomic: staged beside `path`, one rename
+    AutotuneResult.load_from_disk(path)        # a result, or None (with one warning if damaged)
+    result_path(root, key)                     # <root>/autotuner/<key>, the default place
+
+The cache's gc cleans stale staging under `<root>/autotuner/` like everywhere else.
 """
+
+from .result import AutotuneResult, ConfigOutcome, result_path
+
+__all__ = ["AutotuneResult", "ConfigOutcome", "result_path"]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -36,6 +37,28 @@ def check_key(key: str) -> str:
     if not is_key(key):
         raise ValueError(f"invalid cache key {key!r}: expected 16 to 128 lowercase hex digits")
     return key
+
+
+_ENTRY_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}")
+
+
+def check_entry_name(name: str) -> str:
+    """A caller-chosen entry name (an autotune result's directory): one path component, not hidden.
+
+    Names starting with a dot are kcache's own (.staging, .quarantine, ...).
+    """
+    if _ENTRY_NAME_RE.fullmatch(name) is None:
+        raise ValueError(
+            f"invalid entry directory name {name!r}: use letters, digits and _ . + = - "
+            "(at most 200, not starting with a dot)"
+        )
+    return name
+
+
+def staging_key(name: str) -> str:
+    """The key part of a staging directory's name: the key itself, or a digest of a free-form name
+    (gc recognizes staging directories by a hex key)."""
+    return name if is_key(name) else hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
 def this_host() -> str:

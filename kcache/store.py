@@ -39,8 +39,12 @@ class EntryStore:
     # pause a writer at a precise point. None in normal operation.
     fault_hook: Callable[[str], None] | None = None
 
-    def __init__(self, root: Path, namespace: str, required: frozenset[str]) -> None:
+    def __init__(self, root: Path, namespace: str, required: frozenset[str],
+                 check_name: Callable[[str], str] = layout.check_key) -> None:
+        """`check_name` validates entry names: hex keys by default; `layout.check_entry_name` for
+        caller-chosen directory names (an autotune result saved to a path)."""
         self.root = Path(root)
+        self.check_name = check_name
         self.namespace = namespace
         self.required = frozenset(required)
         self.entries_dir = self.root / namespace
@@ -48,7 +52,7 @@ class EntryStore:
         self.quarantine_dir = self.root / layout.QUARANTINE
 
     def entry_path(self, key: str) -> Path:
-        return self.entries_dir / layout.check_key(key)
+        return self.entries_dir / self.check_name(key)
 
     def read(self, key: str) -> dict[str, bytes] | None:
         """The verified files of `key`'s entry, or None on a miss.
@@ -69,7 +73,7 @@ class EntryStore:
         matches the manifest. Any failure removes the staging directory.
         """
         target = self.entry_path(key)
-        staging = self.staging_dir / str(layout.StagingName.fresh(key))
+        staging = self.staging_dir / str(layout.StagingName.fresh(layout.staging_key(key)))
         try:
             ensure_dir(self.staging_dir)
             ensure_dir(self.entries_dir)
