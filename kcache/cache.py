@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import layout
+from .components import KERNELS
 from .config import Settings
+from .eviction import note_use
 from .errors import CorruptEntry, KCacheError, PublishError
 from .fsutil import ensure_dir, remove_tree
 from .keys import derive_key
 from .locks import KeyLock
 from .maintenance import GcReport, collect_garbage, gc_is_due
 from .memory import MemoryTier
-from .stats import CacheStats
+from .stats import CacheStats, stats_file
 from .store import EntryStore, PublishOutcome
 
 if TYPE_CHECKING:
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kcache")
 
-KERNELS = "kernels"
 
 
 class KernelCache:
@@ -56,6 +57,7 @@ class KernelCache:
                 "Set KCACHE_DIR (or pass root=) to a writable directory."
             ) from err
         self._stats = CacheStats()
+        self._stats_file = stats_file(self.root)
         self.memory: MemoryTier | None = None  # needs TVM: made with the backend
         self._store: EntryStore | None = None
         self._backend: Any = None
@@ -97,19 +99,29 @@ class KernelCache:
         )
         kernel = self.memory.get(func, options)
         if kernel is not None:
-            self._stats.add(memory_hits=1)
+            self._count(memory_hits=1)
             return kernel
         kernel = self._get_slow(backend, func, target, out_idx, pass_configs, compile_flags, execution_backend, target_key)
         return self.memory.put(func, options, kernel)
 
     def gc(self) -> GcReport:
-        """Remove stale staging directories (everywhere under the root) and idle lock files."""
-        return collect_garbage(self.root, self.settings.staging_ttl_s)
+        """Remove stale staging (everywhere under the root), idle lock files and the trash; fold dead
+        processes' stats; evict down to KCACHE_MAX_SIZE and KCACHE_MAX_AGE."""
+        report = collect_garbage(self.root, self.settings.staging_ttl_s,
+                                 self.settings.max_size_bytes, self.settings.max_age_s)
+        if report.evicted:
+            self._count(evictions=report.evicted)
+        return report
 
     def stats(self) -> dict[str, float]:
         """This cache's counters in this process: memory_hits, disk_hits, misses, compiles,
-        lost_races, corrupt_entries, publish_failures, lock_waits, lock_wait_seconds."""
+        compile_seconds, lost_races, corrupt_entries, publish_failures, evictions, lock_waits,
+        lock_wait_seconds. `kcache.stats.read_persisted(root)` sums every process's."""
         return self._stats.snapshot()
+
+    def _count(self, **deltas: float) -> None:
+        self._stats.add(**deltas)
+        self._stats_file.add(**deltas)
 
     @property
     def compile_pool(self) -> CompilePool:
@@ -162,16 +174,18 @@ class KernelCache:
         ))
         kernel = self._load_published(backend, request, quarantine=False)
         if kernel is not None:
-            self._stats.add(disk_hits=1)
+            self._count(disk_hits=1)
             return kernel
-        self._stats.add(misses=1)
+        self._count(misses=1)
         with self._thread_gate(request.key):
             # Another thread of this process may have finished it meanwhile.
             kernel = self._load_published(backend, request, quarantine=False)
             if kernel is not None:
-                self._stats.add(disk_hits=1)
+                self._count(disk_hits=1)
                 return kernel
-            return self._compile_once(backend, request)
+            kernel = self._compile_once(backend, request)
+        self._maybe_gc()  # the cache grew: evict if it is time to look
+        return kernel
 
     def _compile_once(self, backend: Any, request: _Request) -> Any:
         lock = KeyLock(self.root / layout.LOCKS / f"{request.key}.lock", request.key)
@@ -183,27 +197,27 @@ class KernelCache:
             started = time.monotonic()
             waited = lock.acquire(self.settings.lock_timeout_s, give_up_when)
             if waited is None:
-                self._stats.add(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
+                self._count(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
                 kernel = self._load_published(backend, request, quarantine=False)
                 if kernel is not None:
-                    self._stats.add(disk_hits=1)
+                    self._count(disk_hits=1)
                     return kernel
                 give_up_when = None  # it is corrupt or went away: take the lock to repair it
                 continue
             if waited > 0:
-                self._stats.add(lock_waits=1, lock_wait_seconds=waited)
+                self._count(lock_waits=1, lock_wait_seconds=waited)
             break
         with lock:
             kernel = self._load_published(backend, request, quarantine=True)
             if kernel is not None:
-                self._stats.add(disk_hits=1)
+                self._count(disk_hits=1)
                 return kernel
             if self.settings.compile_isolation == "inprocess":
                 compiled = backend.compile_kernel(
                     request.func, request.resolved, request.out_idx, request.pass_configs,
                     request.compile_flags, self.root / layout.LOGS,
                 )
-                self._stats.add(compiles=1)
+                self._count(compiles=1, compile_seconds=getattr(compiled, "seconds", 0.0))
                 return self._publish(backend, request, compiled)
             return self._compile_isolated(backend, request)
 
@@ -217,21 +231,22 @@ class KernelCache:
                 self.root / layout.LOGS, pool=pool, out_dir=out_dir, key=request.key, toolchain=request.toolchain,
             )
 
+        started = time.perf_counter()
         try:
             outcome = self.store.publish(request.key, compile_into)
         except PublishError as err:
             # The cache cannot take the entry (a full disk, say): compile into a
             # private directory and load from there, so the caller still gets
             # its kernel; the cause is not hidden.
-            self._stats.add(publish_failures=1)
+            self._count(publish_failures=1)
             log.warning("kcache: could not save %s in the cache, so it will compile again next time: %s",
                         backend.kernel_name(request.func), err)
             kernel = self._compile_unsaved(backend, request, compile_into)
-            self._stats.add(compiles=1)
+            self._count(compiles=1, compile_seconds=time.perf_counter() - started)
             return kernel
-        self._stats.add(compiles=1)
+        self._count(compiles=1, compile_seconds=time.perf_counter() - started)
         if outcome is PublishOutcome.LOST_RACE:
-            self._stats.add(lost_races=1)
+            self._count(lost_races=1)
         kernel = self._load_published(backend, request, quarantine=True)
         if kernel is None:
             raise KCacheError(
@@ -261,7 +276,7 @@ class KernelCache:
             except (KCacheError, OSError) as err:
                 # The kernel compiled fine; only saving it failed. The caller
                 # still gets a working kernel, and the cause is not hidden.
-                self._stats.add(publish_failures=1)
+                self._count(publish_failures=1)
                 log.warning("kcache: compiled %s but could not save it, so it will compile again next time: %s",
                             compiled.name, err)
                 return compiled.kernel
@@ -269,7 +284,7 @@ class KernelCache:
                 return compiled.kernel
             # Lost the race to a writer that did not take our lock (another
             # host on a filesystem without working flock, say): use theirs.
-            self._stats.add(lost_races=1)
+            self._count(lost_races=1)
             theirs = self._load_published(backend, request, quarantine=True)
             if theirs is not None:
                 return theirs
@@ -288,16 +303,18 @@ class KernelCache:
             if files is None:
                 return None
             try:
-                return backend.load_kernel(
+                kernel = backend.load_kernel(
                     request.func, entry_dir, files, request.resolved,
                     request.out_idx, request.pass_configs, request.compile_flags,
                 )
             except Exception as err:  # a verified entry that TileLang cannot load is unusable, whatever the cause
                 _refuse_noexec(entry_dir, err)
                 raise CorruptEntry(str(entry_dir), f"verified but failed to load: {type(err).__name__}: {err}") from err
+            note_use(entry_dir)
+            return kernel
         except CorruptEntry as corrupt:
             if quarantine:
-                self._stats.add(corrupt_entries=1)
+                self._count(corrupt_entries=1)
                 self.store.quarantine(request.key, corrupt.reason)
             else:
                 log.debug("kcache: %s", corrupt)

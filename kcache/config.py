@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -14,6 +16,11 @@ DEFAULT_GC_INTERVAL_S = 600.0
 # Below the lock timeout, so that a stuck compile fails its own caller before its waiters give up.
 DEFAULT_COMPILE_TIMEOUT_S = 600.0
 ISOLATION_MODES = ("pool", "inprocess")
+DEFAULT_MAX_SIZE = 10 << 30
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
+               "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
+_EXAMPLES = {"size": "10G, 512MiB, 1.5GB, 0 for unbounded", "duration": "30d, 12h, 90min, 0 for none"}
+_AGE_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def default_root() -> Path:
@@ -52,6 +59,10 @@ class Settings:
     compile_workers: int | None = None
     # One compile's time limit in the pool (None: no limit).
     compile_timeout_s: float | None = DEFAULT_COMPILE_TIMEOUT_S
+    # Least-recently-used kernel entries are evicted above this total (None: unbounded).
+    max_size_bytes: int | None = DEFAULT_MAX_SIZE
+    # Entries unused for longer than this are evicted (None: no age limit).
+    max_age_s: float | None = None
 
     @classmethod
     def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
@@ -63,7 +74,40 @@ class Settings:
             compile_isolation=_env_choice("KCACHE_COMPILE_ISOLATION", ISOLATION_MODES),
             compile_workers=_env_count("KCACHE_COMPILE_WORKERS"),
             compile_timeout_s=_env_seconds("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S) or None,
+            max_size_bytes=_env_parsed("KCACHE_MAX_SIZE", parse_size, DEFAULT_MAX_SIZE),
+            max_age_s=_env_parsed("KCACHE_MAX_AGE", parse_age, None),
         )
+
+
+def _number_and_unit(text: str, units: dict[str, int], what: str) -> float:
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
+    if match is None or match.group(2).lower() not in units:
+        raise ValueError(f"{text!r} is not a {what} (examples: {_EXAMPLES[what]})")
+    return float(match.group(1)) * units[match.group(2).lower()]
+
+
+def parse_size(text: str) -> int | None:
+    """"10G", "512MiB", "1.5GB", "1048576"; "0" or "none" means unbounded."""
+    if text.strip().lower() in ("0", "none", "unlimited"):
+        return None
+    return int(_number_and_unit(text, _SIZE_UNITS, "size"))
+
+
+def parse_age(text: str) -> float | None:
+    """"30d", "12h", "90min", "3600"; "0" or "none" means no age limit."""
+    if text.strip().lower() in ("0", "none"):
+        return None
+    return _number_and_unit(text, _AGE_UNITS, "duration")
+
+
+def _env_parsed(name: str, parse: Any, default: Any) -> Any:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return parse(raw)
+    except ValueError as err:
+        raise ValueError(f"{name}={raw!r}: {err}") from None
 
 
 def _env_choice(name: str, choices: tuple[str, ...]) -> str:

@@ -1,4 +1,4 @@
-"""Garbage collection: stale staging directories and idle lock files.
+"""Garbage collection: stale staging, idle lock files, the trash, dead processes' stats, eviction.
 
 A staging directory belongs to the process named in it. On this host a
 dead owner means the directory is garbage at once; on another host (a
@@ -14,20 +14,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import layout
+from .eviction import TRASH, empty_trash, evict
 from .fsutil import remove_tree
 from .locks import remove_idle_lock_files
+from .stats import STATS_DIR, fold_dead
 
 log = logging.getLogger("kcache")
 
 GC_STAMP = ".gc-stamp"
 # Directories gc never descends into when it looks for staging areas.
-_SKIP = {layout.QUARANTINE, layout.LOCKS, layout.LOGS, layout.TOOLCHAIN}
+_SKIP = {layout.QUARANTINE, layout.LOCKS, layout.LOGS, layout.TOOLCHAIN, TRASH, STATS_DIR}
 
 
 @dataclass
 class GcReport:
     staging_removed: int = 0
     locks_removed: int = 0
+    trash_removed: int = 0
+    stats_folded: int = 0
+    evicted: int = 0
+    evicted_bytes: int = 0
 
 
 def pid_alive(pid: int) -> bool:
@@ -89,11 +95,18 @@ def clean_stale_staging(root: Path, ttl_s: float) -> int:
     return removed
 
 
-def collect_garbage(root: Path, staging_ttl_s: float) -> GcReport:
-    return GcReport(
+def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = None,
+                    max_age_s: float | None = None) -> GcReport:
+    report = GcReport(
         staging_removed=clean_stale_staging(root, staging_ttl_s),
         locks_removed=remove_idle_lock_files(root / layout.LOCKS),
+        trash_removed=empty_trash(root),
+        stats_folded=fold_dead(root),
     )
+    if max_size is not None or max_age_s is not None:
+        evicted = evict(root, max_size, max_age_s)
+        report.evicted, report.evicted_bytes = evicted.evicted, evicted.freed_bytes
+    return report
 
 
 def gc_is_due(root: Path, interval_s: float) -> bool:

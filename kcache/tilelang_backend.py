@@ -37,13 +37,7 @@ from .errors import TargetError
 from .fsutil import read_nofollow
 from .keys import ENTRY_FORMAT, canonical_json, derive_key
 
-DEVICE_SOURCE = "device.cu"
-HOST_SOURCE = "host.cu"
-DEVICE_BINARY = "kernel.cubin"
-LIBRARY = "kernel.so"
-PARAMS = "params.json"
-META = "meta.json"
-COMPONENTS = frozenset({DEVICE_SOURCE, HOST_SOURCE, DEVICE_BINARY, LIBRARY, PARAMS, META})
+from .components import COMPONENTS, DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS  # noqa: F401
 
 SUPPORTED_EXECUTION_BACKENDS = ("tvm_ffi",)
 _ARCH_FIX = 'pass an explicit arch, e.g. target={"kind": "cuda", "arch": "sm_90a"}'

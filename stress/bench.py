@@ -9,6 +9,8 @@ Scenarios (each measured for both caches on the same kernels):
   with the entry already on disk (kcache verifies every file's sha256).
 - memory hit: repeated calls in one process, on the same PrimFunc object and
   on a structurally equal fresh one.
+- cli: `kcache stats`, `ls` and `verify` on 10,000 entries, each in a fresh
+  interpreter (TileLang has no such tool: no baseline).
 - compile: kcache's isolated compile pool against compiling in-process,
   sequential and parallel (see stress/bench_compile.py); the baseline column
   is kcache's in-process compile there, not TileLang.
@@ -151,6 +153,14 @@ def bench_compile(sequential: int, parallel: int, workers: str, env: dict[str, s
     ]
 
 
+def bench_cli(work: Path, entries: int, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    from .bench_cli import measure
+
+    samples = measure(work, entries, repeats, worker_env(env))
+    return [row(f"cli ({entries} entries)", f"kcache {command}, p50 of {repeats}", percentile(s, 50), None, "s", "-")
+            for command, s in samples.items()]
+
+
 def memory_worker(work: Path, calls: int = 2000) -> None:
     os.environ["TILELANG_CACHE_DIR"] = str(work / "tilelang")
     import logging
@@ -188,10 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=4, help="herd size (use 16 on a 16-core machine)")
     p.add_argument("--repeats", type=int, default=10, help="fresh processes per disk-hit measurement")
     p.add_argument("--herd-repeats", type=int, default=3, help="cold herds per cache (medians are reported)")
-    p.add_argument("--only", choices=["herd", "disk", "memory", "compile"], action="append",
+    p.add_argument("--only", choices=["herd", "disk", "memory", "compile", "cli"], action="append",
                    help="run only these scenarios")
     p.add_argument("--sequential", type=int, default=8, help="distinct kernels compiled one by one (compile scenario)")
     p.add_argument("--parallel", type=int, default=16, help="configs compiled at once (compile scenario)")
+    p.add_argument("--cli-entries", type=int, default=10_000, help="entries for the cli scenario")
     p.add_argument("--compile-workers", default="auto", help="pool size for the compile scenario (default: CPU count)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
@@ -205,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"PYTHONDONTWRITEBYTECODE": ""}
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
-    only = set(args.only or ["herd", "disk", "memory", "compile"])
+    only = set(args.only or ["herd", "disk", "memory", "compile", "cli"])
     rows: list[dict[str, Any]] = []
     if "memory" in only:
         rows += bench_memory_hit(work, env)
@@ -213,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_disk_hit(work, args.repeats, env)
     if "herd" in only:
         rows += bench_herd(work, args.procs, args.herd_repeats, env)
+    if "cli" in only:
+        rows += bench_cli(work, args.cli_entries, 5, env)
     if "compile" in only:
         rows += bench_compile(args.sequential, args.parallel, args.compile_workers, env)
 

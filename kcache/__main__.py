@@ -1,0 +1,7 @@
+"""`python -m kcache`: the cache's command line (see kcache/cli.py)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
