@@ -1,0 +1,199 @@
+"""The compile phase of a tune: every config compiled through kcache at once, each failure classified.
+
+A failing config never ends a tune: it becomes a `Trial` with its class and
+message. Deterministic failures (`compile_error`, `out_of_resources`) are
+remembered as negative entries under `<root>/autotuner/.negative/`, so a
+re-tune skips them without compiling; transient ones (`timeout`) get one
+more try.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kcache import CompileError, CompilerCrashed, CompileTimeout, KernelCache
+from kcache.keys import canonical_json
+from kcache.fsutil import write_durable
+
+OK = "ok"
+COMPILE_ERROR = "compile_error"
+COMPILER_CRASH = "compiler_crash"
+TIMEOUT = "timeout"
+OUT_OF_RESOURCES = "out_of_resources"
+LAUNCH_ERROR = "launch_error"
+WRONG_RESULT = "wrong_result"
+DETERMINISTIC = frozenset({COMPILE_ERROR, OUT_OF_RESOURCES})
+TRANSIENT = frozenset({TIMEOUT, LAUNCH_ERROR})
+NEGATIVE = ".negative"
+
+# How compilers and drivers say a config asks for more than the device has.
+_OUT_OF_RESOURCES = re.compile(
+    r"out of resource|hardware limit|too many resources requested|uses too much shared data|"
+    r"exceeds? (?:the )?(?:maximum|limit)|shared memory .*(?:exceed|too large)|too many (?:threads|registers)",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class Trial:
+    """One config's compile: the kernel, or why not."""
+
+    config: dict[str, Any]
+    status: str
+    message: str = ""
+    kernel: Any = None
+    func: Any = None
+    attempts: int = 0
+    remembered: bool = False  # skipped: a negative entry said it fails
+
+
+def classify(error: BaseException) -> str:
+    """The failure class of a compile error."""
+    if isinstance(error, CompilerCrashed):
+        return COMPILER_CRASH
+    if isinstance(error, CompileTimeout):
+        return TIMEOUT
+    if _OUT_OF_RESOURCES.search(str(error)):
+        return OUT_OF_RESOURCES
+    return COMPILE_ERROR
+
+
+def launch_threads(func: Any) -> int | None:
+    """Threads per block a TileLang PrimFunc asks for (its `tl.launch_threads`), if it says."""
+    from tvm import tirx
+
+    found: list[int] = []
+
+    def visit(node: Any) -> None:
+        annotations = getattr(node, "annotations", None)
+        if annotations is not None and "tl.launch_threads" in annotations:
+            count = 1
+            for extent in annotations["tl.launch_threads"]:
+                count *= int(extent)
+            found.append(count)
+
+    tirx.stmt_functor.post_order_visit(func.body, visit)
+    return max(found) if found else None
+
+
+def check_resources(func: Any, target: Any) -> str | None:
+    """The message of an out-of-resources config TileLang 0.1.15 would compile anyway, or None.
+
+    TileLang compiles a kernel of 2048 threads per block for a target whose
+    limit is 1024; it fails only at launch. The target says its limit, so the
+    config is refused before the compile, in the driver's words.
+    """
+    limit = target.get("max_num_threads") if isinstance(target, dict) else None
+    if limit is None and isinstance(target, dict) and target.get("kind") == "cuda":
+        limit = 1024  # every CUDA device since compute capability 2.0
+    threads = launch_threads(func)
+    if limit is not None and threads is not None and threads > int(limit):
+        return f"out of resource: threads, Required: {threads}, Hardware limit: {limit}"
+    return None
+
+
+class NegativeEntries:
+    """Deterministic failures of configs, remembered per (tune identity, config)."""
+
+    def __init__(self, root: Path, tune_identity: str) -> None:
+        self.directory = Path(root) / "autotuner" / NEGATIVE
+        self.identity = tune_identity
+
+    def _path(self, config: dict[str, Any]) -> Path:
+        digest = hashlib.sha256(f"{self.identity}\0{canonical_json(config)}".encode()).hexdigest()
+        return self.directory / f"{digest}.json"
+
+    def get(self, config: dict[str, Any]) -> dict[str, str] | None:
+        try:
+            value = json.loads(self._path(config).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) and value.get("status") in DETERMINISTIC else None
+
+    def remember(self, config: dict[str, Any], status: str, message: str) -> None:
+        path = self._path(config)
+        temporary = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_durable(temporary, json.dumps({"config": config, "status": status, "message": message}).encode())
+            os.replace(temporary, path)
+        except OSError:
+            return  # a cache we cannot write still tunes; it just re-learns the failure next time
+
+
+def compile_configs(
+    kernel_factory: Callable[..., Any],
+    configs: Sequence[dict[str, Any]],
+    *,
+    target: Any,
+    cache: KernelCache,
+    tune_identity: str,
+    out_idx: Any = None,
+    retries: int = 1,
+    progress: Callable[[Trial], None] | None = None,
+) -> list[Trial]:
+    """Compile every config at once (up to the cache's pool size), in config order of the result."""
+    negative = NegativeEntries(cache.root, tune_identity)
+
+    def attempt(config: dict[str, Any]) -> Trial:
+        known = negative.get(config)
+        if known is not None:
+            return Trial(dict(config), known["status"], known.get("message", ""), remembered=True)
+        try:
+            func = kernel_factory(**config)
+        except Exception as err:  # a config the factory itself rejects is a compile error of that config
+            return _failed(negative, config, COMPILE_ERROR, f"{type(err).__name__}: {err}", 0)
+        too_big = check_resources(func, target)
+        if too_big:
+            return _failed(negative, config, OUT_OF_RESOURCES, too_big, 0)
+        trial = Trial(dict(config), OK, func=func)
+        for attempt_number in range(1, retries + 2):
+            trial.attempts = attempt_number
+            try:
+                trial.kernel = cache.get_or_compile(func, target, out_idx=out_idx)
+                trial.status, trial.message = OK, ""
+                return trial
+            except (CompileError, CompilerCrashed, CompileTimeout) as err:
+                trial.status, trial.message = classify(err), str(err)
+            if trial.status not in TRANSIENT:
+                break
+        if trial.status in DETERMINISTIC:
+            negative.remember(config, trial.status, trial.message)
+        return trial
+
+    def run(config: dict[str, Any]) -> Trial:
+        trial = attempt(config)
+        if progress is not None:
+            progress(trial)
+        return trial
+
+    workers = max(1, min(len(configs), cache.compile_pool.max_workers))
+    with ThreadPoolExecutor(workers, thread_name_prefix="kcache-tune") as threads:
+        return list(threads.map(run, list(configs)))
+
+
+def _failed(negative: NegativeEntries, config: dict[str, Any], status: str, message: str, attempts: int) -> Trial:
+    negative.remember(config, status, message)
+    return Trial(dict(config), status, message, attempts=attempts)
+
+
+def summary_table(trials: Iterable[Trial], latencies: dict[int, float] | None = None) -> str:
+    """One line per config: its outcome and latency, or why it failed."""
+    rows = []
+    for index, trial in enumerate(trials):
+        latency = (latencies or {}).get(index)
+        why = trial.message.splitlines()[0][:100] if trial.message else ""
+        rows.append((canonical_json(trial.config), trial.status + (" (remembered)" if trial.remembered else ""),
+                     f"{latency:.4f} ms" if latency is not None else "-", why))
+    header = ("config", "outcome", "latency", "why")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows])

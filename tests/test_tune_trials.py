@@ -1,0 +1,82 @@
+"""The compile phase of a tune on CPU: real failing configs, classified; deterministic ones remembered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
+
+import kcache  # noqa: E402
+from autotuner.trials import (  # noqa: E402
+    COMPILE_ERROR, COMPILER_CRASH, OK, OUT_OF_RESOURCES, TIMEOUT, compile_configs, summary_table,
+)
+from kcache.pool import TILELANG_PRELOAD, CompilePool  # noqa: E402
+from stress.kernels import CPU_TARGET  # noqa: E402
+
+pytestmark = pytest.mark.tilelang
+
+
+def tile_kernel(threads: int, tile: int = 64, n: int = 1024):
+    """A copy through shared memory and a gemm: TileLang rejects thread counts its gemm cannot split."""
+    import tilelang.language as T
+
+    if tile <= 0:
+        raise ValueError(f"tile={tile} must be positive")
+
+    @T.prim_func
+    def main(A: T.Tensor((n, n), "float16"), B: T.Tensor((n, n), "float16"), C: T.Tensor((n, n), "float16")):
+        with T.Kernel(T.ceildiv(n, tile), T.ceildiv(n, tile), threads=threads) as (bx, by):
+            a = T.alloc_shared((tile, 32), "float16")
+            b = T.alloc_shared((32, tile), "float16")
+            c = T.alloc_fragment((tile, tile), "float32")
+            T.clear(c)
+            for ko in T.Pipelined(T.ceildiv(n, 32), num_stages=2):
+                T.copy(A[by * tile, ko * 32], a)
+                T.copy(B[ko * 32, bx * tile], b)
+                T.gemm(a, b, c)
+            T.copy(c, C[by * tile, bx * tile])
+
+    return main.with_attr("global_symbol", f"tile_{threads}_{tile}")
+
+
+def test_failing_configs_are_classified_and_deterministic_ones_remembered(cache_root: Path) -> None:
+    configs = [
+        {"threads": 128},              # compiles
+        {"threads": 2048},             # over the 1024 threads a CUDA block may have
+        {"threads": 96},               # TileLang's gemm cannot split 64x64 over 3 warps: a compile error
+        {"threads": 128, "tile": 0},   # the factory itself refuses it
+    ]
+    cache = kcache.KernelCache(cache_root)
+    seen = []
+    trials = compile_configs(tile_kernel, configs, target=CPU_TARGET, cache=cache, tune_identity="tile-test",
+                             out_idx=[2], progress=seen.append)
+    assert [t.status for t in trials] == [OK, OUT_OF_RESOURCES, COMPILE_ERROR, COMPILE_ERROR]
+    assert len(seen) == 4 and trials[0].kernel is not None
+    assert "Required: 2048, Hardware limit: 1024" in trials[1].message
+    assert "warp" in trials[2].message.lower() and "tile=0" in trials[3].message
+    compiles = cache.stats()["compiles"]
+    assert compiles <= 2  # the out-of-resources and factory failures never reached the compiler
+
+    again = compile_configs(tile_kernel, configs, target=CPU_TARGET, cache=kcache.KernelCache(cache_root),
+                            tune_identity="tile-test", out_idx=[2])
+    assert [t.status for t in again] == [OK, OUT_OF_RESOURCES, COMPILE_ERROR, COMPILE_ERROR]
+    assert [t.remembered for t in again] == [False, True, True, True]  # skipped without compiling
+    table = summary_table(again)
+    assert "out_of_resources (remembered)" in table and '{"threads":128}' in table
+
+
+def test_crashes_and_timeouts_through_the_pool_skip_one_config_and_retry_transient_ones(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KCACHE_TEST_ABORT_KERNEL", "tile_256_64")
+    monkeypatch.setenv("KCACHE_TEST_HANG_KERNEL", "tile_128_128")
+    configs = [{"threads": 128}, {"threads": 256}, {"threads": 128, "tile": 128}]
+    with CompilePool(2, timeout_s=10.0, preload=(*TILELANG_PRELOAD, "tests.pool_jobs_faulty")) as pool:
+        cache = kcache.KernelCache(cache_root, compile_pool=pool)
+        trials = compile_configs(tile_kernel, configs, target=CPU_TARGET, cache=cache, tune_identity="faults",
+                                 out_idx=[2])
+    assert [t.status for t in trials] == [OK, COMPILER_CRASH, TIMEOUT]
+    assert "SIGABRT" in trials[1].message and trials[1].attempts == 1  # a crash is not retried
+    assert trials[2].attempts == 2  # a timeout is retried once
