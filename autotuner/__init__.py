@@ -3,10 +3,13 @@
     result.save_to_disk(path)                  # atomic: staged beside `path`, one rename
     AutotuneResult.load_from_disk(path)        # a result, or None (with one warning if damaged)
     result_path(root, key)                     # <root>/autotuner/<key>, the default place
+    tune(factory, configs, ref_prog=..., target=...)   # compile all configs in the pool, benchmark, save
+    @autotune(configs=[...], key=["M", "N"])   # the same, as a decorator over a kernel factory
 
 The cache's gc cleans stale staging under `<root>/autotuner/` like everywhere else.
 """
 
 from .result import AutotuneResult, ConfigOutcome, result_path
+from .tune import TuneFailed, autotune, cuda_event_profiler, tune
 
-__all__ = ["AutotuneResult", "ConfigOutcome", "result_path"]
+__all__ = ["AutotuneResult", "ConfigOutcome", "TuneFailed", "autotune", "cuda_event_profiler", "result_path", "tune"]

@@ -76,6 +76,15 @@ class AutotuneResult:
     func: Any = None  # the tuned function: the best config's PrimFunc, or a kernel factory
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def load_kernel(self, cache: Any = None) -> Any:
+        """The best config's kernel, through kcache (a disk hit after the tune that found it)."""
+        import kcache
+
+        if self.func is None:
+            raise KCacheError("this AutotuneResult has no function to build its kernel from")
+        chosen = cache if cache is not None else kcache.default_cache()
+        return chosen.get_or_compile(self.func, self.target, out_idx=self.out_idx)
+
     # ------------------------------------------------------------ disk
 
     def save_to_disk(self, path: str | os.PathLike[str]) -> bool:

@@ -56,6 +56,10 @@ class Trial:
     remembered: bool = False  # skipped: a negative entry said it fails
 
 
+def looks_out_of_resources(message: str) -> bool:
+    return _OUT_OF_RESOURCES.search(message) is not None
+
+
 def classify(error: BaseException) -> str:
     """The failure class of a compile error."""
     if isinstance(error, CompilerCrashed):

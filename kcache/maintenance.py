@@ -70,6 +70,11 @@ def staging_dirs(root: Path) -> list[Path]:
     return found
 
 
+def lock_dirs(root: Path) -> list[Path]:
+    """The lock directories under `root`: the kernels' and the autotune results' (saved by path)."""
+    return [root / layout.LOCKS, root / "autotuner" / layout.LOCKS]
+
+
 def clean_stale_staging(root: Path, ttl_s: float) -> int:
     host = layout.this_host()
     now = time.time()
@@ -99,7 +104,7 @@ def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = Non
                     max_age_s: float | None = None) -> GcReport:
     report = GcReport(
         staging_removed=clean_stale_staging(root, staging_ttl_s),
-        locks_removed=remove_idle_lock_files(root / layout.LOCKS),
+        locks_removed=sum(remove_idle_lock_files(d) for d in lock_dirs(root)),
         trash_removed=empty_trash(root),
         stats_folded=fold_dead(root),
     )

@@ -117,6 +117,8 @@ class Worker:
             self.cache.gc()
         elif op == "verify":
             record.update(self.verify_one())
+        elif op == "autotune":
+            record.update(self.autotune_round_trip(name, func))
         if before is not None:
             after = self.cache.stats()
             record["delta"] = {k: after[k] - before[k] for k in after if after[k] != before[k] and k != "lock_wait_seconds"}
@@ -139,10 +141,24 @@ class Worker:
             return {"verified": False, "key": key, "inode": inode, "reason": corrupt.reason}
         return {"verified": True, "key": key}
 
+    def autotune_round_trip(self, name: str, func: Any) -> dict[str, Any]:
+        """Save an AutotuneResult for this kernel (racing the other workers), then load it back whole."""
+        from autotuner import AutotuneResult, ConfigOutcome, result_path
+
+        config = {"kernel": name, "block": 128}
+        result = AutotuneResult(config=config, latency=0.1, configs=[ConfigOutcome(config, "ok", 0.1)], func=func,
+                                out_idx=[2], target="stress")
+        path = result_path(self.args.root, f"stress-{name}")
+        published = result.save_to_disk(path)
+        loaded = AutotuneResult.load_from_disk(path)
+        if loaded is None or loaded.config != config:
+            raise AssertionError(f"the autotune result {path} did not load back whole: {loaded!r}")
+        return {"autotune": "published" if published else "kept"}
+
     def choose(self) -> str:
         if self.cache is None:
             return "get"
-        return self.rng.choices(["get", "get_cold", "verify", "gc"], weights=[60, 15, 20, 5])[0]
+        return self.rng.choices(["get", "get_cold", "verify", "gc", "autotune"], weights=[57, 15, 18, 5, 5])[0]
 
     def run(self) -> None:
         args = self.args

@@ -80,3 +80,45 @@ def test_crashes_and_timeouts_through_the_pool_skip_one_config_and_retry_transie
     assert [t.status for t in trials] == [OK, COMPILER_CRASH, TIMEOUT]
     assert "SIGABRT" in trials[1].message and trials[1].attempts == 1  # a crash is not retried
     assert trials[2].attempts == 2  # a timeout is retried once
+
+
+def _fake_profiler(calls: list):
+    """Stands in for the GPU: a latency per config (threads 128 fastest). Records every call."""
+
+    def measure(kernel, args):
+        calls.append(kernel)
+        return {"tile_128_64": 0.5, "tile_256_64": 0.8}.get(str(kernel.prim_func.attrs["global_symbol"]), 9.0)
+
+    return measure
+
+
+def test_a_tune_keeps_the_fastest_working_config_and_a_second_tune_compiles_nothing(cache_root: Path) -> None:
+    import autotuner
+    from autotuner.trials import OK
+
+    configs = [{"threads": 256}, {"threads": 2048}, {"threads": 128}]
+    calls: list = []
+    cache = kcache.KernelCache(cache_root)
+    result = autotuner.tune(tile_kernel, configs, inputs=[], target=CPU_TARGET, out_idx=[2], cache=cache,
+                            profiler=_fake_profiler(calls), verbose=False)
+    assert len(calls) == 2  # the two configs that compiled were timed
+    assert result.config == {"threads": 128} and result.latency == 0.5
+    assert [c.status for c in result.configs] == [OK, "out_of_resources", OK]
+    assert result.kernel_key in cache.store.keys()
+
+    again_cache = kcache.KernelCache(cache_root)
+    again = autotuner.tune(tile_kernel, configs, inputs=[], target=CPU_TARGET, out_idx=[2], cache=again_cache,
+                           profiler=_fake_profiler(calls), verbose=False)
+    assert again.config == {"threads": 128} and len(calls) == 2  # loaded: nothing compiled or timed
+    assert again_cache.stats()["compiles"] == 0 and again_cache.stats()["misses"] == 0
+    kernel = again.load_kernel(again_cache)
+    assert again_cache.stats()["disk_hits"] == 1 and kernel.prim_func.attrs["global_symbol"] == "tile_128_64"
+
+
+def test_a_tune_where_no_config_works_fails_with_the_table_of_reasons(cache_root: Path) -> None:
+    import autotuner
+
+    with pytest.raises(autotuner.TuneFailed) as caught:
+        autotuner.tune(tile_kernel, [{"threads": 2048}, {"threads": 96}], inputs=[], target=CPU_TARGET,
+                       out_idx=[2], cache=kcache.KernelCache(cache_root), profiler=_fake_profiler([]), verbose=False)
+    assert "out_of_resources" in caught.value.table and "compile_error" in caught.value.table

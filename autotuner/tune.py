@@ -1,0 +1,292 @@
+"""`autotuner.tune` and `@autotuner.autotune`: compile every config through kcache, benchmark on the
+GPU, keep the fastest correct one, and save it so that the next tune compiles nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import kcache
+from kcache.errors import KCacheError
+from kcache.keys import canonical_json
+
+from . import trials as t
+from .result import AutotuneResult, ConfigOutcome, result_path
+
+log = logging.getLogger("kcache")
+
+Profiler = Callable[[Any, Sequence[Any]], float]
+
+
+class TuneFailed(KCacheError, RuntimeError):
+    """No config of a tune worked; `table` says why each one failed."""
+
+    def __init__(self, name: str, table: str) -> None:
+        self.name = name
+        self.table = table
+        self._init_args = (name, table)
+        super().__init__(f"no config of the tune of {name} worked:\n{table}")
+
+
+def cuda_event_profiler(warmup: int = 25, rep: int = 100) -> Profiler:
+    """Median of `rep` runs timed with CUDA events, after `warmup` runs (ms)."""
+
+    def measure(kernel: Any, args: Sequence[Any]) -> float:
+        import torch
+
+        for _ in range(warmup):
+            kernel(*args)
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(rep):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            kernel(*args)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        return statistics.median(samples)
+
+    return measure
+
+
+def tune(
+    kernel_factory: Callable[..., Any],
+    configs: Sequence[dict[str, Any]],
+    *,
+    inputs: Sequence[Any] | None = None,
+    supply_prog: Callable[[Sequence[Any]], Sequence[Any]] | None = None,
+    ref_prog: Callable[..., Any] | None = None,
+    target: Any = None,
+    out_idx: Any = None,
+    warmup: int = 25,
+    rep: int = 100,
+    compile_workers: int | None = None,
+    timeout_s: float | None = None,
+    cache: kcache.KernelCache | None = None,
+    tune_key: Any = None,
+    rtol: float = 1e-2,
+    atol: float = 1e-2,
+    profiler: Profiler | None = None,
+    verbose: bool = True,
+) -> AutotuneResult:
+    """Tune `kernel_factory(**config)` over `configs`; the saved result of an identical tune if there is one.
+
+    `inputs`: the kernel's input tensors (default: `supply_prog(kernel.params)`, else random tensors
+    of the params' shapes). `ref_prog(*inputs)`: the expected output; configs that differ are
+    `wrong_result`. `tune_key`: anything JSON that tells tunes of one factory apart (shapes, say).
+    `profiler(kernel, inputs) -> ms`: how a config is timed (default: CUDA events, median of `rep`).
+    """
+    if not configs:
+        raise ValueError("tune needs at least one config")
+    base = cache if cache is not None else kcache.default_cache()
+    name = f"{getattr(kernel_factory, '__module__', '?')}.{getattr(kernel_factory, '__qualname__', repr(kernel_factory))}"
+    identity = tune_identity(kernel_factory, configs, target, out_idx, tune_key)
+    path = result_path(base.root, identity[:40])
+    saved = AutotuneResult.load_from_disk(path)
+    if saved is not None:
+        log.info("kcache: tune of %s loaded from %s", name, path)
+        return saved
+
+    tuning = _tuning_cache(base, compile_workers, timeout_s)
+    with _progress(len(configs), f"compiling {name}", verbose) as bar:
+        compiled = t.compile_configs(kernel_factory, configs, target=target, cache=tuning, tune_identity=identity,
+                                     out_idx=out_idx, progress=lambda _trial: bar.update(1))
+    measure = profiler or cuda_event_profiler(warmup, rep)
+    negative = t.NegativeEntries(base.root, identity)
+    latencies: dict[int, float] = {}
+    ref_latency = None
+    with _progress(sum(c.status == t.OK for c in compiled), f"benchmarking {name}", verbose) as bar:
+        for index, trial in enumerate(compiled):
+            if trial.status != t.OK:
+                continue
+            latency = _benchmark(trial, inputs, supply_prog, ref_prog, measure, rtol, atol, negative)
+            if latency is not None:
+                latencies[index] = latency
+                if ref_prog is not None and ref_latency is None:
+                    ref_latency = measure(ref_prog, _inputs_for(trial.kernel, inputs, supply_prog))
+            bar.update(1)
+    table = t.summary_table(compiled, latencies)
+    if verbose:
+        print(table, file=sys.stderr)
+    if not latencies:
+        raise TuneFailed(name, table)
+    best = min(latencies, key=latencies.get)
+    winner = compiled[best]
+    libpath = Path(getattr(getattr(winner.kernel, "adapter", None), "libpath", "") or "")
+    result = AutotuneResult(
+        config=winner.config,
+        latency=latencies[best],
+        ref_latency=ref_latency,
+        configs=[ConfigOutcome(c.config, c.status, latencies.get(i), c.message) for i, c in enumerate(compiled)],
+        kernel_key=libpath.parent.name if libpath.parent.name else None,
+        out_idx=None if out_idx is None else list(out_idx) if isinstance(out_idx, (list, tuple)) else [out_idx],
+        target=target if isinstance(target, (dict, str)) or target is None else str(target),
+        func=winner.func,
+        metadata={"device": _device_name(), "toolchain": getattr(tuning, "_toolchain", None), "tuned": time.time(),
+                  "factory": name},
+    )
+    result.save_to_disk(path)
+    return result
+
+
+def autotune(configs: Sequence[dict[str, Any]], key: Sequence[str] = (), **tune_options: Any) -> Callable:
+    """A decorator for TileLang-style use: `@autotune(configs=[...], key=["M", "N", "K"])` over a kernel
+    factory `f(*args, **config)`. Calling the decorated function tunes once per value of the `key`
+    arguments (the saved result, if any) and returns the best kernel."""
+
+    def decorate(factory: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(factory)
+        tuned: dict[str, Any] = {}
+
+        @functools.wraps(factory)
+        def best_kernel(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind_partial(*args, **kwargs)
+            chosen = {name: bound.arguments.get(name) for name in key}
+            memo = canonical_json(chosen)
+            if memo not in tuned:
+
+                def configured(**config: Any) -> Any:
+                    return factory(*args, **kwargs, **config)
+
+                configured.__module__ = factory.__module__
+                configured.__qualname__ = factory.__qualname__
+                result = tune(configured, configs, tune_key={"key": chosen, "source": _source(factory)}, **tune_options)
+                tuned[memo] = result.load_kernel(tune_options.get("cache"))
+            return tuned[memo]
+
+        best_kernel.tune_configs = list(configs)  # type: ignore[attr-defined]
+        return best_kernel
+
+    return decorate
+
+
+def tune_identity(kernel_factory: Callable[..., Any], configs: Sequence[dict[str, Any]], target: Any,
+                  out_idx: Any, tune_key: Any) -> str:
+    """What makes two tunes the same: the factory (name and source), the configs, target, out_idx, key."""
+    try:
+        target_text = canonical_json(target)
+    except TypeError:
+        target_text = str(target)
+    fields = {
+        "factory": f"{getattr(kernel_factory, '__module__', '?')}.{getattr(kernel_factory, '__qualname__', '?')}",
+        "source": _source(kernel_factory),
+        "configs": [canonical_json(c) for c in configs],
+        "target": target_text,
+        "out_idx": repr(out_idx),
+        "key": canonical_json(tune_key) if tune_key is not None else None,
+    }
+    return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
+
+
+def _source(function: Callable[..., Any]) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):  # built in a REPL or by exec: its name stands for it
+        return ""
+
+
+def _tuning_cache(base: kcache.KernelCache, workers: int | None, timeout_s: float | None) -> kcache.KernelCache:
+    if workers is None and timeout_s is None:
+        return base
+    settings = dataclasses.replace(base.settings, compile_workers=workers or base.settings.compile_workers,
+                                   compile_timeout_s=timeout_s or base.settings.compile_timeout_s)
+    return kcache.KernelCache(base.root, settings=settings)
+
+
+def _inputs_for(kernel: Any, inputs: Sequence[Any] | None, supply_prog: Callable | None) -> list[Any]:
+    if inputs is not None:
+        return list(inputs)
+    outputs = set(getattr(getattr(kernel, "adapter", None), "result_idx", None) or [])
+    params = [p for i, p in enumerate(kernel.params) if i not in outputs]
+    if supply_prog is not None:
+        return list(supply_prog(params))
+    from tilelang.utils.tensor import TensorSupplyType, get_tensor_supply
+
+    supply = get_tensor_supply(TensorSupplyType.Auto)
+    return [supply(p) for p in params]
+
+
+def _benchmark(trial: t.Trial, inputs: Any, supply_prog: Any, ref_prog: Any, measure: Profiler,
+               rtol: float, atol: float, negative: t.NegativeEntries) -> float | None:
+    """The config's latency (ms), or None with the trial's status and message set."""
+    for attempt in (1, 2):
+        try:
+            args = _inputs_for(trial.kernel, inputs, supply_prog)
+            if ref_prog is not None:
+                mismatch = _compare(trial.kernel(*args), ref_prog(*args), rtol, atol)
+                if mismatch:
+                    trial.status, trial.message = t.WRONG_RESULT, mismatch
+                    return None
+            return measure(trial.kernel, args)
+        except Exception as err:  # a launch can fail in many ways; all of them skip this config
+            message = f"{type(err).__name__}: {err}"
+            trial.status = t.OUT_OF_RESOURCES if t.looks_out_of_resources(message) else t.LAUNCH_ERROR
+            trial.message = message
+            if trial.status == t.OUT_OF_RESOURCES:
+                negative.remember(trial.config, trial.status, message)
+                return None
+            if attempt == 1:
+                _clear_cuda_error()
+    return None
+
+
+def _compare(actual: Any, expected: Any, rtol: float, atol: float) -> str:
+    import torch
+
+    actual = actual if isinstance(actual, (list, tuple)) else [actual]
+    expected = expected if isinstance(expected, (list, tuple)) else [expected]
+    if len(actual) != len(expected):
+        return f"{len(actual)} outputs, the reference has {len(expected)}"
+    for index, (got, want) in enumerate(zip(actual, expected)):
+        try:
+            torch.testing.assert_close(got, want.to(got.dtype) if hasattr(want, "to") else want, rtol=rtol, atol=atol)
+        except AssertionError as err:
+            return f"output {index} differs from ref_prog: {str(err).splitlines()[0]}"
+    return ""
+
+
+def _clear_cuda_error() -> None:
+    try:
+        import torch
+
+        torch.cuda.synchronize()
+    except RuntimeError:
+        pass  # a sticky error: the retry reports it
+
+
+def _device_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except (ImportError, RuntimeError):
+        return None
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _progress(total: int, description: str, verbose: bool) -> Any:
+    if not verbose:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=description, file=sys.stderr, leave=False)
