@@ -1,0 +1,54 @@
+"""`python -m stress.bench_tune`: one matmul tuned over 16 configs by kcache's tuner and by TileLang's
+AutoTuner, in the same run, on the GPU (the autotuner issue's goal: kcache no slower, while isolated).
+
+Both start cold: kcache on an empty root, TileLang with its cache off. Each is timed from the call
+to the returned result. Prints one line "result {json}".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+
+def main() -> int:
+    work = tempfile.mkdtemp(prefix="kcache-bench-tune-")
+    os.environ["TILELANG_CACHE_DIR"] = os.path.join(work, "tilelang")
+    import tilelang
+    import torch
+
+    import autotuner
+    import kcache
+    from tests.test_gpu import gpu_target
+    from tests.test_gpu_tune import CONFIGS, matmul
+
+    target = gpu_target()
+    a, b = (torch.randn(1024, 1024, device="cuda", dtype=torch.float16) for _ in range(2))
+    out: dict[str, object] = {"configs": len(CONFIGS), "device": torch.cuda.get_device_name()}
+
+    start = time.perf_counter()
+    result = autotuner.tune(matmul, CONFIGS, inputs=[a, b], ref_prog=lambda x, y: x @ y, target=target,
+                            out_idx=[2], cache=kcache.KernelCache(os.path.join(work, "kcache")), verbose=False)
+    out["kcache_s"] = time.perf_counter() - start
+    out["kcache_best"] = result.config
+    out["kcache_latency_ms"] = result.latency
+
+    tilelang.disable_cache()
+    start = time.perf_counter()
+    tuner = tilelang.autotuner.AutoTuner.from_kernel(kernel=matmul, configs=CONFIGS)
+    tuner.set_compile_args(out_idx=[2], target=target, execution_backend="tvm_ffi")
+    tuner.set_profile_args(ref_prog=lambda x, y: x @ y, supply_prog=lambda params: [a, b])
+    tl_result = tuner.run()
+    out["tilelang_s"] = time.perf_counter() - start
+    out["tilelang_best"] = tl_result.config
+    out["tilelang_latency_ms"] = tl_result.latency
+    out["ratio"] = out["kcache_s"] / out["tilelang_s"]
+    print("result " + json.dumps(out, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
