@@ -31,17 +31,28 @@ def default_root() -> Path:
     return Path(platformdirs.user_cache_dir("kcache", appauthor=False))
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
+def _parse_seconds(text: str) -> float:
     try:
-        value = float(raw)
+        value = float(text)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+        raise ValueError("not a number of seconds") from None
     if value < 0:
-        raise ValueError(f"{name}={raw!r} must not be negative")
+        raise ValueError("must not be negative")
     return value
+
+
+def _parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("not a whole number") from None
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _env_seconds(name: str, default: float) -> float:
+    return _env_parsed(name, _parse_seconds, default)
 
 
 @dataclass(frozen=True)
@@ -120,13 +131,4 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
 
 
 def _env_count(name: str) -> int | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a whole number") from None
-    if value < 1:
-        raise ValueError(f"{name}={raw!r} must be at least 1")
-    return value
+    return _env_parsed(name, _parse_count, None)
