@@ -29,12 +29,11 @@ from .store import EntryStore, PublishOutcome
 
 if TYPE_CHECKING:
     from tilelang.jit import JITKernel
-
-    from .pool import CompilePool
     from tvm.tirx import PrimFunc
 
-log = logging.getLogger("kcache")
+    from .pool import CompilePool
 
+log = logging.getLogger("kcache")
 
 
 class KernelCache:
