@@ -122,3 +122,23 @@ def test_a_tune_where_no_config_works_fails_with_the_table_of_reasons(cache_root
         autotuner.tune(tile_kernel, [{"threads": 2048}, {"threads": 96}], inputs=[], target=CPU_TARGET,
                        out_idx=[2], cache=kcache.KernelCache(cache_root), profiler=_fake_profiler([]), verbose=False)
     assert "out_of_resources" in caught.value.table and "compile_error" in caught.value.table
+
+
+def test_the_autotune_decorator_tunes_once_per_key_and_returns_the_best_kernel(cache_root: Path) -> None:
+    import autotuner
+
+    calls: list = []
+    cache = kcache.KernelCache(cache_root)
+
+    @autotuner.autotune(configs=[{"threads": 256}, {"threads": 128}], key=["n"], inputs=[], target=CPU_TARGET,
+                        out_idx=[2], cache=cache, profiler=_fake_profiler(calls), verbose=False)
+    def tiled(n: int, threads: int = 128):
+        return tile_kernel(threads, n=n)
+
+    kernel = tiled(1024)
+    assert str(kernel.prim_func.attrs["global_symbol"]) == "tile_128_64" and len(calls) == 2
+    assert tiled(1024) is kernel and len(calls) == 2  # the same key: tuned once
+    compiles = cache.stats()["compiles"]
+    assert compiles == 2
+    other = tiled(n=2048)  # another key value: another tune (the kernel names repeat; the keys do not)
+    assert other is not kernel and len(calls) == 4 and cache.stats()["compiles"] == 4
