@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import logging
 import os
 import sys
@@ -19,9 +21,10 @@ from .components import KERNELS
 from .config import Settings
 from .eviction import note_use
 from .errors import CorruptEntry, KCacheError, PublishError
-from .fsutil import ensure_dir, remove_tree
-from .keys import derive_key
+from .fsutil import ensure_dir, remove_tree, write_durable
+from .keys import ENTRY_FORMAT, canonical_json, derive_key
 from .locks import KeyLock
+from .manifest import MANIFEST_NAME
 from .maintenance import GcReport, collect_garbage, gc_is_due
 from .memory import MemoryTier
 from .stats import CacheStats, stats_file
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
 
     from .pool import CompilePool
+    from .remote import RemoteTier
 
 log = logging.getLogger("kcache")
 
@@ -41,12 +45,15 @@ class KernelCache:
 
     def __init__(
         self, root: str | os.PathLike[str] | None = None, *, settings: Settings | None = None, backend: Any = None,
-        compile_pool: CompilePool | None = None,
+        compile_pool: CompilePool | None = None, remote: str | None = None,
     ) -> None:
         """`backend` replaces TileLang (a module-like object with kcache.tilelang_backend's
         functions); the stress harness's synthetic compiler is one. None means TileLang.
-        `compile_pool`: compile in this pool instead of the process's shared one."""
+        `compile_pool`: compile in this pool instead of the process's shared one. `remote`: a Redis
+        URL for the remote tier (default: KCACHE_REMOTE)."""
         self.settings = settings if settings is not None else Settings.from_env(root)
+        if remote is not None:
+            self.settings = dataclasses.replace(self.settings, remote_url=remote)
         self.root = self.settings.root
         try:
             ensure_dir(self.root)
@@ -66,6 +73,7 @@ class KernelCache:
         self._key_threads_guard = threading.Lock()
         self._toolchain: dict[str, object] | None = None
         self._pool = compile_pool
+        self._remote_tier: RemoteTier | None = None
         self._maybe_gc()
         if self._backend is not None or "tilelang" in sys.modules:
             # TileLang is loaded, so this cache is about to serve it: opening
@@ -211,14 +219,92 @@ class KernelCache:
             if kernel is not None:
                 self._count(disk_hits=1)
                 return kernel
-            if self.settings.compile_isolation == "inprocess":
-                compiled = backend.compile_kernel(
-                    request.func, request.resolved, request.out_idx, request.pass_configs,
-                    request.compile_flags, self.root / layout.LOGS,
-                )
-                self._count(compiles=1, compile_seconds=getattr(compiled, "seconds", 0.0))
-                return self._publish(backend, request, compiled)
-            return self._compile_isolated(backend, request)
+            remote = self._remote(backend)
+            if remote is None:
+                return self._compile(backend, request)
+            return self._compile_cluster_once(backend, request, remote)
+
+    def _compile(self, backend: Any, request: _Request) -> Any:
+        if self.settings.compile_isolation == "inprocess":
+            compiled = backend.compile_kernel(
+                request.func, request.resolved, request.out_idx, request.pass_configs,
+                request.compile_flags, self.root / layout.LOGS,
+            )
+            self._count(compiles=1, compile_seconds=getattr(compiled, "seconds", 0.0))
+            return self._publish(backend, request, compiled)
+        return self._compile_isolated(backend, request)
+
+    # ------------------------------------------------------------ remote tier
+
+    def _remote(self, backend: Any) -> RemoteTier | None:
+        if self._remote_tier is None and self.settings.remote_url:
+            from .remote import RemoteTier
+
+            toolchain = self._toolchain_fingerprint(backend)
+            namespace = f"e{ENTRY_FORMAT}:t{hashlib.sha256(canonical_json(toolchain).encode()).hexdigest()[:16]}"
+            self._remote_tier = RemoteTier(
+                self.settings.remote_url, namespace, self.store.required, secret=self.settings.remote_secret,
+                ttl_s=self.settings.remote_ttl_s, max_entry_bytes=self.settings.remote_max_entry_bytes,
+            )
+        return self._remote_tier
+
+    def _compile_cluster_once(self, backend: Any, request: _Request, remote: RemoteTier) -> Any:
+        """Under the local lock: a remote hit, or wait for the node holding the remote lease, or compile
+        and upload. Redis trouble at any point means: compile locally."""
+        delay = 0.005
+        deadline = time.monotonic() + self.settings.lock_timeout_s
+        while True:
+            kernel = self._load_remote(backend, request, remote)
+            if kernel is not None:
+                return kernel
+            lease = remote.try_lease(request.key, self.settings.remote_lease_s)
+            if lease is not False or time.monotonic() > deadline:
+                break  # ours, or Redis is unavailable, or we waited long enough
+            # Another node compiles it: poll until its upload lands or its lease lapses (it died).
+            while remote.lease_held(request.key) and time.monotonic() < deadline:
+                kernel = self._load_remote(backend, request, remote)
+                if kernel is not None:
+                    return kernel
+                time.sleep(delay)  # polling a remote lease has no event to wait on
+                delay = min(delay * 2, 0.25)
+        try:
+            kernel = self._compile(backend, request)
+            self._upload(remote, request.key)
+            return kernel
+        finally:
+            if lease:
+                lease.release()
+
+    def _load_remote(self, backend: Any, request: _Request, remote: RemoteTier) -> Any | None:
+        files = remote.get(request.key)
+        if files is None:
+            return None
+
+        def fill(staging: Path) -> None:
+            for name, data in files.items():
+                if name != MANIFEST_NAME:  # the store writes (and checks) its own
+                    write_durable(staging / name, data)
+
+        try:
+            self.store.publish(request.key, fill)
+        except (KCacheError, OSError) as err:
+            log.warning("kcache: could not store the remote entry %s locally: %s", request.key[:16], err)
+            return None
+        kernel = self._load_published(backend, request, quarantine=True)
+        if kernel is not None:
+            self._count(remote_hits=1)
+        return kernel
+
+    def _upload(self, remote: RemoteTier, key: str) -> None:
+        entry = self.store.entry_path(key)
+        try:
+            files = self.store.read(key)
+            manifest = (entry / MANIFEST_NAME).read_bytes()
+        except (CorruptEntry, OSError) as err:
+            log.debug("kcache: not uploading %s: %s", key[:16], err)
+            return
+        if files is not None and remote.put(key, {**files, MANIFEST_NAME: manifest}):
+            self._count(uploads=1)
 
     def _compile_isolated(self, backend: Any, request: _Request) -> Any:
         """Compile in the pool: a worker writes the staged entry, this process publishes and loads it."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,16 @@ class Settings:
     max_size_bytes: int | None = DEFAULT_MAX_SIZE
     # Entries unused for longer than this are evicted (None: no age limit).
     max_age_s: float | None = None
+    # The remote tier: redis://host:port/db (None: none).
+    remote_url: str | None = None
+    # Signs remote entries with an HMAC; unsigned or mis-signed ones are refused.
+    remote_secret: str | None = field(default=None, repr=False)
+    # Remote entries expire after this (None: never; Redis's own eviction policy applies).
+    remote_ttl_s: float | None = None
+    # Entries bigger than this are not uploaded.
+    remote_max_entry_bytes: int = 64 << 20
+    # A node's compile lease lapses this long after its holder stops renewing it (dies).
+    remote_lease_s: float = 30.0
 
     @classmethod
     def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
@@ -87,6 +97,11 @@ class Settings:
             compile_timeout_s=_env_seconds("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S) or None,
             max_size_bytes=_env_parsed("KCACHE_MAX_SIZE", parse_size, DEFAULT_MAX_SIZE),
             max_age_s=_env_parsed("KCACHE_MAX_AGE", parse_age, None),
+            remote_url=os.environ.get("KCACHE_REMOTE") or None,
+            remote_secret=os.environ.get("KCACHE_REMOTE_SECRET") or None,
+            remote_ttl_s=_env_parsed("KCACHE_REMOTE_TTL", parse_age, None),
+            remote_max_entry_bytes=_env_parsed("KCACHE_REMOTE_MAX_ENTRY", parse_size, 64 << 20) or (64 << 20),
+            remote_lease_s=_env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0,
         )
 
 

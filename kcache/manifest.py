@@ -121,6 +121,23 @@ def _verify_at(dir_fd: int, directory: Path, required: frozenset[str]) -> dict[s
     return contents
 
 
+def verify_contents(where: str, files: dict[str, bytes], required: frozenset[str]) -> None:
+    """Check an entry held in memory (a remote value): exactly the manifest's files, each matching it.
+
+    Raises CorruptEntry naming `where`."""
+    if MANIFEST_NAME not in files:
+        raise CorruptEntry(where, "manifest.json is missing")
+    listed = _parse_manifest(Path(where), files[MANIFEST_NAME])
+    missing = required - listed.keys()
+    if missing:
+        raise CorruptEntry(where, f"manifest lacks required file(s) {sorted(missing)}")
+    if set(files) != set(listed) | {MANIFEST_NAME}:
+        raise CorruptEntry(where, f"files {sorted(files)} differ from the manifest's {sorted(listed)}")
+    for name, meta in listed.items():
+        if len(files[name]) != meta["size"] or sha256(files[name]).hexdigest() != meta["sha256"]:
+            raise CorruptEntry(where, f"{name} does not match the manifest")
+
+
 def _parse_manifest(directory: Path, raw: bytes) -> dict[str, dict]:
     try:
         doc = json.loads(raw)

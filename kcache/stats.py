@@ -34,6 +34,7 @@ FLUSH_INTERVAL_S = 1.0
 class CacheStats:
     memory_hits: int = 0
     disk_hits: int = 0
+    remote_hits: int = 0
     misses: int = 0  # found nothing usable in memory or on disk at first look
     compiles: int = 0
     compile_seconds: float = 0.0
@@ -41,6 +42,7 @@ class CacheStats:
     corrupt_entries: int = 0
     publish_failures: int = 0
     evictions: int = 0
+    uploads: int = 0
     lock_waits: int = 0
     lock_wait_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

@@ -30,7 +30,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--corrupt-rate", type=float, default=0.2, help="corrupted published files per second (default 0.2)")
     p.add_argument("--synthetic", action="store_true", help="a fake compiler with realistic artifacts: store stress without TileLang")
     p.add_argument("--backend", choices=["kcache", "tilelang"], default="kcache", help="the cache under load")
-    p.add_argument("--remote", help="remote tier URL (not available yet: see the Redis issue)")
+    p.add_argument("--remote", help="a Redis URL: every worker uses it as its remote tier (KCACHE_REMOTE)")
     p.add_argument("--check-gpu", action="store_true", help="run every loaded kernel on the GPU against torch")
     p.add_argument("--json", help="also write the summary as JSON to this file")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
@@ -39,7 +39,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds after the end a worker may take to finish before it counts as hung (default 420)")
     args = p.parse_args(argv)
     if args.remote:
-        p.error("--remote needs the Redis tier, which kcache does not have yet")
+        import os
+
+        os.environ["KCACHE_REMOTE"] = args.remote  # the workers inherit it
     if args.synthetic and args.backend == "tilelang":
         p.error("--synthetic replaces the compiler of kcache; TileLang's own cache has no such mode")
     if args.duration is None and args.ops is None:

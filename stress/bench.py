@@ -11,6 +11,8 @@ Scenarios (each measured for both caches on the same kernels):
   on a structurally equal fresh one.
 - cli: `kcache stats`, `ls` and `verify` on 10,000 entries, each in a fresh
   interpreter (TileLang has no such tool: no baseline).
+- remote: with a real redis-server, remote-hit latency against a local disk hit and a compile;
+  a cold cluster (16 processes over 4 roots) compiling one kernel, with and without the remote tier.
 - compile: kcache's isolated compile pool against compiling in-process,
   sequential and parallel (see stress/bench_compile.py); the baseline column
   is kcache's in-process compile there, not TileLang.
@@ -161,6 +163,20 @@ def bench_cli(work: Path, entries: int, repeats: int, env: dict[str, str]) -> li
             for command, s in samples.items()]
 
 
+def bench_remote(procs: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    from .bench_remote import measure
+
+    r = measure(10, procs, 4, env)
+    scenario = "remote (redis, same host)"
+    return [
+        row(scenario, "remote hit (fetch, verify, publish, load), p50", r["remote_hit_ms"], r["disk_hit_ms"], "ms",
+            baseline="local disk hit"),
+        row(scenario, "remote hit vs a cold compile", r["remote_hit_ms"], r["compile_ms"], "ms", baseline="compile"),
+        row(scenario, f"cold cluster: {procs} procs over 4 roots, compiler runs", r["herd_compiles_remote"],
+            r["herd_compiles_local"], "runs", baseline="no remote tier"),
+    ]
+
+
 def memory_worker(work: Path, calls: int = 2000) -> None:
     os.environ["TILELANG_CACHE_DIR"] = str(work / "tilelang")
     import logging
@@ -198,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=4, help="herd size (use 16 on a 16-core machine)")
     p.add_argument("--repeats", type=int, default=10, help="fresh processes per disk-hit measurement")
     p.add_argument("--herd-repeats", type=int, default=3, help="cold herds per cache (medians are reported)")
-    p.add_argument("--only", choices=["herd", "disk", "memory", "compile", "cli"], action="append",
+    p.add_argument("--only", choices=["herd", "disk", "memory", "compile", "cli", "remote"], action="append",
                    help="run only these scenarios")
     p.add_argument("--sequential", type=int, default=8, help="distinct kernels compiled one by one (compile scenario)")
     p.add_argument("--parallel", type=int, default=16, help="configs compiled at once (compile scenario)")
@@ -216,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"PYTHONDONTWRITEBYTECODE": ""}
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
-    only = set(args.only or ["herd", "disk", "memory", "compile", "cli"])
+    only = set(args.only or ["herd", "disk", "memory", "compile", "cli", "remote"])
     rows: list[dict[str, Any]] = []
     if "memory" in only:
         rows += bench_memory_hit(work, env)
@@ -224,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_disk_hit(work, args.repeats, env)
     if "herd" in only:
         rows += bench_herd(work, args.procs, args.herd_repeats, env)
+    if "remote" in only:
+        rows += bench_remote(16, env)
     if "cli" in only:
         rows += bench_cli(work, args.cli_entries, 5, env)
     if "compile" in only:

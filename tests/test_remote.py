@@ -1,0 +1,132 @@
+"""The Redis remote tier against a real redis-server: nodes share kernels, compile once, survive faults."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+redis = pytest.importorskip("redis", reason="the remote tier needs redis-py (pip install -e '.[test]')")
+
+import kcache  # noqa: E402
+from kcache.config import Settings  # noqa: E402
+from stress import synthetic  # noqa: E402
+
+from .helpers import expect_line, spawn  # noqa: E402
+from .redis_server import redis_server  # noqa: E402
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path):
+    with redis_server(tmp_path) as (url, _server):
+        yield url
+
+
+def node(root: Path, url: str, **settings) -> kcache.KernelCache:
+    chosen = dataclasses.replace(Settings.from_env(root), remote_url=url, **settings)
+    return kcache.KernelCache(root, settings=chosen, backend=synthetic)
+
+
+def get(cache: kcache.KernelCache, name: str = "k0"):
+    return cache.get_or_compile(synthetic.SyntheticFunc(name), "synthetic")
+
+
+def test_a_second_node_gets_the_kernel_with_no_compile(tmp_path: Path, redis_url: str) -> None:
+    first, second = node(tmp_path / "a", redis_url), node(tmp_path / "b", redis_url)
+    made = get(first)
+    assert first.stats()["compiles"] == 1 and first.stats()["uploads"] == 1
+    fetched = get(second)
+    assert second.stats()["compiles"] == 0 and second.stats()["remote_hits"] == 1
+    assert fetched.library_sha == made.library_sha  # the same bytes on both nodes
+    assert second.store.keys() == first.store.keys()  # published locally through the staging protocol
+
+
+def test_sixteen_processes_on_four_roots_compile_each_key_once(tmp_path: Path, redis_url: str) -> None:
+    names = ["k0", "k1", "k2"]
+    worker = """
+import json, sys, kcache
+from stress import synthetic
+cache = kcache.KernelCache({root!r}, backend=synthetic, remote={url!r})
+print("ready", flush=True); sys.stdin.readline()
+for name in {names!r}:
+    cache.get_or_compile(synthetic.SyntheticFunc(name), "synthetic")
+print(json.dumps(cache.stats()), flush=True)
+"""
+    procs = [spawn(worker.format(root=str(tmp_path / f"node{i % 4}"), url=redis_url, names=names),
+                   KCACHE_SYNTHETIC_COMPILE_S="0.5") for i in range(16)]
+    for proc in procs:
+        expect_line(proc, "ready")
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    stats = [json.loads(proc.communicate()[0].strip().splitlines()[-1]) for proc in procs]
+    assert sum(s["compiles"] for s in stats) == len(names)
+    assert sum(s["remote_hits"] for s in stats) == 3 * len(names)  # each other root fetched each key once
+
+
+def test_redis_killed_mid_run_means_local_work_one_warning_no_hang(tmp_path: Path, caplog) -> None:
+    with redis_server(tmp_path) as (url, server):
+        cache = node(tmp_path / "a", url)
+        get(cache, "k0")
+        assert cache.stats()["uploads"] == 1
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()
+        with caplog.at_level(logging.WARNING, logger="kcache"):
+            get(cache, "k1")
+            get(cache, "k2")
+    assert cache.stats()["compiles"] == 3
+    warnings = [r.getMessage() for r in caplog.records if "remote cache" in r.getMessage()]
+    assert len(warnings) == 1 and url in warnings[0]  # and the circuit breaker kept the second call local
+
+
+def test_a_corrupt_remote_value_is_detected_recompiled_and_replaced(tmp_path: Path, redis_url: str, caplog) -> None:
+    get(node(tmp_path / "a", redis_url))
+    client = redis.Redis.from_url(redis_url)
+    (key,) = [k for k in client.keys("kcache:*") if b"lease" not in k]
+    value = client.get(key)
+    client.set(key, value[:-10] + bytes([value[-10] ^ 0xFF]) + value[-9:])  # one flipped byte in a file
+    second = node(tmp_path / "b", redis_url)
+    with caplog.at_level(logging.WARNING, logger="kcache"):
+        get(second)
+    assert second.stats()["compiles"] == 1 and second.stats()["remote_hits"] == 0
+    assert any("ignoring remote entry" in r.getMessage() for r in caplog.records)
+    third = node(tmp_path / "c", redis_url)
+    get(third)
+    assert (third.stats()["compiles"], third.stats()["remote_hits"]) == (0, 1)  # the value was replaced
+
+
+@pytest.mark.parametrize("writer_secret,reader_secret", [("s3cret", "other"), (None, "s3cret"), ("s3cret", None)])
+def test_entries_under_the_wrong_secret_are_refused(tmp_path: Path, redis_url: str, writer_secret, reader_secret) -> None:
+    get(node(tmp_path / "a", redis_url, remote_secret=writer_secret))
+    reader = node(tmp_path / "b", redis_url, remote_secret=reader_secret)
+    get(reader)
+    assert (reader.stats()["compiles"], reader.stats()["remote_hits"]) == (1, 0)
+    matching = node(tmp_path / "c", redis_url, remote_secret=reader_secret)
+    get(matching)  # the refusing reader replaced the value with one under its own secret
+    assert (matching.stats()["compiles"], matching.stats()["remote_hits"]) == (0, 1)
+
+
+def test_a_dead_lease_holder_frees_the_lease_and_another_node_compiles(tmp_path: Path, redis_url: str) -> None:
+    holder = spawn(f"""
+import sys, kcache
+from stress import synthetic
+def pause(*args, **kwargs):
+    print("compiling", flush=True); sys.stdin.readline()
+synthetic.compile_entry = pause
+synthetic.compile_kernel = pause
+kcache.KernelCache({str(tmp_path / "a")!r}, backend=synthetic, remote={redis_url!r}).get_or_compile(
+    synthetic.SyntheticFunc("k0"), "synthetic")
+""", KCACHE_REMOTE_LEASE="1")
+    expect_line(holder, "compiling")  # it holds the cluster lease now
+    client = redis.Redis.from_url(redis_url)
+    assert [k for k in client.keys("kcache:*") if b"lease" in k]
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    waiter = node(tmp_path / "b", redis_url, remote_lease_s=1.0)
+    get(waiter)  # waits for the lease to lapse (no renewals from the dead), then compiles
+    assert waiter.stats()["compiles"] == 1
