@@ -70,10 +70,22 @@ def doctor(settings: Settings, *, fix: bool = False) -> list[Finding]:
         finding.fixed, cleanup.fixed = over, leftovers > 0
     findings += [finding, cleanup]
     findings.append(_toolchain())
-    remote = os.environ.get("KCACHE_REMOTE")
-    findings.append(Finding("remote", False, f"KCACHE_REMOTE={remote} (not checked: no remote tier yet)" if remote
-                            else "no remote tier configured"))
+    findings.append(_remote(settings.remote_url))
     return findings
+
+
+def _remote(url: str | None) -> Finding:
+    if not url:
+        return Finding("remote", False, "no remote tier configured (KCACHE_REMOTE)")
+    try:
+        import redis
+
+        redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0).ping()
+    except ImportError:
+        return Finding("remote", True, f"KCACHE_REMOTE={url} but redis-py is not installed", "pip install 'kcache[remote]'")
+    except (redis.RedisError, OSError) as err:
+        return Finding("remote", True, f"{url} is unreachable: {err}", "start Redis or fix KCACHE_REMOTE")
+    return Finding("remote", False, f"{url} answers")
 
 
 def installed_tilelang() -> str | None:

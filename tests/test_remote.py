@@ -130,3 +130,15 @@ kcache.KernelCache({str(tmp_path / "a")!r}, backend=synthetic, remote={redis_url
     waiter = node(tmp_path / "b", redis_url, remote_lease_s=1.0)
     get(waiter)  # waits for the lease to lapse (no renewals from the dead), then compiles
     assert waiter.stats()["compiles"] == 1
+
+
+def test_doctor_checks_that_the_remote_answers(tmp_path: Path, redis_url: str) -> None:
+    from kcache.doctor import doctor
+
+    def remote_finding(url: str):
+        settings = dataclasses.replace(Settings.from_env(tmp_path), remote_url=url)
+        return next(f for f in doctor(settings) if f.check == "remote")
+
+    assert not remote_finding(redis_url).problem
+    dead = remote_finding("redis://127.0.0.1:1/0")
+    assert dead.problem and "unreachable" in dead.detail
