@@ -55,15 +55,17 @@ class KernelCache:
         if remote is not None:
             self.settings = dataclasses.replace(self.settings, remote_url=remote)
         self.root = self.settings.root
-        try:
-            ensure_dir(self.root)
-        except OSError as err:
-            raise KCacheError(
-                f"cannot create the cache root {self.root}: {err.strerror or err}. "
-                "Set KCACHE_DIR (or pass root=) to a writable directory."
-            ) from err
+        self.readonly = self.settings.readonly
+        if not self.readonly:
+            try:
+                ensure_dir(self.root, mode=0o700)  # a new root is private: entries are code
+            except OSError as err:
+                raise KCacheError(
+                    f"cannot create the cache root {self.root}: {err.strerror or err}. "
+                    "Set KCACHE_DIR (or pass root=) to a writable directory, or KCACHE_READONLY=1 to only read it."
+                ) from err
         self._stats = CacheStats()
-        self._stats_file = stats_file(self.root)
+        self._stats_file = None if self.readonly else stats_file(self.root)
         self.memory: MemoryTier | None = None  # needs TVM: made with the backend
         self._store: EntryStore | None = None
         self._backend: Any = None
@@ -74,13 +76,14 @@ class KernelCache:
         self._toolchain: dict[str, object] | None = None
         self._pool = compile_pool
         self._remote_tier: RemoteTier | None = None
-        self._maybe_gc()
+        if not self.readonly:
+            self._maybe_gc()
         if self._backend is not None or "tilelang" in sys.modules:
             # TileLang is loaded, so this cache is about to serve it: opening
             # the cache loads the backend and identifies the toolchain (like
             # TileLang's own cache, which does its setup at import). A process
             # that only inspects the cache never imports TileLang.
-            self._toolchain = self._tilelang().toolchain_fingerprint(self.root)
+            self._toolchain = self._tilelang().toolchain_fingerprint(self.root, persist=not self.readonly)
 
     # ------------------------------------------------------------ public
 
@@ -128,7 +131,8 @@ class KernelCache:
 
     def _count(self, **deltas: float) -> None:
         self._stats.add(**deltas)
-        self._stats_file.add(**deltas)
+        if self._stats_file is not None:
+            self._stats_file.add(**deltas)
 
     @property
     def compile_pool(self) -> CompilePool:
@@ -163,7 +167,7 @@ class KernelCache:
     def _toolchain_fingerprint(self, backend: Any) -> dict[str, object]:
         # One process runs one TileLang: identify its toolchain once per cache.
         if self._toolchain is None:
-            self._toolchain = backend.toolchain_fingerprint(self.root)
+            self._toolchain = backend.toolchain_fingerprint(self.root, persist=not self.readonly)
         return self._toolchain
 
     def _get_slow(self, backend: Any, func: Any, target: Any, out_idx: Any, pass_configs: Any, compile_flags: Any,
@@ -184,6 +188,8 @@ class KernelCache:
             self._count(disk_hits=1)
             return kernel
         self._count(misses=1)
+        if self.readonly:
+            return self._compile_private(backend, request)
         with self._thread_gate(request.key):
             # Another thread of this process may have finished it meanwhile.
             kernel = self._load_published(backend, request, quarantine=False)
@@ -340,6 +346,26 @@ class KernelCache:
             )
         return kernel
 
+    def _compile_private(self, backend: Any, request: _Request) -> Any:
+        """KCACHE_READONLY: compile without writing anything under the root (no entry, lock or log)."""
+        log_dir = Path(tempfile.gettempdir()) / f"kcache-logs-{os.geteuid()}"
+        started = time.perf_counter()
+        if self.settings.compile_isolation == "inprocess":
+            kernel = backend.compile_kernel(request.func, request.resolved, request.out_idx, request.pass_configs,
+                                            request.compile_flags, log_dir).kernel
+        else:
+            pool = self.compile_pool
+
+            def compile_into(out_dir: Path) -> None:
+                backend.compile_entry(
+                    request.func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags,
+                    log_dir, pool=pool, out_dir=out_dir, key=request.key, toolchain=request.toolchain,
+                )
+
+            kernel = self._compile_unsaved(backend, request, compile_into)
+        self._count(compiles=1, compile_seconds=time.perf_counter() - started)
+        return kernel
+
     def _compile_unsaved(self, backend: Any, request: _Request, compile_into: Any) -> Any:
         private = Path(tempfile.mkdtemp(prefix="kcache-unsaved-"))
         try:
@@ -395,7 +421,8 @@ class KernelCache:
             except Exception as err:  # a verified entry that TileLang cannot load is unusable, whatever the cause
                 _refuse_noexec(entry_dir, err)
                 raise CorruptEntry(str(entry_dir), f"verified but failed to load: {type(err).__name__}: {err}") from err
-            note_use(entry_dir)
+            if not self.readonly:
+                note_use(entry_dir)
             return kernel
         except CorruptEntry as corrupt:
             if quarantine:

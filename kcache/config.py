@@ -51,6 +51,13 @@ def _parse_count(text: str) -> int:
     return value
 
 
+def _parse_flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError("not a flag (use 1 or 0)")
+    return value in ("1", "true", "yes", "on")
+
+
 def _env_seconds(name: str, default: float) -> float:
     return _env_parsed(name, _parse_seconds, default)
 
@@ -84,6 +91,8 @@ class Settings:
     remote_max_entry_bytes: int = 64 << 20
     # A node's compile lease lapses this long after its holder stops renewing it (dies).
     remote_lease_s: float = 30.0
+    # Serve hits only; compile misses privately; write nothing under the root.
+    readonly: bool = False
 
     @classmethod
     def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
@@ -102,6 +111,7 @@ class Settings:
             remote_ttl_s=_env_parsed("KCACHE_REMOTE_TTL", parse_age, None),
             remote_max_entry_bytes=_env_parsed("KCACHE_REMOTE_MAX_ENTRY", parse_size, 64 << 20) or (64 << 20),
             remote_lease_s=_env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0,
+            readonly=_env_parsed("KCACHE_READONLY", _parse_flag, False),
         )
 
 

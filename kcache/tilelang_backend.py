@@ -262,7 +262,7 @@ def toolchain_signature() -> tuple[str, list[str], str]:
     return derive_key({"files": rows, "entry_format": ENTRY_FORMAT}), libraries, compiler
 
 
-def toolchain_fingerprint(root: Path) -> dict[str, object]:
+def toolchain_fingerprint(root: Path, persist: bool = True) -> dict[str, object]:
     """The toolchain part of every key: memoized per process and under `<root>/.toolchain/`.
 
     Only a memo miss loads `kcache.toolchain` (which hashes ~100 MB of
@@ -277,7 +277,7 @@ def toolchain_fingerprint(root: Path) -> dict[str, object]:
     except (OSError, ValueError):
         from . import toolchain
 
-        fingerprint = toolchain.compute_and_persist(root, signature, libraries, compiler)
+        fingerprint = toolchain.compute_and_persist(root, signature, libraries, compiler, persist)
     _toolchain_memo[signature] = fingerprint
     return fingerprint
 

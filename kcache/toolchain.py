@@ -33,9 +33,11 @@ from .keys import ENTRY_FORMAT
 log = logging.getLogger("kcache")
 
 
-def compute_and_persist(root: Path, signature: str, libraries: list[str], compiler: str) -> dict[str, object]:
+def compute_and_persist(root: Path, signature: str, libraries: list[str], compiler: str,
+                        persist: bool = True) -> dict[str, object]:
     fingerprint = _compute([Path(p) for p in libraries], Path(compiler))
-    _persist(Path(root) / layout.TOOLCHAIN / f"{signature}.json", fingerprint)
+    if persist:
+        _persist(Path(root) / layout.TOOLCHAIN / f"{signature}.json", fingerprint)
     return fingerprint
 
 

@@ -86,7 +86,7 @@ def resolve_target(target: object, execution_backend: str, memo_key: str | None 
     return _Resolved()
 
 
-def toolchain_fingerprint(root: Path) -> dict[str, object]:
+def toolchain_fingerprint(root: Path, persist: bool = True) -> dict[str, object]:
     return {"entry_format": ENTRY_FORMAT, "compiler": "synthetic"}
 
 
