@@ -29,6 +29,7 @@ from .maintenance import GcReport, collect_garbage, gc_is_due
 from .memory import MemoryTier
 from .stats import CacheStats, stats_file
 from .store import EntryStore, PublishOutcome
+from .trust import untrusted_reason
 
 if TYPE_CHECKING:
     from tilelang.jit import JITKernel
@@ -76,6 +77,7 @@ class KernelCache:
         self._toolchain: dict[str, object] | None = None
         self._pool = compile_pool
         self._remote_tier: RemoteTier | None = None
+        self._warned: set[str] = set()
         if not self.readonly:
             self._maybe_gc()
         if self._backend is not None or "tilelang" in sys.modules:
@@ -128,6 +130,11 @@ class KernelCache:
         compile_seconds, lost_races, corrupt_entries, publish_failures, evictions, lock_waits,
         lock_wait_seconds. `kcache.stats.read_persisted(root)` sums every process's."""
         return self._stats.snapshot()
+
+    def _warn_once(self, topic: str, message: str, *args: object) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            log.warning(message, *args)
 
     def _count(self, **deltas: float) -> None:
         self._stats.add(**deltas)
@@ -340,10 +347,9 @@ class KernelCache:
             self._count(lost_races=1)
         kernel = self._load_published(backend, request, quarantine=True)
         if kernel is None:
-            raise KCacheError(
-                f"{self.store.entry_path(request.key)}: compiled and published, but it could not be loaded back "
-                "(see the warning above)"
-            )
+            # What is published there cannot be loaded here (untrusted, say: see the warning): this
+            # caller still gets its kernel, compiled privately.
+            kernel = self._compile_unsaved(backend, request, compile_into)
         return kernel
 
     def _compile_private(self, backend: Any, request: _Request) -> Any:
@@ -412,6 +418,12 @@ class KernelCache:
         try:
             files = self.store.read(request.key)
             if files is None:
+                return None
+            distrust = untrusted_reason(entry_dir, self.root)
+            if distrust:
+                # Not the entry's fault, and maybe not ours to fix: never quarantine, never load.
+                self._warn_once(f"untrusted:{distrust}", "kcache: not loading %s: %s. Fix the ownership or mode "
+                                "(chmod o-w), or point KCACHE_DIR at a root of your own.", entry_dir, distrust)
                 return None
             try:
                 kernel = backend.load_kernel(
