@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from kcache.errors import CorruptEntry, KCacheError
 from kcache.fsutil import write_durable
 from kcache.locks import KeyLock
 from kcache.store import EntryStore, PublishOutcome
+from kcache.trust import untrusted_reason
 
 log = logging.getLogger("kcache")
 
@@ -195,24 +195,9 @@ def _store_at(path: Path) -> EntryStore:
 
 
 def _distrust(path: Path) -> str:
-    """Why `path` is no safe place to unpickle from, or "" if it is.
-
-    Whoever can write the entry or its parent can replace function.pkl and its
-    manifest together, and unpickling runs their code.
-    """
-    me = os.geteuid()
-    for directory in (path, path.parent):
-        try:
-            info = os.stat(directory, follow_symlinks=False)
-        except OSError as err:
-            return f"cannot stat {directory}: {err.strerror or err}"
-        if not stat.S_ISDIR(info.st_mode):
-            return f"{directory} is not a directory (a symlink?)"
-        if info.st_uid != me:
-            return f"{directory} is owned by uid {info.st_uid}, not by you (uid {me})"
-        if info.st_mode & stat.S_IWOTH:
-            return f"{directory} is writable by every user (mode {stat.filemode(info.st_mode)})"
-    return ""
+    """Why `path` is no safe place to unpickle from, or "" (kcache's check before loading code:
+    whoever can write the entry or its parent can replace function.pkl and its manifest together)."""
+    return untrusted_reason(path, path.parent)
 
 
 def _json(value: Any) -> bytes:
