@@ -19,7 +19,7 @@ from kcache.maintenance import collect_garbage
 from .helpers import expect_line, spawn
 
 MAKE_RESULT = """
-from autotuner import AutotuneResult, result_path
+from autotuner import AutotuneResult, ConfigOutcome, result_path
 scale = 3
 result = AutotuneResult(
     config={"block_m": 128, "threads": 256}, latency=0.42, ref_latency=0.97,
