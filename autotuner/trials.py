@@ -38,9 +38,13 @@ NEGATIVE = ".negative"
 # How compilers and drivers say a config asks for more than the device has.
 _OUT_OF_RESOURCES = re.compile(
     r"out of resource|hardware limit|too many resources requested|uses too much shared data|"
-    r"exceeds? (?:the )?(?:maximum|limit)|shared memory .*(?:exceed|too large)|too many (?:threads|registers)",
+    r"exceeds? (?:the )?(?:maximum|limit)|shared memory .*(?:exceed|too large)|too many (?:threads|registers)|"
+    r"failed to set the allowed dynamic shared memory size",
     re.IGNORECASE,
 )
+# TVM's runtime, when the device refuses a kernel's dynamic shared memory at launch (TileLang 0.1.15
+# compiles such a kernel without complaint).
+_DYNAMIC_SHARED_REFUSED = re.compile(r"failed to set the allowed dynamic shared memory size to (\d+)", re.IGNORECASE)
 
 
 @dataclass
@@ -58,6 +62,16 @@ class Trial:
 
 def looks_out_of_resources(message: str) -> bool:
     return _OUT_OF_RESOURCES.search(message) is not None
+
+
+def launch_failure_message(message: str, shared_memory_limit: int | None) -> str:
+    """A launch failure restated in the driver's words where it is a shared-memory refusal:
+    "out of resource: shared memory, Required: 393216, Hardware limit: 232448"."""
+    refused = _DYNAMIC_SHARED_REFUSED.search(message)
+    if refused is None:
+        return message
+    limit = f"{shared_memory_limit}" if shared_memory_limit else "unknown"
+    return f"out of resource: shared memory, Required: {refused.group(1)}, Hardware limit: {limit} ({message.strip()})"
 
 
 def classify(error: BaseException) -> str:

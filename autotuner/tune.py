@@ -38,23 +38,29 @@ class TuneFailed(KCacheError, RuntimeError):
 
 
 def cuda_event_profiler(warmup: int = 25, rep: int = 100) -> Profiler:
-    """Median of `rep` runs timed with CUDA events, after `warmup` runs (ms)."""
+    """Median of `rep` runs timed with CUDA events, after `warmup` runs (ms).
+
+    Each timed run follows a write of 256 MiB, as in Triton's do_bench: it evicts the L2 cache, so
+    every run starts cold, and it keeps the GPU busy while the host enqueues the run, so the events
+    time the kernel and not the host's launch latency (a synchronize per run would time the latter:
+    12 us kernels read as 28 us on an H100, and the ranking was noise).
+    """
 
     def measure(kernel: Any, args: Sequence[Any]) -> float:
         import torch
 
+        flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
         for _ in range(warmup):
             kernel(*args)
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(rep):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+        for start, end in zip(starts, ends):
+            flush.zero_()
             start.record()
             kernel(*args)
             end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        return statistics.median(samples)
+        torch.cuda.synchronize()
+        return statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends))
 
     return measure
 
@@ -98,9 +104,11 @@ def tune(
         return saved
 
     tuning = _tuning_cache(base, compile_workers, timeout_s)
+    started = time.perf_counter()
     with _progress(len(configs), f"compiling {name}", verbose) as bar:
         compiled = t.compile_configs(kernel_factory, configs, target=target, cache=tuning, tune_identity=identity,
                                      out_idx=out_idx, progress=lambda _trial: bar.update(1))
+    compiled_at = time.perf_counter()
     measure = profiler or cuda_event_profiler(warmup, rep)
     negative = t.NegativeEntries(base.root, identity)
     latencies: dict[int, float] = {}
@@ -133,7 +141,8 @@ def tune(
         target=target if isinstance(target, (dict, str)) or target is None else str(target),
         func=winner.func,
         metadata={"device": _device_name(), "toolchain": getattr(tuning, "_toolchain", None), "tuned": time.time(),
-                  "factory": name},
+                  "factory": name, "seconds": {"compile": compiled_at - started,
+                                               "benchmark": time.perf_counter() - compiled_at}},
     )
     result.save_to_disk(path)
     return result
@@ -229,7 +238,7 @@ def _benchmark(trial: t.Trial, inputs: Any, supply_prog: Any, ref_prog: Any, mea
                     return None
             return measure(trial.kernel, args)
         except Exception as err:  # a launch can fail in many ways; all of them skip this config
-            message = f"{type(err).__name__}: {err}"
+            message = t.launch_failure_message(f"{type(err).__name__}: {err}", _shared_memory_limit())
             trial.status = t.OUT_OF_RESOURCES if t.looks_out_of_resources(message) else t.LAUNCH_ERROR
             trial.message = message
             if trial.status == t.OUT_OF_RESOURCES:
@@ -262,6 +271,18 @@ def _clear_cuda_error() -> None:
         torch.cuda.synchronize()
     except RuntimeError:
         pass  # a sticky error: the retry reports it
+
+
+def _shared_memory_limit() -> int | None:
+    """The most shared memory a block of the current device may opt in to (bytes)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin)
+    except (ImportError, RuntimeError, AttributeError):
+        return None
 
 
 def _device_name() -> str | None:

@@ -66,6 +66,9 @@ def test_out_of_resources_at_launch_and_wrong_results_skip_their_configs(cache_r
     result = autotuner.tune(matmul, configs, inputs=args, ref_prog=lambda a, b: a @ b, target=gpu_target(),
                             out_idx=[2], cache=kcache.KernelCache(cache_root), rep=5, warmup=2, verbose=False)
     assert [c.status for c in result.configs] == [OK, OUT_OF_RESOURCES]
+    limit = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
+    assert result.configs[1].message.startswith(
+        f"out of resource: shared memory, Required: 393216, Hardware limit: {limit} "), result.configs[1].message
     with pytest.raises(autotuner.TuneFailed) as caught:
         autotuner.tune(matmul, configs[:1], inputs=args, ref_prog=lambda a, b: a @ b + 1, target=gpu_target(),
                        out_idx=[2], cache=kcache.KernelCache(cache_root), tune_key="wrong", verbose=False)

@@ -142,3 +142,31 @@ def test_the_autotune_decorator_tunes_once_per_key_and_returns_the_best_kernel(c
     assert compiles == 2
     other = tiled(n=2048)  # another key value: another tune (the kernel names repeat; the keys do not)
     assert other is not kernel and len(calls) == 4 and cache.stats()["compiles"] == 4
+
+
+def test_a_launch_refused_for_shared_memory_is_out_of_resources_and_remembered(cache_root: Path) -> None:
+    """TVM's runtime words for a kernel whose dynamic shared memory the device refuses (the GPU test
+    launches a real one); on CPU a profiler raises them where the launch would."""
+    import autotuner
+    from autotuner.tune import tune_identity
+
+    refused: list = []
+
+    def launch(kernel, args):
+        if str(kernel.prim_func.attrs["global_symbol"]) == "tile_256_64":
+            refused.append(kernel)
+            raise RuntimeError("Failed to set the allowed dynamic shared memory size to 393216")
+        return 0.5
+
+    configs = [{"threads": 256}, {"threads": 128}]
+    result = autotuner.tune(tile_kernel, configs, inputs=[], target=CPU_TARGET, out_idx=[2],
+                            cache=kcache.KernelCache(cache_root), profiler=launch, verbose=False, tune_key="smem")
+    assert len(refused) == 1 and result.config == {"threads": 128}
+    outcome = result.configs[0]
+    assert outcome.status == OUT_OF_RESOURCES
+    assert outcome.message.startswith("out of resource: shared memory, Required: 393216, Hardware limit: ")
+    # Deterministic: the next tune of the same configs skips it without compiling or launching it.
+    again = kcache.KernelCache(cache_root)
+    identity = tune_identity(tile_kernel, configs, CPU_TARGET, [2], "smem")
+    trials = compile_configs(tile_kernel, configs, target=CPU_TARGET, cache=again, out_idx=[2], tune_identity=identity)
+    assert trials[0].remembered and trials[0].status == OUT_OF_RESOURCES
