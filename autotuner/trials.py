@@ -22,7 +22,7 @@ from typing import Any
 
 from kcache import CompileError, CompilerCrashed, CompileTimeout, KernelCache
 from kcache.keys import canonical_json
-from kcache.fsutil import write_durable
+from kcache.fsutil import ensure_dir, write_durable
 
 OK = "ok"
 COMPILE_ERROR = "compile_error"
@@ -122,9 +122,10 @@ def check_resources(func: Any, target: Any) -> str | None:
 class NegativeEntries:
     """Deterministic failures of configs, remembered per (tune identity, config)."""
 
-    def __init__(self, root: Path, tune_identity: str) -> None:
+    def __init__(self, root: Path, tune_identity: str, *, writable: bool = True) -> None:
         self.directory = Path(root) / "autotuner" / NEGATIVE
         self.identity = tune_identity
+        self.writable = writable  # False for a read-only cache: learn nothing on disk
 
     def _path(self, config: dict[str, Any]) -> Path:
         digest = hashlib.sha256(f"{self.identity}\0{canonical_json(config)}".encode()).hexdigest()
@@ -138,10 +139,12 @@ class NegativeEntries:
         return value if isinstance(value, dict) and value.get("status") in DETERMINISTIC else None
 
     def remember(self, config: dict[str, Any], status: str, message: str) -> None:
+        if not self.writable:
+            return
         path = self._path(config)
         temporary = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.directory)
             write_durable(temporary, json.dumps({"config": config, "status": status, "message": message}).encode())
             os.replace(temporary, path)
         except OSError:
@@ -160,7 +163,7 @@ def compile_configs(
     progress: Callable[[Trial], None] | None = None,
 ) -> list[Trial]:
     """Compile every config at once (up to the cache's pool size), in config order of the result."""
-    negative = NegativeEntries(cache.root, tune_identity)
+    negative = NegativeEntries(cache.root, tune_identity, writable=not cache.readonly)
 
     def attempt(config: dict[str, Any]) -> Trial:
         known = negative.get(config)

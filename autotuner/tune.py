@@ -98,10 +98,11 @@ def tune(
     name = f"{getattr(kernel_factory, '__module__', '?')}.{getattr(kernel_factory, '__qualname__', repr(kernel_factory))}"
     identity = tune_identity(kernel_factory, configs, target, out_idx, tune_key)
     path = result_path(base.root, identity[:40])
-    saved = AutotuneResult.load_from_disk(path)
-    if saved is not None:
-        log.info("kcache: tune of %s loaded from %s", name, path)
-        return saved
+    for root in base.read_roots:  # this cache's root, then a shared root it only reads
+        saved = AutotuneResult.load_from_disk(result_path(root, identity[:40]))
+        if saved is not None:
+            log.info("kcache: tune of %s loaded from %s", name, result_path(root, identity[:40]))
+            return saved
 
     tuning = _tuning_cache(base, compile_workers, timeout_s)
     started = time.perf_counter()
@@ -110,7 +111,7 @@ def tune(
                                      out_idx=out_idx, progress=lambda _trial: bar.update(1))
     compiled_at = time.perf_counter()
     measure = profiler or cuda_event_profiler(warmup, rep)
-    negative = t.NegativeEntries(base.root, identity)
+    negative = t.NegativeEntries(base.root, identity, writable=not base.readonly)
     latencies: dict[int, float] = {}
     ref_latency = None
     with _progress(sum(c.status == t.OK for c in compiled), f"benchmarking {name}", verbose) as bar:
@@ -144,7 +145,8 @@ def tune(
                   "factory": name, "seconds": {"compile": compiled_at - started,
                                                "benchmark": time.perf_counter() - compiled_at}},
     )
-    result.save_to_disk(path)
+    if not base.readonly:
+        result.save_to_disk(path)
     return result
 
 

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from .cache import KernelCache
 from .config import Settings, default_root
+from .doctor import doctor
 from .errors import (
     CacheLockTimeout, CompileError, CompilePoolError, CompilerCrashed, CompileTimeout, CorruptEntry, KCacheError,
-    PublishError, TargetError,
+    LocalLoadError, NoExecError, PublishError, TargetError, UnwritableCache,
 )
 
 if TYPE_CHECKING:
@@ -37,11 +38,15 @@ __all__ = [
     "CorruptEntry",
     "KCacheError",
     "KernelCache",
+    "LocalLoadError",
+    "NoExecError",
     "PublishError",
     "Settings",
     "TargetError",
+    "UnwritableCache",
     "default_cache",
     "default_root",
+    "doctor",
     "get_or_compile",
 ]
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import layout
-from .components import KERNELS
+from . import access, exec_copy, layout
+from .components import KERNELS, LIBRARY
 from .config import Settings
 from .eviction import note_use
-from .errors import CorruptEntry, KCacheError, PublishError
-from .fsutil import ensure_dir, remove_tree, write_durable
+from .errors import CacheLockTimeout, CorruptEntry, KCacheError, LocalLoadError, PublishError, UnwritableCache
+from .fsutil import remove_tree, write_durable
 from .keys import ENTRY_FORMAT, canonical_json, derive_key
 from .locks import KeyLock
 from .manifest import MANIFEST_NAME
@@ -55,16 +55,22 @@ class KernelCache:
         self.settings = settings if settings is not None else Settings.from_env(root)
         if remote is not None:
             self.settings = dataclasses.replace(self.settings, remote_url=remote)
-        self.root = self.settings.root
-        self.readonly = self.settings.readonly
-        if not self.readonly:
-            try:
-                ensure_dir(self.root, mode=0o700)  # a new root is private: entries are code
-            except OSError as err:
-                raise KCacheError(
-                    f"cannot create the cache root {self.root}: {err.strerror or err}. "
-                    "Set KCACHE_DIR (or pass root=) to a writable directory, or KCACHE_READONLY=1 to only read it."
-                ) from err
+        try:
+            # Decided here, not deep inside a compile: can we write the root, and if not, where instead.
+            plan = access.plan(self.settings.root, self.settings.on_unwritable, self.settings.readonly)
+        except UnwritableCache:
+            raise
+        except OSError as err:
+            raise KCacheError(
+                f"cannot create the cache root {self.settings.root}: {err.strerror or err}. "
+                "Set KCACHE_DIR (or pass root=) to a usable directory, or KCACHE_READONLY=1 to only read it."
+            ) from err
+        # Where this cache writes (the configured root, or a per-user fallback), and where hits come from.
+        self.root = plan.write_root or self.settings.root
+        self.readonly = plan.write_root is None
+        self.read_roots = plan.read_roots
+        self._upstream_stores: list[EntryStore] | None = None
+        self._noexec: dict[Path, Path | None] = {}  # root -> its noexec mount point, or None
         self._stats = CacheStats()
         self._stats_file = None if self.readonly else stats_file(self.root)
         self.memory: MemoryTier | None = None  # needs TVM: made with the backend
@@ -215,7 +221,19 @@ class KernelCache:
         give_up_when: Any = entry.is_dir
         while True:
             started = time.monotonic()
-            waited = lock.acquire(self.settings.lock_timeout_s, give_up_when)
+            try:
+                waited = lock.acquire(self.settings.lock_timeout_s, give_up_when)
+            except CacheLockTimeout:
+                raise
+            except OSError as err:
+                if err.errno not in access.UNWRITABLE_ERRNOS:
+                    raise
+                # The root was writable when this cache opened; it is not now. This call still gets
+                # its kernel, compiled without saving it, rather than a PermissionError.
+                self._warn_once("lock-denied", "kcache: cannot take the compile lock %s (%s); compiling %s "
+                                "without saving it. Check the owner and mode of %s.", lock.path,
+                                err.strerror or err, backend.kernel_name(request.func), self.root)
+                return self._compile_private(backend, request)
             if waited is None:
                 self._count(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
                 kernel = self._load_published(backend, request, quarantine=False)
@@ -378,8 +396,7 @@ class KernelCache:
             compile_into(private)
             files = {name: (private / name).read_bytes() for name in self.store.required}
             # dlopen has mapped the library: the directory can go at once.
-            return backend.load_kernel(request.func, private, files, request.resolved,
-                                       request.out_idx, request.pass_configs, request.compile_flags)
+            return self._load_verified(backend, request, private, files)
         finally:
             remove_tree(private, "removing the private compile directory")
 
@@ -408,32 +425,38 @@ class KernelCache:
         return compiled.kernel
 
     def _load_published(self, backend: Any, request: _Request, *, quarantine: bool) -> Any | None:
-        """Load the verified entry of `request.key`, or None.
+        """Load the verified entry of `request.key` from this cache's root, else from the roots it
+        only reads (a shared root it cannot write), or None.
 
-        A corrupt entry is a miss. With `quarantine` (only under the key's
-        lock) it is also moved aside, so that the compile that follows can
-        publish a good one.
+        A corrupt entry is a miss. With `quarantine` (only under the key's lock) one in this cache's
+        own root is also moved aside, so that the compile that follows can publish a good one.
         """
-        entry_dir = self.store.entry_path(request.key)
+        for store in self._read_stores():
+            kernel = self._load_entry(store, backend, request, quarantine=quarantine and store is self.store)
+            if kernel is not None:
+                return kernel
+        return None
+
+    def _read_stores(self) -> list[EntryStore]:
+        if self._upstream_stores is None:
+            self._upstream_stores = [EntryStore(root, KERNELS, self.store.required)
+                                     for root in self.read_roots if root != self.root]
+        return [self.store, *self._upstream_stores]
+
+    def _load_entry(self, store: EntryStore, backend: Any, request: _Request, *, quarantine: bool) -> Any | None:
+        entry_dir = store.entry_path(request.key)
         try:
-            files = self.store.read(request.key)
+            files = store.read(request.key)
             if files is None:
                 return None
-            distrust = untrusted_reason(entry_dir, self.root)
+            distrust = untrusted_reason(entry_dir, store.root)
             if distrust:
                 # Not the entry's fault, and maybe not ours to fix: never quarantine, never load.
                 self._warn_once(f"untrusted:{distrust}", "kcache: not loading %s: %s. Fix the ownership or mode "
                                 "(chmod o-w), or point KCACHE_DIR at a root of your own.", entry_dir, distrust)
                 return None
-            try:
-                kernel = backend.load_kernel(
-                    request.func, entry_dir, files, request.resolved,
-                    request.out_idx, request.pass_configs, request.compile_flags,
-                )
-            except Exception as err:  # a verified entry that TileLang cannot load is unusable, whatever the cause
-                _refuse_noexec(entry_dir, err)
-                raise CorruptEntry(str(entry_dir), f"verified but failed to load: {type(err).__name__}: {err}") from err
-            if not self.readonly:
+            kernel = self._load_verified(backend, request, entry_dir, files)
+            if store is self.store and not self.readonly:
                 note_use(entry_dir)
             return kernel
         except CorruptEntry as corrupt:
@@ -443,6 +466,43 @@ class KernelCache:
             else:
                 log.debug("kcache: %s", corrupt)
             return None
+
+    def _load_verified(self, backend: Any, request: _Request, entry_dir: Path, files: dict[str, bytes]) -> Any:
+        """Load verified files: in place, or from a copy where the filesystem forbids mapping code.
+
+        Raises CorruptEntry for a library that will not load (a wrong-arch object, a missing symbol),
+        and kcache's own errors for what this machine causes (noexec everywhere, a missing
+        dependency), which must never get a good, shared entry quarantined.
+        """
+        mount = self._noexec_mount(entry_dir.parent)
+        try:
+            return backend.load_kernel(request.func, entry_dir, files, request.resolved, request.out_idx,
+                                       request.pass_configs, request.compile_flags, noexec_mount=mount)
+        except KCacheError:
+            raise
+        except Exception as err:  # a verified entry that TileLang cannot load: why decides what to do
+            if mount is None and exec_copy.is_mapping_refused(err):
+                # statvfs did not say noexec, yet the code may not be mapped (a FUSE mount, a security
+                # module): from now on, load this root's kernels from copies.
+                self._noexec[entry_dir.parent] = exec_copy.mount_point(entry_dir.parent)
+                self._warn_noexec(entry_dir.parent)
+                return self._load_verified(backend, request, entry_dir, files)
+            if exec_copy.is_dependency_missing(err):
+                raise LocalLoadError(str(entry_dir / LIBRARY), str(err)) from err
+            raise CorruptEntry(str(entry_dir), f"verified but failed to load: {type(err).__name__}: {err}") from err
+
+    def _noexec_mount(self, directory: Path) -> Path | None:
+        if directory not in self._noexec:
+            self._noexec[directory] = exec_copy.noexec_mount(directory)
+            if self._noexec[directory] is not None:
+                self._warn_noexec(directory)
+        return self._noexec[directory]
+
+    def _warn_noexec(self, directory: Path) -> None:
+        self._warn_once(f"noexec:{directory}", "kcache: %s is on a filesystem that forbids mapping code (noexec "
+                        "mount %s): loading its kernels from in-memory copies of their verified files. To load "
+                        "them in place, point KCACHE_DIR at a filesystem mounted with exec.",
+                        directory, self._noexec[directory])
 
     @contextlib.contextmanager
     def _thread_gate(self, key: str) -> Iterator[None]:
@@ -473,16 +533,3 @@ class _Request:
     compile_flags: list[str] | None
     toolchain: dict[str, object]
     key: str = ""
-
-
-def _refuse_noexec(entry_dir: Path, err: BaseException) -> None:
-    """A noexec mount is the machine's problem, not the entry's: never quarantine for it."""
-    try:
-        noexec = bool(os.statvfs(entry_dir).f_flag & os.ST_NOEXEC)
-    except OSError:
-        return
-    if noexec:
-        raise KCacheError(
-            f"cannot load {entry_dir / 'kernel.so'}: the cache root is on a noexec mount ({err}). "
-            "Point KCACHE_DIR at a filesystem mounted with exec."
-        ) from err

@@ -10,12 +10,15 @@ from typing import Any
 
 import platformdirs
 
+from . import sharing
+
 DEFAULT_LOCK_TIMEOUT_S = 900.0
 DEFAULT_STAGING_TTL_S = 3600.0
 DEFAULT_GC_INTERVAL_S = 600.0
 # Below the lock timeout, so that a stuck compile fails its own caller before its waiters give up.
 DEFAULT_COMPILE_TIMEOUT_S = 600.0
 ISOLATION_MODES = ("pool", "inprocess")
+UNWRITABLE_POLICIES = ("fallback", "readonly", "error")
 DEFAULT_MAX_SIZE = 10 << 30
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
                "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
@@ -93,6 +96,9 @@ class Settings:
     remote_lease_s: float = 30.0
     # Serve hits only; compile misses privately; write nothing under the root.
     readonly: bool = False
+    # What a cache whose root this process cannot write does: "fallback" (read it, write a per-user
+    # root), "readonly" (read it, write nothing) or "error" (UnwritableCache at open).
+    on_unwritable: str = "fallback"
 
     @classmethod
     def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
@@ -112,7 +118,15 @@ class Settings:
             remote_max_entry_bytes=_env_parsed("KCACHE_REMOTE_MAX_ENTRY", parse_size, 64 << 20) or (64 << 20),
             remote_lease_s=_env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0,
             readonly=_env_parsed("KCACHE_READONLY", _parse_flag, False),
-        )
+            on_unwritable=_env_choice("KCACHE_ON_UNWRITABLE", UNWRITABLE_POLICIES),
+        )._checked()
+
+    def _checked(self) -> Settings:
+        # The sharing settings are read where files are made (process-wide, workers included); a
+        # bad value must fail when the cache opens, not in the middle of a compile.
+        sharing.configured_umask()
+        sharing.configured_group()
+        return self
 
 
 def _number_and_unit(text: str, units: dict[str, int], what: str) -> float:

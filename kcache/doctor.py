@@ -1,4 +1,4 @@
-"""`kcache.doctor(settings)`: what is wrong with a cache root, and how to fix it. No TileLang import."""
+"""`kcache.doctor(root)`: what is wrong with a cache root, and how to fix it. No TileLang import."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ import shutil
 import stat
 from dataclasses import dataclass
 
+from pathlib import Path
+
+from . import access, exec_copy, sharing
+from .components import KERNELS
 from .config import Settings
 from .eviction import TRASH, scan_entries
-from .fsutil import ensure_dir
 from .maintenance import collect_garbage, staging_dirs
+from .trust import untrusted_reason
 
 MIN_FREE_BYTES = 1 << 30
 
@@ -24,37 +28,35 @@ class Finding:
     fixed: bool = False
 
 
-def doctor(settings: Settings, *, fix: bool = False) -> list[Finding]:
+def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool = False) -> list[Finding]:
+    """Every condition of a cache root that can hurt, each with its fix: existence, who can write it
+    and what kcache then does, trust, group sharing, noexec, free space, size, leftovers, the
+    toolchain, the remote tier. `fix` repairs what is safe to repair (create the root, chmod o-w a
+    root you own, gc)."""
+    settings = root if isinstance(root, Settings) else Settings.from_env(root)
     root = settings.root
     findings: list[Finding] = []
     if not root.is_dir():
         finding = Finding("root", True, f"{root} does not exist", "create it (kcache does on first use)")
         if fix:
-            ensure_dir(root)
-            os.chmod(root, 0o700)
+            access.create_root(root)
             finding.fixed = True
         findings.append(finding)
         if not finding.fixed:
             return findings
+    findings.append(_writable(root, settings))
+    findings.append(_trusted(root))
     info = os.stat(root)
-    me = os.geteuid()
-    findings.append(Finding("owner", info.st_uid != me,
-                            f"{root} is owned by uid {info.st_uid}" + ("" if info.st_uid == me else f", not by you (uid {me})"),
-                            "use a root of your own (KCACHE_DIR), or share it through a group (see operations.md)"))
     world_writable = bool(info.st_mode & stat.S_IWOTH)
     finding = Finding("mode", world_writable, f"{root} has mode {stat.filemode(info.st_mode)}",
                       f"chmod o-w {root}: any user could plant code in it")
-    if world_writable and fix and info.st_uid == me:
+    if world_writable and fix and info.st_uid == os.geteuid():
         os.chmod(root, info.st_mode & ~stat.S_IWOTH)
         finding.fixed = True
     findings.append(finding)
-    writable = os.access(root, os.W_OK | os.X_OK)
-    findings.append(Finding("writable", not writable, f"{root} is {'' if writable else 'not '}writable by you",
-                            "fix its permissions or point KCACHE_DIR at a writable directory"))
+    findings.append(_group(root, info))
+    findings.append(_exec(root))
     vfs = os.statvfs(root)
-    noexec = bool(vfs.f_flag & os.ST_NOEXEC)
-    findings.append(Finding("exec", noexec, f"the filesystem of {root} is mounted {'noexec' if noexec else 'with exec'}",
-                            "point KCACHE_DIR at a filesystem mounted with exec (kernels are shared libraries)"))
     free = vfs.f_bavail * vfs.f_frsize
     findings.append(Finding("free space", free < MIN_FREE_BYTES, f"{free / (1 << 30):.1f} GiB free",
                             "free space, lower KCACHE_MAX_SIZE, or move KCACHE_DIR"))
@@ -72,6 +74,62 @@ def doctor(settings: Settings, *, fix: bool = False) -> list[Finding]:
     findings.append(_toolchain())
     findings.append(_remote(settings.remote_url))
     return findings
+
+
+def _writable(root: Path, settings: Settings) -> Finding:
+    reason = access.unwritable_reason(root)
+    if not reason:
+        return Finding("writable", False, f"{root} is writable by you")
+    policy = settings.on_unwritable
+    outcome = {
+        "fallback": f"kcache reads its hits and writes new kernels to {access.fallback_root(root)} "
+                    "(KCACHE_ON_UNWRITABLE=fallback)",
+        "readonly": "kcache reads its hits and compiles misses without saving them (KCACHE_ON_UNWRITABLE=readonly)",
+        "error": "opening it raises UnwritableCache (KCACHE_ON_UNWRITABLE=error)",
+    }[policy]
+    return Finding("writable", True, f"not writable by you: {reason}; {outcome}",
+                   "share it through a group (KCACHE_UMASK=002, a setgid root: see docs/operations.md), "
+                   "give it to this user, or point KCACHE_DIR at a writable directory")
+
+
+def _trusted(root: Path) -> Finding:
+    for directory in (root, root / KERNELS):
+        distrust = untrusted_reason(directory, root) if directory.is_dir() else ""
+        if distrust:
+            return Finding("trust", True, f"kcache will not load code from {root}: {distrust}",
+                           "chmod o-w the directories, give them to this user, or share them through a group "
+                           "(KCACHE_UMASK)")
+    return Finding("trust", False, f"{root} passes the trust check (kernels load from it)")
+
+
+def _group(root: Path, info: os.stat_result) -> Finding:
+    group_writable = bool(info.st_mode & stat.S_IWGRP)
+    if not sharing.group_mode():
+        if group_writable:
+            # Not a problem by itself (user-private groups make 0775 the norm), but a half-done share.
+            return Finding("group", False, f"{root} is group-writable, but KCACHE_UMASK is not set: what you create "
+                           "there stays writable by you alone (other members cannot take your lock files)",
+                           "if the root is shared: export KCACHE_UMASK=002 for every member (docs/operations.md)")
+        return Finding("group", False, "private root (KCACHE_UMASK not set)")
+    problems = []
+    if not group_writable:
+        problems.append("the root is not group-writable (chmod g+w)")
+    if not info.st_mode & stat.S_ISGID:
+        problems.append("the root is not setgid, so new files would get each user's own group (chmod g+s)")
+    if sharing.trusted_group(root) is None:
+        problems.append(f"you are not a member of its group (gid {info.st_gid}) or of KCACHE_GROUP")
+    detail = f"group mode (KCACHE_UMASK={os.environ.get(sharing.UMASK_ENV)}), group gid {info.st_gid}"
+    return Finding("group", bool(problems), detail + (": " + "; ".join(problems) if problems else ""),
+                   f"chgrp <team> {root} && chmod 2770 {root}; add every user to the group")
+
+
+def _exec(root: Path) -> Finding:
+    mount = exec_copy.noexec_mount(root)
+    if mount is None:
+        return Finding("exec", False, f"the filesystem of {root} allows mapping code")
+    return Finding("exec", False, f"{root} is on the noexec mount {mount}: kernels are loaded from in-memory copies "
+                   "of their verified files (one warning per process)",
+                   "point KCACHE_DIR at a filesystem mounted with exec to load kernels in place")
 
 
 def _remote(url: str | None) -> Finding:

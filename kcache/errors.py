@@ -68,7 +68,17 @@ class CacheLockTimeout(KCacheError, TimeoutError):
         )
 
 
-class PublishError(KCacheError, OSError):
+class _Explained:
+    """For kcache's OSErrors: the message is the whole explanation (OSError's own str() would print
+    only "[Errno N] message")."""
+
+    strerror: str | None
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+class PublishError(_Explained, KCacheError, OSError):
     """Publishing an entry failed for a reason other than losing a race.
 
     Subclasses OSError with the original errno, so `err.errno` works as usual.
@@ -82,9 +92,6 @@ class PublishError(KCacheError, OSError):
         self._init_args = (path, err, action)
         name = _errno.errorcode.get(code, str(code))
         super().__init__(code, f"{action} {path} failed with {name} ({os.strerror(code)}): {err}. {_hint(code)}")
-
-    def __str__(self) -> str:
-        return self.strerror or super().__str__()
 
 
 class CorruptEntry(KCacheError, ValueError):
@@ -141,6 +148,52 @@ class CompilePoolError(KCacheError, RuntimeError):
         super().__init__(
             f"could not start a kcache compile worker: {reason}. Its output:\n{stderr_tail.strip() or '(none)'}\n"
             "Check that this Python can import TileLang on its own, or set KCACHE_COMPILE_ISOLATION=inprocess."
+        )
+
+
+class UnwritableCache(_Explained, KCacheError, PermissionError):
+    """The cache root cannot be written by this process, and KCACHE_ON_UNWRITABLE=error."""
+
+    def __init__(self, root: str, reason: str) -> None:
+        self.root = root
+        self.reason = reason
+        self._init_args = (root, reason)
+        super().__init__(
+            _errno.EACCES,
+            f"the kcache root {root} is not writable by this process: {reason}. Fix: share it through a group "
+            "(KCACHE_UMASK=002 and a setgid root, see docs/operations.md), give it to this user, or point "
+            "KCACHE_DIR elsewhere; KCACHE_ON_UNWRITABLE=fallback reads it and writes a per-user root instead",
+        )
+
+
+class NoExecError(_Explained, KCacheError, OSError):
+    """A kernel library cannot be mapped where it is (noexec), nor from any copy kcache may make."""
+
+    def __init__(self, library: str, mount: str | None, refusals: str) -> None:
+        self.library = library
+        self.mount = mount
+        self.refusals = refusals
+        self._init_args = (library, mount, refusals)
+        where = f"{mount} is mounted noexec" if mount else "this machine refuses to map its code"
+        super().__init__(
+            _errno.EPERM,
+            f"cannot load {library}: {where}, and no copy could be loaded either ({refusals}). The entry is "
+            "intact and was left alone. Fix: point KCACHE_DIR at a filesystem mounted with exec, or set "
+            "KCACHE_EXEC_DIR to a directory on one",
+        )
+
+
+class LocalLoadError(_Explained, KCacheError, OSError):
+    """A verified entry cannot be loaded for a reason of this machine's (a library it links is missing)."""
+
+    def __init__(self, library: str, cause: str) -> None:
+        self.library = library
+        self.cause = cause
+        self._init_args = (library, cause)
+        super().__init__(
+            _errno.ENOENT,
+            f"cannot load {library}: {cause}. The entry is intact and was left alone: this machine lacks "
+            "something it links (the CUDA driver's libcuda, say). Fix the environment (LD_LIBRARY_PATH, the driver)",
         )
 
 

@@ -108,7 +108,7 @@ def record_size(root: Path, entries: int, size: int) -> None:
     record = root / STATS_DIR / SIZE_RECORD
     temporary = record.with_name(f"{SIZE_RECORD}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        record.parent.mkdir(exist_ok=True)
+        ensure_dir(record.parent)
         temporary.write_text(json.dumps({"entries": entries, "bytes": size, "measured": time.time()}))
         os.replace(temporary, record)
     except OSError as err:

@@ -10,6 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from . import sharing
+
 log = logging.getLogger("kcache")
 
 # rename(2) of a directory onto an existing non-empty directory: another
@@ -21,10 +23,15 @@ RENAME_RACE_ERRNOS = frozenset({errno.EEXIST, errno.ENOTEMPTY})
 FSYNC_UNSUPPORTED_ERRNOS = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EBADF})
 
 
-def write_durable(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Create `path` exclusively, write all of `data` and fsync it."""
+def write_durable(path: Path, data: bytes, mode: int = sharing.WRITE_ONCE_FILE_MODE) -> None:
+    """Create `path` exclusively, write all of `data` and fsync it.
+
+    Such a file is never written again, only replaced by rename, so it is read-only by default.
+    """
+    exact = sharing.file_mode(mode)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
+        sharing.fix_mode(fd, exact)
         view = memoryview(data)
         while view:
             written = os.write(fd, view)
@@ -90,5 +97,28 @@ def remove_tree(path: Path, why: str) -> bool:
 
 
 def ensure_dir(path: Path, mode: int = 0o755) -> Path:
-    os.makedirs(path, mode=mode, exist_ok=True)
+    """Create `path` and missing parents; in group mode each new one gets the group's exact mode."""
+    exact = sharing.dir_mode()
+    if exact is None:
+        os.makedirs(path, mode=mode, exist_ok=True)
+        return path
+    missing = []
+    current = Path(path)
+    while not current.is_dir():
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        make_dir(directory, exist_ok=True)
     return path
+
+
+def make_dir(path: Path, mode: int = 0o755, *, exist_ok: bool = False) -> None:
+    """mkdir, with the group's exact mode in group mode (setgid, so the root's group is inherited)."""
+    exact = sharing.dir_mode()
+    try:
+        os.mkdir(path, mode if exact is None else exact)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+        return
+    sharing.fix_mode(path, exact)

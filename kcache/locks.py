@@ -21,6 +21,7 @@ from pathlib import Path
 
 import portalocker
 
+from . import sharing
 from .errors import CacheLockTimeout
 from .fsutil import ensure_dir
 
@@ -85,8 +86,9 @@ class KeyLock:
         self.release()
 
     def _try_acquire(self) -> int | None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, sharing.SHARED_FILE_MODE)
         try:
+            _share(fd)
             portalocker.lock(fd, _FLAGS)
         except portalocker.AlreadyLocked:
             os.close(fd)
@@ -100,6 +102,17 @@ class KeyLock:
             os.close(fd)
             return None
         return fd
+
+
+def _share(fd: int) -> None:
+    """In group mode, a lock file this process created must be writable by every member (they
+    open it O_RDWR to lock it); the process's umask may have taken that away."""
+    exact = sharing.file_mode(sharing.SHARED_FILE_MODE)
+    if exact is None:
+        return
+    info = os.fstat(fd)
+    if info.st_uid == os.geteuid() and info.st_mode & 0o777 != exact:
+        os.fchmod(fd, exact)
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import layout
+from .fsutil import ensure_dir
 
 log = logging.getLogger("kcache")
 
@@ -85,7 +86,7 @@ class StatsFile:
         data = json.dumps(self.stats.snapshot()).encode()
         temporary = self.path.with_name(self.path.name + ".tmp")
         try:
-            self.directory.mkdir(exist_ok=True)
+            ensure_dir(self.directory)
             with open(temporary, "wb") as out:
                 out.write(data)
             os.replace(temporary, self.path)

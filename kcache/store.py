@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import layout
 from .errors import CorruptEntry, KCacheError, PublishError
-from .fsutil import RENAME_RACE_ERRNOS, ensure_dir, fsync_dir, remove_tree, write_durable
+from .fsutil import RENAME_RACE_ERRNOS, ensure_dir, fsync_dir, make_dir, remove_tree, write_durable
 from .manifest import MANIFEST_NAME, build_manifest, verify_entry
 
 log = logging.getLogger("kcache")
@@ -77,7 +77,7 @@ class EntryStore:
         try:
             ensure_dir(self.staging_dir)
             ensure_dir(self.entries_dir)
-            os.mkdir(staging, 0o755)
+            make_dir(staging)
         except OSError as err:
             raise PublishError(str(staging), err, "creating the staging directory") from err
         try:

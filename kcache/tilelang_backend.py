@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 import tilelang  # noqa: F401 - puts TileLang's tvm on the path
 import tvm
+import tvm_ffi
 from tilelang.backend.module import BackendContext, create_backend_context
 from tilelang.engine.param import KernelParam
 from tilelang.jit import JITKernel
@@ -32,7 +33,7 @@ from tvm.target import Target
 from tvm.target import _ffi_api as _target_ffi
 from tvm.tirx import PrimExpr, PrimFunc
 
-from . import layout
+from . import exec_copy, layout
 from .errors import TargetError
 from .fsutil import read_nofollow
 from .keys import ENTRY_FORMAT, canonical_json, derive_key
@@ -293,8 +294,13 @@ def load_kernel(
     out_idx: list[int] | None,
     pass_configs: dict[str, Any],
     compile_flags: list[str] | None,
+    *,
+    noexec_mount: Path | None = None,
 ) -> JITKernel:
     """Build a runnable kernel from an entry whose files were already verified.
+
+    With `noexec_mount` (the entry's filesystem forbids mapping code), the library is loaded from a
+    copy of its verified bytes (kcache/exec_copy.py); `libpath` still names the entry's file.
 
     Sets exactly the fields that `JITKernel.from_database` and
     `TVMFFIKernelAdapter.from_database` (TileLang 0.1.15) set, without their
@@ -335,7 +341,8 @@ def load_kernel(
     adapter.libpath = library
     adapter.kernel_global_source = device_source
     adapter.rt_mod = None
-    adapter.executable = runtime.load_module(library)
+    adapter.executable = (runtime.load_module(library) if noexec_mount is None else exec_copy.load_copy(
+        files[LIBRARY], entry_dir / LIBRARY, noexec_mount, load_fd_path=_load_descriptor_path, load_path=runtime.load_module))
     adapter._ffi_callee_allocated_output_abi = adapter._uses_ffi_callee_allocated_output_abi()
     adapter.dynamic_symbolic_map = None if adapter._ffi_callee_allocated_output_abi else adapter._process_dynamic_symbolic()
     adapter._executable_lock = threading.Lock()
@@ -343,6 +350,14 @@ def load_kernel(
     kernel.adapter = adapter
     kernel.torch_function = adapter.func
     return kernel
+
+
+def _load_descriptor_path(path: str) -> Any:
+    """Load a library from /proc/self/fd/N: `runtime.load_module` resolves the path (a memfd's
+    target is no file) and picks the loader by the name's extension (there is none)."""
+    module = tvm_ffi.get_global_func("ffi.Module.load_from_file.so")(path, "so")
+    tvm_ffi._ffi_api.ModuleGlobalsAdd(module)  # as tvm_ffi.load_module does: functions outlive the handle
+    return module
 
 
 def _with_attr(func: PrimFunc, key: str, value: object) -> PrimFunc:

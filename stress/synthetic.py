@@ -120,7 +120,8 @@ def write_entry(staging: Path, compiled: _Compiled, key: str, resolved: Any, too
     write_durable(staging / META, json.dumps(meta).encode())
 
 
-def load_kernel(func: SyntheticFunc, entry_dir: Path, files: dict[str, bytes], *rest: Any) -> SyntheticKernel:
+def load_kernel(func: SyntheticFunc, entry_dir: Path, files: dict[str, bytes], *rest: Any,
+                noexec_mount: Path | None = None) -> SyntheticKernel:
     import hashlib
 
     return SyntheticKernel(func.name, hashlib.sha256(files[LIBRARY]).hexdigest())

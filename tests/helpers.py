@@ -36,3 +36,13 @@ def expect_line(proc: subprocess.Popen[str], expected: str) -> str:
             raise AssertionError(f"child exited before printing {expected!r}: rc={proc.wait()} stderr={proc.stderr.read()}")
         if line.strip() == expected:
             return line
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, float]]:
+    """Every path under the root with its size and mtime."""
+    found = {}
+    for current, dirs, files in os.walk(root):
+        for name in dirs + files:
+            info = os.stat(os.path.join(current, name), follow_symlinks=False)
+            found[os.path.relpath(os.path.join(current, name), root)] = (info.st_size, info.st_mtime_ns)
+    return found

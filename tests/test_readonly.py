@@ -10,15 +10,7 @@ import pytest
 import kcache
 from stress import synthetic
 
-
-def snapshot(root: Path) -> dict[str, tuple[int, float]]:
-    """Every path under the root with its size and mtime."""
-    found = {}
-    for current, dirs, files in os.walk(root):
-        for name in dirs + files:
-            info = os.stat(os.path.join(current, name), follow_symlinks=False)
-            found[os.path.relpath(os.path.join(current, name), root)] = (info.st_size, info.st_mtime_ns)
-    return found
+from .helpers import snapshot
 
 
 def test_a_readonly_cache_serves_hits_compiles_misses_privately_and_writes_nothing(
