@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .cache import KernelCache
 from .config import Settings, default_root
 from .doctor import doctor
+from .tilelang_dropin import install, install_from_environment, is_installed, uninstall
 from .errors import (
     CacheLockTimeout, CompileError, CompilePoolError, CompilerCrashed, CompileTimeout, CorruptEntry, KCacheError,
     LocalLoadError, NoExecError, PublishError, TargetError, UnwritableCache,
@@ -48,6 +49,9 @@ __all__ = [
     "default_root",
     "doctor",
     "get_or_compile",
+    "install",
+    "is_installed",
+    "uninstall",
 ]
 
 _LAZY = {"CompilePool", "Job", "JobResult"}
@@ -90,3 +94,6 @@ def get_or_compile(
         func, target, out_idx=out_idx, pass_configs=pass_configs,
         compile_flags=compile_flags, execution_backend=execution_backend,
     )
+
+
+install_from_environment()  # KCACHE_TILELANG=1

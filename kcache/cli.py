@@ -1,4 +1,5 @@
-"""`kcache` / `python -m kcache`: inspect, verify and prune a cache root. Never imports TileLang."""
+"""`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a TileLang program
+with kcache installed. Only `run` imports TileLang."""
 
 from __future__ import annotations
 
@@ -46,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("gc", help="staging, trash, stale locks, old quarantine, unused entries of other TileLang versions")
     check = commands.add_parser("doctor", help="permissions, ownership, noexec, free space, toolchain, remote")
     check.add_argument("--fix", action="store_true", help="fix what can be fixed safely")
+    program = commands.add_parser("run", help="run a Python program with kcache installed into TileLang "
+                                  "(tilelang.compile, @tilelang.jit, the AutoTuner's results)")
+    program.add_argument("-m", dest="module", help="run a module, as python -m does")
+    program.add_argument("argv", nargs=argparse.REMAINDER, help="the script and its arguments")
     args = parser.parse_args(argv)
+    if args.command == "run":
+        return run_program(args)
 
     settings = Settings.from_env(args.dir)
     run: Callable[[argparse.Namespace, Settings], tuple[Any, str, int]] = COMMANDS[args.command]
@@ -190,6 +197,31 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     rows = [("FIXED" if f.fixed else "PROBLEM" if f.problem else "ok", f.check, f.detail + (f" Fix: {f.fix}" if f.problem and not f.fixed and f.fix else ""))
             for f in findings]
     return [vars(f) for f in findings], _format_table(["", "check", "detail"], rows), 1 if problems else 0
+
+
+def run_program(args: argparse.Namespace) -> int:
+    """`kcache run SCRIPT [ARGS]` or `kcache run -m MODULE [ARGS]`: the program, unmodified, as
+    `__main__`, with kcache installed into TileLang. The only command that imports TileLang."""
+    import runpy
+
+    if args.module is None and not args.argv:
+        print("kcache run: name a script (kcache run train.py ...) or a module (kcache run -m pkg.main ...)",
+              file=sys.stderr)
+        return 2
+    if args.dir:
+        os.environ["KCACHE_DIR"] = args.dir
+    os.environ["KCACHE_TILELANG"] = "1"  # the program's own children that import kcache install too
+    from .tilelang_dropin import install
+
+    install()
+    if args.module is not None:
+        sys.argv = [args.module, *args.argv]
+        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args.argv)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args.argv[0])))  # as `python script.py` does
+        runpy.run_path(args.argv[0], run_name="__main__")
+    return 0
 
 
 COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,

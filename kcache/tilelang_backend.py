@@ -95,7 +95,7 @@ def resolve_target(target: object, execution_backend: str, memo_key_str: str | N
     if not _names_arch(request) and not _gpu_present():
         raise TargetError(target, "no GPU is visible and the target names no arch", _ARCH_FIX)
     try:
-        context = _fast_backend_context(request, execution_backend)
+        context = fast_backend_context(request, execution_backend)
         if context is None:
             context = create_backend_context(request, None, execution_backend)
     except (ValueError, AssertionError, RuntimeError) as err:
@@ -105,8 +105,9 @@ def resolve_target(target: object, execution_backend: str, memo_key_str: str | N
     return resolved
 
 
-def _fast_backend_context(request: object, execution_backend: str) -> BackendContext | None:
-    """create_backend_context for a target dict, with Target objects made through the FFI.
+def fast_backend_context(request: object, execution_backend: str) -> BackendContext | None:
+    """create_backend_context(request, None, execution_backend) for a target dict, with Target objects
+    made through the FFI; None for other requests (call create_backend_context).
 
     `Target(dict)` and `Target("llvm")` run `tvm_ffi.convert`, whose
     `isinstance(value, tvm_ffi.core.Object)` walks all ~500 subclasses of that

@@ -13,6 +13,7 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 import kcache  # noqa: E402
 from stress.kernels import POOL, elementwise_add  # noqa: E402
 
+from .faults import needs_root, tmpfs  # noqa: E402
 from .helpers import spawn  # noqa: E402
 
 pytestmark = [
@@ -72,3 +73,19 @@ def test_a_fresh_process_runs_the_cached_kernel_correctly(cache_root: Path) -> N
     result = json.loads(next(line for line in out.splitlines() if line.startswith("result "))[7:])
     assert result["compiles"] == 0 and result["disk_hits"] == 1
     assert result["err"] <= 0.05
+
+
+@needs_root
+def test_kernels_loaded_from_copies_on_a_noexec_mount_run_correctly(tmp_path: Path) -> None:
+    from kcache import exec_copy
+
+    with tmpfs(tmp_path / "noexec", size="64m", options="noexec") as mount:
+        root = mount / "root"
+        first = kcache.KernelCache(root)
+        kernels = {spec.name: first.get_or_compile(spec.build(), gpu_target(), out_idx=spec.out_idx) for spec in POOL}
+        assert exec_copy.noexec_mount(root) == mount and first.stats()["compiles"] == len(POOL)
+        again = kcache.KernelCache(root)  # and the disk hits of another cache, loaded from copies too
+        for spec in POOL:
+            assert_matches(spec, kernels[spec.name])
+            assert_matches(spec, again.get_or_compile(spec.build(), gpu_target(), out_idx=spec.out_idx))
+        assert again.stats()["disk_hits"] == len(POOL)
