@@ -69,7 +69,7 @@ class ProgramRuns:
 
 
 def test_unmodified_programs_in_several_processes_compile_each_kernel_once(tmp_path: Path) -> None:
-    programs = ("gemm", "elementwise", "reduction")
+    programs = ("gemm", "elementwise", "reduction", "eager_add")
     runs = ProgramRuns(programs, 2, tmp_path)
     for result in runs.results:
         assert result["sources"] == runs.plain[result["program"]]["sources"]  # the kernels TileLang builds

@@ -1,6 +1,7 @@
-"""On a GPU: unmodified TileLang programs under `kcache run`, in several processes at once, give
-TileLang's own results (checked against torch), compile each kernel once across the processes,
-and leave TileLang's cache directory alone; a later process loads the AutoTuner's saved result."""
+"""On a GPU: unmodified TileLang programs (lazy and eager `@tilelang.jit`, `@tilelang.autotune`)
+under `kcache run`, in several processes at once, give TileLang's own results (checked against
+torch), compile each kernel once across the processes, and leave TileLang's cache directory alone;
+a later process loads the AutoTuner's saved result."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytestmark = [
     pytest.mark.tilelang,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible; run these on the GPU machine"),
 ]
-PROGRAMS = ("gemm", "elementwise", "reduction", "autotuned_gemm")
+PROGRAMS = ("gemm", "elementwise", "reduction", "eager_add", "autotuned_gemm")
 AUTOTUNE_CONFIGS = 16
 COPIES = 3
 
@@ -32,7 +33,7 @@ def test_unmodified_programs_on_the_gpu(tmp_path: Path) -> None:
             assert result["sources"] == runs.plain[result["program"]]["sources"]
     # Every distinct kernel once, across all the processes: gemm.py's kernel is also the autotuner's
     # (128, 128, 32, 3 stages) config, the same program, so one entry serves both.
-    distinct = 3 + AUTOTUNE_CONFIGS - 1
+    distinct = len(PROGRAMS) - 1 + AUTOTUNE_CONFIGS - 1
     assert runs.counter.count() == distinct == runs.entries()
 
     later = result_of(start("autotuned_gemm", tmp_path, with_kcache=True, **runs.env))
