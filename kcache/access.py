@@ -26,7 +26,10 @@ from pathlib import Path
 import platformdirs
 
 from . import layout, sharing
+from .components import KERNELS
 from .errors import UnwritableCache
+from .eviction import TRASH
+from .stats import STATS_DIR
 
 log = logging.getLogger("kcache")
 
@@ -34,8 +37,8 @@ POLICIES = ("fallback", "readonly", "error")
 # A write under the root failed because of who we are or how it is mounted, not because of a fault.
 UNWRITABLE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 # The directories kcache writes into below a root; each one that exists must be writable too.
-WRITTEN_DIRS = ("kernels", "autotuner", layout.STAGING, layout.LOCKS, layout.LOGS, layout.TOOLCHAIN, ".stats",
-                layout.QUARANTINE, ".trash")
+WRITTEN_DIRS = (KERNELS, "autotuner", layout.STAGING, layout.LOCKS, layout.LOGS, layout.TOOLCHAIN, STATS_DIR,
+                layout.QUARANTINE, TRASH)
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()

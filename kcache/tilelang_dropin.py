@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from .cache import KernelCache
+from .errors import KCacheError
 
 log = logging.getLogger("kcache")
 
@@ -240,7 +241,7 @@ def _save_result(tuner: Any, key: str, result: Any) -> None:
     )
     try:
         saved.save_to_disk(_result_path(cache.root, key))
-    except OSError as err:  # TileLang's own save logs and goes on; so does this one
+    except (KCacheError, OSError) as err:  # TileLang's own save logs and goes on; so does this one
         log.warning("kcache: could not save the autotune result %s: %s", key[:16], err)
 
 
