@@ -9,7 +9,7 @@
 The cache's gc cleans stale staging under `<root>/autotuner/` like everywhere else.
 """
 
-from .result import AutotuneResult, ConfigOutcome, result_path
-from .tune import TuneFailed, autotune, cuda_event_profiler, tune
+from kcache.results.autotune import AutotuneResult, ConfigOutcome, result_path
+from autotuner.tune import TuneFailed, autotune, cuda_event_profiler, tune
 
 __all__ = ["AutotuneResult", "ConfigOutcome", "TuneFailed", "autotune", "cuda_event_profiler", "result_path", "tune"]

@@ -22,7 +22,7 @@ from typing import Any
 
 from kcache import CompileError, CompilerCrashed, CompileTimeout, KernelCache
 from kcache.keys import canonical_json
-from kcache.fsutil import ensure_dir, write_durable
+from kcache.store.fsutil import ensure_dir, write_durable
 
 OK = "ok"
 COMPILE_ERROR = "compile_error"

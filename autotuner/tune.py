@@ -19,8 +19,8 @@ import kcache
 from kcache.errors import KCacheError
 from kcache.keys import canonical_json
 
-from . import trials as t
-from .result import AutotuneResult, ConfigOutcome, result_path
+from autotuner import trials as t
+from kcache.results.autotune import AutotuneResult, ConfigOutcome, result_path
 
 log = logging.getLogger("kcache")
 

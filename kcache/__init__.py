@@ -2,98 +2,72 @@
 
     kernel = kcache.get_or_compile(prim_func, {"kind": "cuda", "arch": "sm_90a"}, out_idx=[2])
 
-Lookup order: memory, local disk, compile (exactly once across processes).
+Lookup order: memory, local disk, the remote tier, then one compile across processes and nodes.
+
+This module is the facade and the top of the import graph: it names the public API and loads
+each name on first use (PEP 562), so that importing one layer (`kcache.store`, say) costs that
+layer only, and a cache hit never loads the compile path. docs/design.md has the layer map.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
+import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
-from .cache import KernelCache
-from .config import Settings, default_root
-from .doctor import doctor
-from .tilelang_dropin import install, install_from_environment, is_installed, uninstall
-from .errors import (
+from kcache.errors import (
     CacheLockTimeout, CompileError, CompilePoolError, CompilerCrashed, CompileTimeout, CorruptEntry, KCacheError,
     LocalLoadError, NoExecError, PublishError, TargetError, UnwritableCache,
 )
 
 if TYPE_CHECKING:
-    from tilelang.jit import JITKernel
-    from tvm.tirx import PrimFunc
-
-    from .pool import CompilePool, Job, JobResult
+    from kcache.cache.default import default_cache, get_or_compile
+    from kcache.cache.kernel_cache import KernelCache
+    from kcache.compile.pool import CompilePool, Job, JobResult
+    from kcache.config import Settings, default_root
+    from kcache.dropin import install, is_installed, uninstall
+    from kcache.tools.doctor import doctor
 
 __version__ = "0.1.0"
-__all__ = [
-    "CacheLockTimeout",
-    "CompileError",
-    "CompilePool",
-    "CompilePoolError",
-    "CompileTimeout",
-    "CompilerCrashed",
-    "Job",
-    "JobResult",
-    "CorruptEntry",
-    "KCacheError",
-    "KernelCache",
-    "LocalLoadError",
-    "NoExecError",
-    "PublishError",
-    "Settings",
-    "TargetError",
-    "UnwritableCache",
-    "default_cache",
-    "default_root",
-    "doctor",
-    "get_or_compile",
-    "install",
-    "is_installed",
-    "uninstall",
-]
 
-_LAZY = {"CompilePool", "Job", "JobResult"}
+# Public name -> the module that defines it.
+_PUBLIC = {
+    "KernelCache": "kcache.cache.kernel_cache",
+    "default_cache": "kcache.cache.default",
+    "get_or_compile": "kcache.cache.default",
+    "Settings": "kcache.config",
+    "default_root": "kcache.config",
+    "CompilePool": "kcache.compile.pool",
+    "Job": "kcache.compile.pool",
+    "JobResult": "kcache.compile.pool",
+    "install": "kcache.dropin",
+    "is_installed": "kcache.dropin",
+    "uninstall": "kcache.dropin",
+    "doctor": "kcache.tools.doctor",
+}
+
+__all__ = sorted([
+    *_PUBLIC,
+    "CacheLockTimeout", "CompileError", "CompilePoolError", "CompileTimeout", "CompilerCrashed", "CorruptEntry",
+    "KCacheError", "LocalLoadError", "NoExecError", "PublishError", "TargetError", "UnwritableCache",
+])
 
 
 def __getattr__(name: str) -> Any:
-    # The pool's imports (subprocess, cloudpickle) stay off the path of a cache hit.
-    if name in _LAZY:
-        from . import pool
-
-        return getattr(pool, name)
-    raise AttributeError(f"module 'kcache' has no attribute {name!r}")
-
-
-_default: KernelCache | None = None
-_default_lock = threading.Lock()
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kcache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
 
-def default_cache() -> KernelCache:
-    """The process-wide cache at $KCACHE_DIR, else the platform's user cache directory."""
-    global _default
-    if _default is None:
-        with _default_lock:
-            if _default is None:
-                _default = KernelCache()
-    return _default
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
 
 
-def get_or_compile(
-    func: PrimFunc,
-    target: str | dict[str, Any] | Any | None = None,
-    *,
-    out_idx: int | Sequence[int] | None = None,
-    pass_configs: dict[str, Any] | None = None,
-    compile_flags: str | Sequence[str] | None = None,
-    execution_backend: str = "tvm_ffi",
-) -> JITKernel:
-    """`KernelCache.get_or_compile` on the default cache."""
-    return default_cache().get_or_compile(
-        func, target, out_idx=out_idx, pass_configs=pass_configs,
-        compile_flags=compile_flags, execution_backend=execution_backend,
-    )
+if os.environ.get("KCACHE_TILELANG", "").strip():
+    # KCACHE_TILELANG=1: install into TileLang now, or as soon as it is imported.
+    from kcache.dropin import install_from_environment
 
-
-install_from_environment()  # KCACHE_TILELANG=1
+    install_from_environment()

@@ -10,7 +10,7 @@ from typing import Any
 
 import platformdirs
 
-from . import sharing
+from kcache.store import sharing
 
 DEFAULT_LOCK_TIMEOUT_S = 900.0
 DEFAULT_STAGING_TTL_S = 3600.0

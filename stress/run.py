@@ -233,7 +233,7 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
 
     # Final gc: nothing left behind (every worker ran on this host, so dead writers' staging goes at once).
     cache.gc()
-    from kcache.maintenance import lock_dirs, staging_dirs
+    from kcache.maintenance.gc import lock_dirs, staging_dirs
 
     for path in [*staging_dirs(root), *lock_dirs(root)]:
         if args.backend == "kcache" and path.exists() and os.listdir(path):

@@ -1,7 +1,7 @@
 """A fake compiler for `python -m stress --synthetic`: the whole kcache protocol, without TileLang.
 
 It plugs into `kcache.KernelCache(backend=...)` with the same functions as
-`kcache.tilelang_backend`. A "kernel" is a name; compiling it writes random
+`kcache.tilelang.backend`. A "kernel" is a name; compiling it writes random
 artifacts of realistic sizes (a ~30 KB .so, a ~6 KB cubin, ~20 KB of host
 source); loading it returns the verified bytes. Thousands of store
 operations per second, so races and faults are hit far more often than
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kcache.fsutil import write_durable
+from kcache.store.fsutil import write_durable
 from kcache.keys import ENTRY_FORMAT, canonical_json  # noqa: F401 - canonical_json is part of the backend interface
 
 DEVICE_SOURCE, HOST_SOURCE, DEVICE_BINARY, LIBRARY, PARAMS, META = (

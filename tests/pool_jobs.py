@@ -35,13 +35,13 @@ def raise_value_error() -> None:
 
 
 def install_faulty_compiler() -> None:
-    """Make `kcache.tilelang_compile.compile_kernel` abort or hang for the kernel named in the environment.
+    """Make `kcache.tilelang.compiler.compile_kernel` abort or hang for the kernel named in the environment.
 
     Preloaded by a test's pool (module `tests.pool_jobs_faulty`), so the fault
     fires inside a real worker, in the middle of a real get_or_compile.
     """
-    from kcache import tilelang_compile
-    from kcache.tilelang_backend import kernel_name
+    from kcache.tilelang import compiler as tilelang_compile
+    from kcache.tilelang.backend import kernel_name
 
     original = tilelang_compile.compile_kernel
 

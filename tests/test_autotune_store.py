@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from autotuner import AutotuneResult, result_path
-from autotuner.result import COMPONENTS, FUNCTION
+from kcache.results.autotune import COMPONENTS, FUNCTION
 from kcache.errors import KCacheError
-from kcache.manifest import MANIFEST_NAME, build_manifest
-from kcache.maintenance import collect_garbage
+from kcache.store.manifest import MANIFEST_NAME, build_manifest
+from kcache.maintenance.gc import collect_garbage
 
 from .helpers import expect_line, spawn
 
@@ -148,7 +148,7 @@ def test_a_saver_killed_mid_save_leaves_nothing_partial_and_gc_cleans_its_stagin
     path = result_path(tmp_path, "killed")
     saver = spawn(MAKE_RESULT + f"""
 import sys
-from kcache.store import EntryStore
+from kcache.store.entries import EntryStore
 def pause(step):
     if step == "components_written":
         print("paused", flush=True); sys.stdin.readline()

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
 
 import kcache  # noqa: E402
-from kcache.store import EntryStore  # noqa: E402
+from kcache.store.entries import EntryStore  # noqa: E402
 from stress.nvcc_counter import NvccCounter  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
@@ -113,7 +113,7 @@ def test_corrupt_entries_are_quarantined_and_recompiled_never_loaded(root_copy: 
 def test_a_verified_entry_that_cannot_be_loaded_is_corrupt_too(root_copy: Path) -> None:
     # A well-formed but wrong library: the manifest is rewritten to match it,
     # so only the load can tell.
-    from kcache.manifest import build_manifest
+    from kcache.store.manifest import build_manifest
 
     entry = only_entry(root_copy)
     shutil.copy("/bin/true", entry / "kernel.so")
@@ -144,9 +144,9 @@ def test_the_next_call_after_a_compile_error_still_works(cache_root: Path) -> No
 
 
 def test_every_key_input_changes_the_key(cache_root: Path) -> None:
-    from kcache import tilelang_backend as backend
+    from kcache.tilelang import backend
     from kcache.keys import derive_key
-    from kcache.tilelang_backend import toolchain_fingerprint
+    from kcache.tilelang.backend import toolchain_fingerprint
 
     func = elementwise_add()
     toolchain = toolchain_fingerprint(cache_root)
@@ -246,7 +246,7 @@ def test_a_lost_publish_race_uses_the_winners_entry(root_copy: Path, tmp_path: P
 def test_a_full_disk_after_a_good_compile_returns_the_kernel_and_warns_once(tmp_path: Path, caplog) -> None:
     with tmpfs(tmp_path / "tiny", size="1m") as mount:
         cache = kcache.KernelCache(mount / "cache")
-        from kcache.tilelang_backend import toolchain_fingerprint
+        from kcache.tilelang.backend import toolchain_fingerprint
 
         toolchain_fingerprint(cache.root)  # the small files that come before the entry
         fill_filesystem(mount, leave_bytes=8 * 1024)
@@ -268,7 +268,7 @@ def test_a_disk_hit_builds_the_same_kernel_as_tilelangs_from_database(cache_root
     from tilelang.jit import JITKernel
     from tilelang.jit.adapter.base import CachedTextSource
 
-    from kcache import tilelang_backend as backend
+    from kcache.tilelang import backend
     from kcache.keys import derive_key
 
     func = elementwise_add()

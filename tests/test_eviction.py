@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import kcache
-from kcache.eviction import LAST_USE_RESOLUTION_S, evict, note_use, scan_entries
-from kcache.manifest import verify_entry
-from kcache.stats import COUNTERS, read_persisted
+from kcache.maintenance.eviction import LAST_USE_RESOLUTION_S, evict, note_use, scan_entries
+from kcache.store.manifest import verify_entry
+from kcache.maintenance.stats import COUNTERS, read_persisted
 from stress import synthetic
 
 from .helpers import spawn
@@ -94,7 +94,7 @@ print(json.dumps({{"errors": errors, "compiles": compiles}}))
     evictor = """
 import json
 from pathlib import Path
-from kcache.eviction import evict
+from kcache.maintenance.eviction import evict
 evicted = sum(evict(Path({root!r}), max_size={limit}, max_age_s=None).evicted for _ in range(300))
 print(json.dumps({{"evicted": evicted}}))
 """

@@ -77,7 +77,7 @@ def test_a_fresh_process_runs_the_cached_kernel_correctly(cache_root: Path) -> N
 
 @needs_root
 def test_kernels_loaded_from_copies_on_a_noexec_mount_run_correctly(tmp_path: Path) -> None:
-    from kcache import exec_copy
+    from kcache.store import exec_copy
 
     with tmpfs(tmp_path / "noexec", size="64m", options="noexec") as mount:
         root = mount / "root"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kcache.errors import CacheLockTimeout
-from kcache.locks import KeyLock, remove_idle_lock_files
+from kcache.store.locks import KeyLock, remove_idle_lock_files
 
 from .helpers import expect_line, spawn
 
@@ -20,7 +20,7 @@ KEY = "ef" * 32
 def hold_lock_in_child(path: Path):
     child = spawn(f"""
         import sys
-        from kcache.locks import KeyLock
+        from kcache.store.locks import KeyLock
         lock = KeyLock({str(path)!r}, {KEY!r})
         lock.acquire(timeout=30)
         print("locked", flush=True)

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from kcache.config import Settings
-from kcache.layout import StagingName, this_host
-from kcache.maintenance import collect_garbage, gc_is_due, staging_is_stale
+from kcache.store.layout import StagingName, this_host
+from kcache.maintenance.gc import collect_garbage, gc_is_due, staging_is_stale
 
 KEY = "12" * 32
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
 
-from kcache.layout import StagingName  # noqa: E402
+from kcache.store.layout import StagingName  # noqa: E402
 from stress.nvcc_counter import NvccCounter  # noqa: E402
 from stress.procs import Barrier  # noqa: E402
 
@@ -64,7 +64,7 @@ def test_a_writer_killed_mid_publish_or_mid_compile_leaves_nothing_partial(cache
     counter = NvccCounter(tmp_path)
     if where == "publish":
         pause = """
-from kcache.store import EntryStore
+from kcache.store.entries import EntryStore
 def pause(step):
     if step == "manifest_written":
         print("paused", flush=True); sys.stdin.readline()
@@ -72,7 +72,7 @@ EntryStore.fault_hook = staticmethod(pause)
 """
     else:
         pause = """
-from kcache import tilelang_backend
+from kcache.tilelang import backend as tilelang_backend
 def pause(*args, **kwargs):
     print("paused", flush=True); sys.stdin.readline()
 tilelang_backend.compile_kernel = pause  # in-process compiles
@@ -91,8 +91,8 @@ tilelang_backend.compile_entry = pause  # compiles in the pool
     assert stats["compiles"] == 1
     assert counter.count() == compiles_before_kill + 1
     (key,) = entries(cache_root)
-    from kcache.manifest import verify_entry
-    from kcache.tilelang_backend import COMPONENTS
+    from kcache.store.manifest import verify_entry
+    from kcache.tilelang.backend import COMPONENTS
 
     verify_entry(cache_root / "kernels" / key, COMPONENTS)
     leftovers = [StagingName.parse(n) for n in os.listdir(cache_root / ".staging")]

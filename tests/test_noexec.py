@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
 
 import kcache  # noqa: E402
-from kcache import exec_copy  # noqa: E402
-from kcache.manifest import MANIFEST_NAME, build_manifest  # noqa: E402
+from kcache.store import exec_copy  # noqa: E402
+from kcache.store.manifest import MANIFEST_NAME, build_manifest  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 from .faults import needs_root, tmpfs  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 
 import kcache
 from kcache.config import Settings
-from kcache.pool import CompilePool, Job
+from kcache.compile.pool import CompilePool, Job
 
 from . import pool_jobs
 from .helpers import spawn
@@ -94,7 +94,7 @@ def _wait_for_exit(pid: int, timeout_s: float) -> bool:
 def test_killing_the_parent_leaves_no_orphan_workers() -> None:
     parent = spawn("""
         import json, sys
-        from kcache.pool import CompilePool
+        from kcache.compile.pool import CompilePool
         from tests import pool_jobs
         pool = CompilePool(2, preload=())
         pool.warm()
@@ -139,7 +139,7 @@ def test_a_compile_that_crashes_or_hangs_raises_and_the_next_call_works(
     cache_root: Path, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     pytest.importorskip("tilelang")
-    from kcache.pool import TILELANG_PRELOAD
+    from kcache.compile.pool import TILELANG_PRELOAD
     from stress.kernels import CPU_TARGET, elementwise_add
 
     faulty, good = elementwise_add(n=1024), elementwise_add(n=2048)

@@ -133,7 +133,7 @@ kcache.KernelCache({str(tmp_path / "a")!r}, backend=synthetic, remote={redis_url
 
 
 def test_doctor_checks_that_the_remote_answers(tmp_path: Path, redis_url: str) -> None:
-    from kcache.doctor import doctor
+    from kcache.tools.doctor import doctor
 
     def remote_finding(url: str):
         settings = dataclasses.replace(Settings.from_env(tmp_path), remote_url=url)

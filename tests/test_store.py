@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kcache.errors import CorruptEntry, PublishError
-from kcache.fsutil import write_durable
-from kcache.layout import StagingName
-from kcache.manifest import MANIFEST_NAME
-from kcache.store import PUBLISH_STEPS, EntryStore, PublishOutcome
+from kcache.store.fsutil import write_durable
+from kcache.store.layout import StagingName
+from kcache.store.manifest import MANIFEST_NAME
+from kcache.store.entries import PUBLISH_STEPS, EntryStore, PublishOutcome
 
 from .faults import fill_filesystem, needs_root, readonly_bind, tmpfs
 

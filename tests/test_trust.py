@@ -15,7 +15,7 @@ from stress import synthetic
 
 def planted(cache_root: Path) -> tuple[Path, str]:
     """Publish k0, then replace its library with a foreign one (rewriting the manifest to match)."""
-    from kcache.manifest import MANIFEST_NAME, build_manifest
+    from kcache.store.manifest import MANIFEST_NAME, build_manifest
 
     kcache.KernelCache(cache_root, backend=synthetic).get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
     (entry,) = (cache_root / "kernels").iterdir()

@@ -1,0 +1,461 @@
+"""`CompilePool`: long-lived compile workers, so a compiler crash kills a worker, not the program.
+
+Each worker is a fresh interpreter (fork+exec, never a fork of this
+process: it may hold a CUDA context or locks of other threads) that has
+imported TileLang once and then runs job after job. One thread of this
+process drives each worker, so that:
+
+- a job that outlives its timeout gets its worker's whole process group
+  (the worker and its nvcc) SIGKILLed and raises `CompileTimeout`;
+- a worker that dies mid-job raises `CompilerCrashed` with the signal and
+  the worker's last lines of stderr, and is replaced;
+- the workers die with this process: PR_SET_PDEATHSIG fires when the
+  thread that started a worker ends, and that thread lives as long as the
+  pool.
+
+Workers start lazily, one per job running at once, up to `workers`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kcache.compile import protocol as wire
+from kcache.compile.worker import PARENT_ENV
+from kcache.errors import CompilePoolError, CompilerCrashed, CompileTimeout, KCacheError
+
+log = logging.getLogger("kcache")
+
+# What a worker imports before it says it is ready: a compile then starts warm.
+TILELANG_PRELOAD = ("tilelang", "kcache.tilelang.compiler")
+START_TIMEOUT_S = 300.0
+STDERR_TAIL_LINES = 25
+# A worker's stderr file is emptied between jobs once it is this big.
+STDERR_KEEP_BYTES = 1 << 20
+# How long a worker gets to exit after its pipe closes before it is killed.
+EXIT_GRACE_S = 5.0
+
+_UNSET: Any = object()
+
+
+def usable_cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Job:
+    """One unit of work for `compile_many`: `fn(*args)` in a worker."""
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+    name: str | None = None
+    timeout_s: float | None = _UNSET
+    tag: Any = None  # the caller's, returned untouched
+
+
+@dataclass
+class JobResult:
+    job: Job
+    value: Any = None
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class _Died(Exception):
+    pass
+
+
+class _WorkerProcess:
+    """One worker interpreter and its pipes. Used by one pool thread only."""
+
+    def __init__(self, preload: tuple[str, ...], start_timeout_s: float) -> None:
+        self._stderr = _anonymous_append_file()
+        package_parent = str(Path(__file__).resolve().parents[2])
+        bootstrap = f"import sys; sys.path.insert(0, {package_parent!r}); from kcache.compile.worker import main; sys.exit(main())"
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", bootstrap],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
+                start_new_session=True,  # its own process group: a kill takes its nvcc too, and Ctrl-C reaches only us
+            )
+        except OSError as err:
+            os.close(self._stderr)
+            raise CompilePoolError(f"{sys.executable} could not be started: {err}", "") from err
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._to_worker = self.proc.stdin.fileno()
+        self._from_worker = self.proc.stdout.fileno()
+        try:
+            wire.send(self._to_worker, {"sys_path": list(sys.path), "preload": list(preload)})
+            kind, pid = self._receive(start_timeout_s, "starting")
+        except (_Died, TimeoutError, OSError) as err:
+            tail = self.stderr_tail(0)
+            self.kill()
+            raise CompilePoolError(f"the worker did not get ready ({err})", tail) from None
+        if kind != wire.READY:
+            self.kill()
+            raise CompilePoolError(f"the worker answered {kind!r} instead of ready", "")
+        self.pid: int = pid
+
+    def run(self, payload: bytes, timeout_s: float | None) -> tuple:
+        """Send one job, wait for its reply. Raises _Died or TimeoutError (the worker is then unusable)."""
+        self._trim_stderr()
+        self.job_stderr_start = os.fstat(self._stderr).st_size
+        try:
+            wire.send_bytes(self._to_worker, payload)
+        except BrokenPipeError as err:
+            raise _Died("the worker's pipe was closed") from err
+        return self._receive(timeout_s, "running a job")
+
+    def _receive(self, timeout_s: float | None, doing: str) -> tuple:
+        poller = select.poll()
+        poller.register(self._from_worker, select.POLLIN | select.POLLHUP | select.POLLERR)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if poller.poll(None if remaining is None else int(remaining * 1000) + 1):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no reply within {timeout_s:g} s while {doing}")
+        try:
+            return wire.cloudpickle.loads(wire.recv_bytes(self._from_worker))
+        except EOFError as err:
+            raise _Died(f"the worker died while {doing}") from err
+
+    def death(self) -> tuple[str | None, int | None]:
+        """(signal name, exit code) of a worker whose pipe closed."""
+        try:
+            code = self.proc.wait(EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:  # it closed its stdout but lives on: make it dead
+            self.kill()
+            code = self.proc.returncode
+        if code is not None and code < 0:
+            try:
+                return signal.Signals(-code).name, None
+            except ValueError:
+                return f"signal {-code}", None
+        return None, code
+
+    def stderr_tail(self, start: int | None = None, lines: int = STDERR_TAIL_LINES) -> str:
+        begin = self.job_stderr_start if start is None else start
+        try:
+            end = os.fstat(self._stderr).st_size
+            begin = max(begin, end - 64 * 1024)
+            text = os.pread(self._stderr, end - begin, begin).decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _trim_stderr(self) -> None:
+        try:
+            if os.fstat(self._stderr).st_size > STDERR_KEEP_BYTES:
+                os.ftruncate(self._stderr, 0)  # the worker writes with O_APPEND: it follows the new end
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self._close_fds()
+
+    def close(self) -> None:
+        """Ask the worker to exit (its stdin closes), then make sure it did."""
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self.proc.wait(EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+    def _close_fds(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        if self._stderr >= 0:
+            os.close(self._stderr)
+            self._stderr = -1
+
+
+def _anonymous_append_file() -> int:
+    """An unlinked O_APPEND file: the worker's stderr, readable here, gone when closed."""
+    directory = tempfile.gettempdir()
+    for _ in range(100):
+        path = os.path.join(directory, f"kcache-worker-{os.getpid()}-{os.urandom(6).hex()}.stderr")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        os.unlink(path)
+        return fd
+    raise FileExistsError(f"could not create a worker stderr file in {directory}")
+
+
+@dataclass
+class _Pending:
+    future: Future
+    payload: bytes
+    name: str
+    timeout_s: float | None
+
+
+@dataclass
+class _Slot:
+    """One pool thread and the worker it drives."""
+
+    thread: threading.Thread | None = None
+    worker: _WorkerProcess | None = None
+    busy: bool = False
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+class CompilePool:
+    """Long-lived compile workers. `submit(fn, *args)` runs fn(*args) in one and returns a Future.
+
+    `workers`: at most this many jobs run at once (default: the usable CPU
+    count). `timeout_s`: the default limit of one job (None: no limit).
+    `preload`: modules each worker imports before its first job.
+    """
+
+    def __init__(self, workers: int | None = None, timeout_s: float | None = None, *,
+                 preload: Iterable[str] = TILELANG_PRELOAD, start_timeout_s: float = START_TIMEOUT_S) -> None:
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers={workers}: a compile pool needs at least one worker")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s}: use None for no limit")
+        self.max_workers = workers or usable_cpu_count()
+        self.timeout_s = timeout_s
+        self.preload = tuple(preload)
+        self.start_timeout_s = start_timeout_s
+        self._jobs: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._slots: list[_Slot] = []
+        self._outstanding = 0
+        self._lock = threading.Lock()
+        self.closed = False
+        self.owner_pid = os.getpid()
+        self._numbers = itertools.count()
+        _live_pools.add(self)
+
+    # ------------------------------------------------------------ public
+
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
+               timeout_s: float | None = _UNSET) -> Future:
+        """Run `fn(*args)` in a worker. fn, args and the result must pickle (cloudpickle).
+
+        The future raises what fn raised, `CompilerCrashed` if the worker
+        died, `CompileTimeout` past the time limit, `CompilePoolError` if no
+        worker could start.
+        """
+        self._check_usable()
+        future: Future = Future()
+        label = name or getattr(fn, "__qualname__", None) or repr(fn)
+        limit = self.timeout_s if timeout_s is _UNSET else timeout_s
+        payload = wire.cloudpickle.dumps((fn, args))
+        with self._lock:
+            self._outstanding += 1
+            if self._outstanding > len(self._slots) and len(self._slots) < self.max_workers:
+                self._add_slot()
+        self._jobs.put(_Pending(future, payload, label, limit))
+        return future
+
+    def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = _UNSET) -> Any:
+        """`submit(...).result()`."""
+        return self.submit(fn, *args, name=name, timeout_s=timeout_s).result()
+
+    def compile_many(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        """Run every job, up to `max_workers` at once, and yield their results as they finish."""
+        futures = {self.submit(job.fn, *job.args, name=job.name, timeout_s=job.timeout_s): job for job in jobs}
+        for future in as_completed(futures):
+            error = future.exception()
+            yield JobResult(futures[future], None if error is not None else future.result(), error)
+
+    def warm(self, count: int | None = None) -> float:
+        """Start `count` workers (default: all) and wait until every worker is ready, replacements of
+        dead ones included; returns the seconds it took."""
+        self._check_usable()
+        started = time.monotonic()
+        with self._lock:
+            while len(self._slots) < min(count or self.max_workers, self.max_workers):
+                self._add_slot()
+            slots = list(self._slots)
+        for slot in slots:
+            slot.ready.wait()
+        return time.monotonic() - started
+
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            return [slot.worker.pid for slot in self._slots if slot.worker is not None]
+
+    def close(self) -> None:
+        """Stop the workers: idle ones exit, busy ones are killed (their futures fail)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            slots = list(self._slots)
+        for _ in slots:
+            self._jobs.put(None)
+        for slot in slots:
+            worker = slot.worker
+            if slot.busy and worker is not None:
+                worker.kill()
+        for slot in slots:
+            if slot.thread is not None and slot.thread is not threading.current_thread():
+                slot.thread.join(EXIT_GRACE_S * 2)
+        _live_pools.discard(self)
+
+    def __enter__(self) -> CompilePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise RuntimeError("this CompilePool is closed")
+        if os.getpid() != self.owner_pid:
+            # A fork of the owner: the pool's threads did not come along.
+            raise RuntimeError("a CompilePool cannot be used in a forked child; make a new one there")
+
+    def _add_slot(self) -> None:
+        slot = _Slot()
+        slot.thread = threading.Thread(
+            target=self._drive, args=(slot,), name=f"kcache-compile-{next(self._numbers)}", daemon=True
+        )
+        self._slots.append(slot)
+        slot.thread.start()
+
+    def _drive(self, slot: _Slot) -> None:
+        """The loop of one pool thread: start its worker, then run jobs until the pool closes."""
+        start_error: CompilePoolError | None = None
+        try:
+            slot.worker = self._start_worker()
+        except CompilePoolError as err:
+            start_error = err
+        slot.ready.set()
+        while True:
+            pending = self._jobs.get()
+            if pending is None:
+                break
+            try:
+                if not pending.future.set_running_or_notify_cancel():
+                    continue
+                if slot.worker is None:
+                    if start_error is not None:
+                        # Reported once to the job that was waiting; the next job retries the start.
+                        error, start_error = start_error, None
+                        pending.future.set_exception(error)
+                        continue
+                    try:
+                        slot.worker = self._start_worker()
+                    except CompilePoolError as err:
+                        pending.future.set_exception(err)
+                        continue
+                slot.busy = True
+                self._run_one(slot, pending)
+                if slot.worker is None and not self.closed:
+                    # Replace a dead worker now, not when the next job is already waiting.
+                    slot.ready.clear()
+                    try:
+                        slot.worker = self._start_worker()
+                    except CompilePoolError as err:
+                        start_error = err
+                    slot.ready.set()
+            finally:
+                slot.busy = False
+                with self._lock:
+                    self._outstanding -= 1
+        if slot.worker is not None:
+            slot.worker.close()
+            slot.worker = None
+
+    def _run_one(self, slot: _Slot, pending: _Pending) -> None:
+        worker = slot.worker
+        assert worker is not None
+        try:
+            reply = worker.run(pending.payload, pending.timeout_s)
+        except TimeoutError:
+            worker.kill()
+            slot.worker = None
+            log.warning("kcache: killed the compile worker of %s after %g s", pending.name, pending.timeout_s)
+            pending.future.set_exception(CompileTimeout(pending.name, pending.timeout_s or 0.0))
+            return
+        except _Died:
+            signal_name, exit_code = worker.death()
+            tail = worker.stderr_tail()
+            worker.kill()
+            slot.worker = None
+            if self.closed:
+                pending.future.set_exception(RuntimeError(f"the CompilePool closed while {pending.name!r} was compiling"))
+                return
+            log.warning("kcache: the compile worker of %s died (%s)", pending.name, signal_name or f"exit {exit_code}")
+            pending.future.set_exception(CompilerCrashed(pending.name, signal_name, exit_code, tail))
+            return
+        if reply[0] == wire.OK:
+            pending.future.set_result(reply[1])
+        else:
+            error = reply[1]
+            if not isinstance(error, KCacheError) and len(reply) > 2 and reply[2]:
+                # An unexpected failure: keep where in the worker it happened.
+                error.add_note(f"in the kcache compile worker:\n{reply[2].rstrip()}")
+            pending.future.set_exception(error)
+
+    def _start_worker(self) -> _WorkerProcess:
+        return _WorkerProcess(self.preload, self.start_timeout_s)
+
+
+_live_pools: weakref.WeakSet[CompilePool] = weakref.WeakSet()
+_shared: dict[tuple, CompilePool] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_pool(workers: int | None, timeout_s: float | None, preload: Iterable[str]) -> CompilePool:
+    """The process's pool for these settings, made on first use. Every KernelCache of a process shares it.
+
+    Workers copy the environment when they start: set CUDA_HOME, TILELANG_*
+    and friends before the first compile.
+    """
+    key = (workers, timeout_s, tuple(preload), os.getpid())
+    with _shared_lock:
+        pool = _shared.get(key)
+        if pool is None or pool.closed:
+            pool = _shared[key] = CompilePool(workers, timeout_s, preload=preload)
+        return pool
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in list(_live_pools):
+        pool.close()

@@ -1,0 +1,76 @@
+"""A compile worker: the process `CompilePool` runs jobs in.
+
+Started by the pool with fork+exec (never a bare fork, so it inherits no
+CUDA context and no lock held by a parent thread). It talks to the parent
+over its original stdin and stdout only; fd 1 is pointed at stderr so that
+whatever TileLang, TVM or nvcc print cannot corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import importlib
+import os
+import signal
+import sys
+import threading
+import traceback
+
+from kcache.compile import protocol as wire
+
+PR_SET_PDEATHSIG = 1
+PARENT_ENV = "KCACHE_POOL_PARENT"
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        armed = False
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    if not armed:
+        # Without prctl, notice the parent's death by being re-parented.
+        def watch() -> None:
+            while os.getppid() == parent:
+                threading.Event().wait(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="kcache-parent-watch", daemon=True).start()
+
+
+def main() -> int:
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    _die_with_parent(int(os.environ[PARENT_ENV]))
+    faulthandler.enable()  # a segfault then leaves a Python traceback in the tail the parent reports
+    init = wire.recv_bytes(proto_in)
+    setup = wire.cloudpickle.loads(init)
+    sys.path[:] = setup["sys_path"]
+    for module in setup["preload"]:
+        importlib.import_module(module)
+    wire.send(proto_out, (wire.READY, os.getpid()))
+    while True:
+        try:
+            payload = wire.recv_bytes(proto_in)
+        except EOFError:  # the pool closed this worker
+            return 0
+        try:
+            fn, args = wire.cloudpickle.loads(payload)
+            reply = (wire.OK, fn(*args))
+        except BaseException as err:  # noqa: BLE001 - every failure of a job goes back to the parent
+            reply = (wire.ERR, err, traceback.format_exc())
+        try:
+            wire.send(proto_out, reply)
+        except Exception as err:  # the result or exception would not pickle: send what can be sent
+            text = reply[2] if reply[0] == wire.ERR else ""
+            wire.send(proto_out, (wire.ERR, RuntimeError(f"the job's result could not be sent back: {err!r}"), text))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""The drop-in, `kcache.install()`: existing TileLang code gets kcache without a line changed.
+
+TileLang 0.1.15 sends `tilelang.compile`, `tilelang.par_compile`, `@tilelang.jit` (eager and lazy)
+and its AutoTuner's compiles through one function, `tilelang.jit.cached`, after merging a
+PrimFunc's own out_idx, pass configs and compile flags into the arguments. Replacing that name
+routes all of them through `KernelCache.get_or_compile`: compiles happen once across processes,
+in the isolated pool, and land in kcache's root, not TileLang's. `@tilelang.jit`'s own per-call
+memo sits above it, so a call with arguments already seen returns its kernel without building the
+PrimFunc, as before. The AutoTuner's result cache (`_save_result_to_disk` / `_load_result_from_disk`)
+is replaced by autotune entries of kcache's protocol. `uninstall()` puts TileLang's own back.
+
+Calls kcache does not serve (another execution backend, a non-CUDA target, a target_host, verbose,
+extra positional arguments) go to TileLang's `cached` unchanged, with one debug line per reason.
+"""
+
+from kcache.dropin.install import install, install_from_environment, is_installed, uninstall
+
+__all__ = ["install", "install_from_environment", "is_installed", "uninstall"]

@@ -1,0 +1,99 @@
+"""Installing the drop-in into TileLang, now or as soon as TileLang is imported (KCACHE_TILELANG=1)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+from typing import Any
+
+from kcache.cache.default import default_cache
+from kcache.cache.kernel_cache import KernelCache
+from kcache.config import _parse_flag
+from kcache.dropin import autotuner_results, routing, state
+
+log = logging.getLogger("kcache")
+
+
+def install(cache: KernelCache | None = None) -> None:
+    """Route TileLang's compiles and AutoTuner results through `cache` (default: kcache's default cache).
+    Imports TileLang. Calling it again changes the cache."""
+    jit_module = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
+    from tilelang.autotuner.tuner import AutoTuner
+
+    if cache is None:
+        # Open it now (its root, backend, toolchain identity), as TileLang sets its own cache up at
+        # import: an unusable root raises here, before anything is changed, and no compile pays for it.
+        default_cache()
+    with state.lock:
+        if state.installed is None:
+            state.installed = {
+                "cached": jit_module.cached,
+                "save": AutoTuner._save_result_to_disk,
+                "load": AutoTuner._load_result_from_disk,
+            }
+        state.installed["cache"] = cache
+        jit_module.cached = routing.cached
+        AutoTuner._save_result_to_disk = autotuner_results.save_result
+        AutoTuner._load_result_from_disk = autotuner_results.load_result
+    log.debug("kcache: installed into TileLang (tilelang.compile, @tilelang.jit, AutoTuner results)")
+
+
+def uninstall() -> None:
+    """Give TileLang its own cache back. Kernels already returned keep working."""
+    with state.lock:
+        if state.installed is None:
+            return
+        from tilelang.autotuner.tuner import AutoTuner
+
+        importlib.import_module("tilelang.jit").cached = state.installed["cached"]
+        AutoTuner._save_result_to_disk = state.installed["save"]
+        AutoTuner._load_result_from_disk = state.installed["load"]
+        state.installed = None
+
+
+def is_installed() -> bool:
+    return state.installed is not None
+
+
+def install_from_environment() -> None:
+    """KCACHE_TILELANG=1 at `import kcache`: install now if TileLang is loaded, else as soon as it is
+    (a process that never imports TileLang, such as the `kcache` CLI, never pays for it)."""
+    raw = os.environ.get(state.ENV, "").strip()
+    try:
+        wanted = bool(raw) and _parse_flag(raw)
+    except ValueError as err:
+        raise ValueError(f"{state.ENV}={raw!r}: {err}") from None
+    if not wanted:
+        return
+    if _LAST_PATCHED in sys.modules:
+        install()
+    elif not any(isinstance(finder, _InstallWhenImported) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _InstallWhenImported())
+
+
+# The last module `install` patches: `import tilelang` loads tilelang.jit before it.
+_LAST_PATCHED = "tilelang.autotuner.tuner"
+
+
+class _InstallWhenImported(importlib.abc.MetaPathFinder):
+    """A post-import hook: once TileLang's AutoTuner module has run, install."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _LAST_PATCHED:
+            return None
+        sys.meta_path.remove(self)  # one shot; and the real finders must answer the lookup below
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run_module = spec.loader.exec_module
+
+        def run_then_install(module: Any) -> None:
+            run_module(module)
+            install()
+
+        spec.loader.exec_module = run_then_install  # type: ignore[method-assign]
+        return spec

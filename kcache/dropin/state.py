@@ -1,0 +1,22 @@
+"""What the drop-in holds while installed: TileLang's originals and the cache kcache serves from."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kcache.cache.default import default_cache
+from kcache.cache.kernel_cache import KernelCache
+
+ENV = "KCACHE_TILELANG"
+
+lock = threading.Lock()
+# TileLang's originals while installed ("cached", "save", "load"), and the chosen "cache"; None when not.
+installed: dict[str, Any] | None = None
+
+
+def cache() -> KernelCache:
+    """The cache the drop-in serves from: the one given to install(), else kcache's default cache."""
+    current = installed
+    chosen = current.get("cache") if current is not None else None
+    return chosen if chosen is not None else default_cache()

@@ -1,0 +1,143 @@
+"""Size- and age-bounded LRU eviction of kernel entries, and the cheap record of last use.
+
+Last use is the entry directory's mtime: publishing sets it, and a disk hit
+bumps it when it is more than an hour old, so a hot entry costs one `utime`
+per hour per process, not a write per hit. Entries are immutable and the
+manifest covers files only, so the directory's own times are free to use.
+
+An evicted entry is renamed into `<root>/.trash/` (atomic: a reader sees the
+whole entry or a miss) and deleted there. A process that already loaded it
+keeps its mapping; one that was reading it meets a vanished file, which is a
+miss, and compiles again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from kcache.store import layout
+from kcache.store.components import KERNELS
+from kcache.store.fsutil import ensure_dir, remove_tree
+
+log = logging.getLogger("kcache")
+
+LAST_USE_RESOLUTION_S = 3600.0
+
+
+def note_use(entry_dir: Path) -> None:
+    """Record that the entry was used now, at most once an hour. Best effort: a cache this process
+    cannot write (read-only, another user's) simply keeps its times."""
+    try:
+        if time.time() - os.stat(entry_dir).st_mtime >= LAST_USE_RESOLUTION_S:
+            os.utime(entry_dir)
+    except OSError as err:
+        log.debug("kcache: could not record the use of %s: %s", entry_dir, err)
+
+
+@dataclass
+class EntryUsage:
+    key: str
+    path: Path
+    size: int
+    last_used: float
+
+
+def scan_entries(root: Path) -> list[EntryUsage]:
+    """Every kernel entry with its size and last use. Entries that vanish meanwhile are skipped."""
+    found = []
+    try:
+        listing = list(os.scandir(root / KERNELS))
+    except FileNotFoundError:
+        return []
+    for entry in listing:
+        if not layout.is_key(entry.name):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            size = sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(entry.path))
+        except FileNotFoundError:
+            continue
+        found.append(EntryUsage(entry.name, Path(entry.path), size, info.st_mtime))
+    return found
+
+
+@dataclass
+class EvictReport:
+    evicted: int = 0
+    freed_bytes: int = 0
+    remaining: int = 0
+    remaining_bytes: int = 0
+
+
+def evict(root: Path, max_size: int | None, max_age_s: float | None, now: float | None = None) -> EvictReport:
+    """Evict entries unused for longer than `max_age_s`, then least-recently-used ones until the
+    total is at most `max_size`."""
+    entries = sorted(scan_entries(root), key=lambda e: e.last_used)
+    now = time.time() if now is None else now
+    total = sum(e.size for e in entries)
+    report = EvictReport()
+    for entry in entries:
+        too_old = max_age_s is not None and now - entry.last_used > max_age_s
+        too_big = max_size is not None and total > max_size
+        if not (too_old or too_big):
+            report.remaining += 1
+            report.remaining_bytes += entry.size
+            continue
+        total -= entry.size
+        if evict_entry(root, entry.path):
+            report.evicted += 1
+            report.freed_bytes += entry.size
+    record_size(root, report.remaining, report.remaining_bytes)
+    return report
+
+
+SIZE_RECORD = "size.json"
+
+
+def record_size(root: Path, entries: int, size: int) -> None:
+    """Remember the total this scan found, so that `kcache stats` need not stat every file."""
+    record = root / layout.STATS / SIZE_RECORD
+    temporary = record.with_name(f"{SIZE_RECORD}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        ensure_dir(record.parent)
+        temporary.write_text(json.dumps({"entries": entries, "bytes": size, "measured": time.time()}))
+        os.replace(temporary, record)
+    except OSError as err:
+        log.debug("kcache: could not record the cache size in %s: %s", record, err)
+
+
+def recorded_size(root: Path) -> dict | None:
+    try:
+        value = json.loads((root / layout.STATS / SIZE_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def evict_entry(root: Path, entry_dir: Path) -> bool:
+    """Move one entry out of sight atomically, then delete it. False if it was already gone."""
+    trash = root / layout.TRASH
+    ensure_dir(trash)
+    dest = trash / f"{entry_dir.name}.{uuid.uuid4().hex[:12]}"
+    try:
+        os.rename(entry_dir, dest)
+    except FileNotFoundError:
+        return False
+    remove_tree(dest, "deleting an evicted entry")
+    log.debug("kcache: evicted %s", entry_dir)
+    return True
+
+
+def empty_trash(root: Path) -> int:
+    """Delete what evictions interrupted by a crash left in the trash."""
+    try:
+        leftovers = list(os.scandir(root / layout.TRASH))
+    except FileNotFoundError:
+        return 0
+    return sum(remove_tree(Path(item.path), "emptying the trash") for item in leftovers)

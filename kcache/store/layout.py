@@ -1,0 +1,108 @@
+"""Where things live under a cache root, and how staging directories are named.
+
+    <root>/kernels/<key>/            published kernel entries (immutable)
+    <root>/autotuner/<key>/          published autotune results
+    <root>/.staging/<key>.<host>.<pid>.<uuid>   one writer's private work
+    <root>/.quarantine/<key>.<time>.<uuid>      corrupt entries moved aside
+    <root>/.locks/<key>.lock         per-key compile locks
+    <root>/.logs/                    full compiler logs of failed compiles
+    <root>/.toolchain/               memoized toolchain fingerprints
+    <root>/.stats/                   per-process counters, folded totals, the size record
+    <root>/.trash/                   evicted entries, renamed here before they are deleted
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGING = ".staging"
+QUARANTINE = ".quarantine"
+LOCKS = ".locks"
+LOGS = ".logs"
+TOOLCHAIN = ".toolchain"
+STATS = ".stats"
+TRASH = ".trash"
+
+_KEY_RE = re.compile(r"[0-9a-f]{16,128}")
+
+
+def is_key(name: str) -> bool:
+    return _KEY_RE.fullmatch(name) is not None
+
+
+def check_key(key: str) -> str:
+    """Keys name directories: only lowercase hex may pass, so none escapes the root."""
+    if not is_key(key):
+        raise ValueError(f"invalid cache key {key!r}: expected 16 to 128 lowercase hex digits")
+    return key
+
+
+_ENTRY_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}")
+
+
+def check_entry_name(name: str) -> str:
+    """A caller-chosen entry name (an autotune result's directory): one path component, not hidden.
+
+    Names starting with a dot are kcache's own (.staging, .quarantine, ...).
+    """
+    if _ENTRY_NAME_RE.fullmatch(name) is None:
+        raise ValueError(
+            f"invalid entry directory name {name!r}: use letters, digits and _ . + = - "
+            "(at most 200, not starting with a dot)"
+        )
+    return name
+
+
+def staging_key(name: str) -> str:
+    """The key part of a staging directory's name: the key itself, or a digest of a free-form name
+    (gc recognizes staging directories by a hex key)."""
+    return name if is_key(name) else hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (the owner of a staging directory or stats file)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def this_host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "unknown"
+
+
+@dataclass(frozen=True)
+class StagingName:
+    key: str
+    host: str
+    pid: int
+    token: str
+
+    def __str__(self) -> str:
+        return f"{self.key}.{self.host}.{self.pid}.{self.token}"
+
+    @classmethod
+    def fresh(cls, key: str) -> StagingName:
+        return cls(key, this_host(), os.getpid(), uuid.uuid4().hex)
+
+    @classmethod
+    def parse(cls, name: str) -> StagingName | None:
+        key, _, rest = name.partition(".")
+        host, _, tail = rest.rpartition(".")
+        host, _, pid = host.rpartition(".")
+        if not (is_key(key) and host and pid.isdigit() and tail):
+            return None
+        return cls(key, host, int(pid), tail)
+
+
+def staging_root(root: Path) -> Path:
+    return root / STAGING

@@ -1,0 +1,153 @@
+"""Per-key inter-process locks (flock through portalocker) for single-flight compiles.
+
+As in filelock: `_try_acquire` makes exactly one non-blocking attempt, and
+`acquire` owns the timeout, the polling backoff and the logging. The kernel
+drops a flock when its holder dies, SIGKILL included, so a dead compiler
+never wedges its waiters.
+
+Lock files are removed only by `remove_idle_lock_files`, which unlinks a
+file while holding its lock; an acquirer that then finds its descriptor no
+longer matches the path's inode retries, so two processes can never hold
+"the same" lock through two different inodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import portalocker
+
+from kcache.store import sharing
+from kcache.errors import CacheLockTimeout
+from kcache.store.fsutil import ensure_dir
+
+log = logging.getLogger("kcache")
+
+_FLAGS = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
+_FIRST_POLL_S = 0.002
+_MAX_POLL_S = 0.02
+
+
+class KeyLock:
+    """An exclusive lock on `<root>/.locks/<key>.lock`. Not reentrant."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path = Path(path)
+        self.key = key
+        self._fd: int | None = None
+
+    @property
+    def is_locked(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, timeout: float, give_up_when: Callable[[], bool] | None = None) -> float | None:
+        """Block until the lock is ours; return the seconds spent waiting (0.0 if free).
+
+        Between attempts, `give_up_when()` may end the wait early (the holder's
+        result became visible, say): then None is returned and nothing is held.
+        Raises CacheLockTimeout after `timeout` seconds.
+        """
+        if self._fd is not None:
+            raise RuntimeError(f"{self.path} is already held by this KeyLock")
+        ensure_dir(self.path.parent)
+        start = time.monotonic()
+        poll = _FIRST_POLL_S
+        logged = False
+        while True:
+            fd = self._try_acquire()
+            if fd is not None:
+                self._fd = fd
+                return time.monotonic() - start if logged else 0.0
+            if give_up_when is not None and give_up_when():
+                return None
+            waited = time.monotonic() - start
+            if waited >= timeout:
+                raise CacheLockTimeout(str(self.path), timeout, self.key)
+            if not logged:
+                log.debug("kcache: waiting for %s (another process is compiling %s)", self.path, self.key[:16])
+                logged = True
+            time.sleep(min(poll, max(timeout - waited, 0.0)))
+            poll = min(poll * 1.5, _MAX_POLL_S)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            # Closing the descriptor drops the flock.
+            os.close(fd)
+
+    def __enter__(self) -> KeyLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _try_acquire(self) -> int | None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, sharing.SHARED_FILE_MODE)
+        try:
+            _share(fd)
+            portalocker.lock(fd, _FLAGS)
+        except portalocker.AlreadyLocked:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if not _same_file(fd, self.path):
+            # gc unlinked the file between our open and our lock: try again on
+            # the path's current file.
+            os.close(fd)
+            return None
+        return fd
+
+
+def _share(fd: int) -> None:
+    """In group mode, a lock file this process created must be writable by every member (they
+    open it O_RDWR to lock it); the process's umask may have taken that away."""
+    exact = sharing.file_mode(sharing.SHARED_FILE_MODE)
+    if exact is None:
+        return
+    info = os.fstat(fd)
+    if info.st_uid == os.geteuid() and info.st_mode & 0o777 != exact:
+        os.fchmod(fd, exact)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        on_disk = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def remove_idle_lock_files(locks_dir: Path) -> int:
+    """Unlink every empty lock file that nobody holds; return how many."""
+    removed = 0
+    try:
+        names = os.listdir(locks_dir)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if not name.endswith(".lock"):
+            continue
+        path = locks_dir / name
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue
+        try:
+            portalocker.lock(fd, _FLAGS)
+        except portalocker.AlreadyLocked:
+            os.close(fd)
+            continue
+        try:
+            if os.fstat(fd).st_size == 0 and _same_file(fd, path):
+                os.unlink(path)
+                removed += 1
+        finally:
+            os.close(fd)
+    return removed

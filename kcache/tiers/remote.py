@@ -1,0 +1,210 @@
+"""The remote tier: one Redis shared by many machines, so that a cluster compiles each kernel once.
+
+An entry travels as one Redis value (one SET: never a partial remote entry):
+
+    b"KCR1" | 4-byte header length | header JSON {"files": [[name, size], ...]} | the files' bytes
+    | 32-byte HMAC-SHA256 of everything before it, when KCACHE_REMOTE_SECRET is set
+
+A value is trusted by nothing but its content: names must be entry components,
+sizes must add up, every file must match the manifest inside (sizes and
+sha256), and with a secret the HMAC must verify. A remote hit is then
+published into the local root through the ordinary staging protocol.
+
+Single flight across machines: a lease (SET NX PX) renewed while its holder
+compiles; when the holder dies the expiry frees it. Redis being down, slow
+or restarted never stops kcache: short socket timeouts, one warning, and a
+circuit breaker that leaves Redis alone for a while before trying again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kcache.errors import CorruptEntry
+from kcache.store.manifest import verify_contents
+
+log = logging.getLogger("kcache")
+
+MAGIC = b"KCR1"
+_LEN = struct.Struct(">I")
+DIGEST_SIZE = 32
+DEFAULT_TIMEOUT_S = 0.5
+DEFAULT_RETRY_AFTER_S = 30.0
+DEFAULT_LEASE_S = 30.0
+DEFAULT_MAX_ENTRY_BYTES = 64 << 20
+
+# What a remote lookup can raise besides redis-py's own errors: sockets and DNS.
+_NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError,)
+
+
+DOWN = object()  # what a Redis command "returns" while Redis is unavailable
+
+
+class RemoteCorrupt(ValueError):
+    """A remote value that is not a whole, authentic entry."""
+
+
+def pack(files: dict[str, bytes], secret: bytes | None) -> bytes:
+    names = sorted(files)
+    header = json.dumps({"files": [[name, len(files[name])] for name in names]}).encode()
+    body = b"".join([MAGIC, _LEN.pack(len(header)), header, *(files[name] for name in names)])
+    return body + (hmac.new(secret, body, hashlib.sha256).digest() if secret else b"")
+
+
+def unpack(value: bytes, required: frozenset[str], secret: bytes | None) -> dict[str, bytes]:
+    """The verified files of a remote value. Raises RemoteCorrupt."""
+    if secret:
+        body, signature = value[:-DIGEST_SIZE], value[-DIGEST_SIZE:]
+        if len(value) <= DIGEST_SIZE or not hmac.compare_digest(signature, hmac.new(secret, body, hashlib.sha256).digest()):
+            raise RemoteCorrupt("its signature does not verify with KCACHE_REMOTE_SECRET (unsigned, or another secret)")
+    else:
+        body = value
+    if body[:4] != MAGIC or len(body) < 8:
+        raise RemoteCorrupt("not a kcache entry")
+    (header_size,) = _LEN.unpack(body[4:8])
+    try:
+        listing = json.loads(body[8:8 + header_size])["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise RemoteCorrupt(f"unreadable header: {err}") from None
+    files: dict[str, bytes] = {}
+    offset = 8 + header_size
+    for item in listing:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)
+                and item[1] >= 0 and item[0] not in files):
+            raise RemoteCorrupt(f"bad file entry {item!r}")
+        name, size = item
+        files[name] = body[offset:offset + size]
+        offset += size
+    if offset != len(body):
+        raise RemoteCorrupt("the files' sizes do not add up to the value's length")
+    try:
+        verify_contents("remote value", files, required)  # also refuses names outside the manifest
+    except CorruptEntry as err:
+        raise RemoteCorrupt(err.reason) from None
+    return files
+
+
+class RemoteTier:
+    """Entries of one namespace (entry format and toolchain) in one Redis."""
+
+    def __init__(self, url: str, namespace: str, required: frozenset[str], *, secret: str | None = None,
+                 ttl_s: float | None = None, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+                 client: Any = None) -> None:
+        import redis
+
+        self.url = url
+        self.prefix = f"kcache:{namespace}:"
+        self.required = frozenset(required)
+        self.secret = secret.encode() if secret else None
+        self.ttl_ms = int(ttl_s * 1000) if ttl_s else None
+        self.max_entry_bytes = max_entry_bytes
+        self.retry_after_s = retry_after_s
+        self._errors = (redis.RedisError, *_NETWORK_ERRORS)
+        self._client = client or redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._down_until = 0.0
+        self._warned = False
+        self._guard = threading.Lock()
+        self._release = self._client.register_script(
+            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end")
+        self._renew = self._client.register_script(
+            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
+            "else return 0 end")
+
+    # ------------------------------------------------------------ entries
+
+    def get(self, key: str) -> dict[str, bytes] | None:
+        """The verified files of `key`, or None (absent, corrupt, refused, or Redis unavailable)."""
+        value = self._call(lambda: self._client.get(self.prefix + key))
+        if value is None:
+            return None
+        try:
+            return unpack(value, self.required, self.secret)
+        except RemoteCorrupt as corrupt:
+            log.warning("kcache: ignoring remote entry %s%s in %s: %s; it is recompiled and replaced",
+                        self.prefix, key, self.url, corrupt)
+            return None
+
+    def put(self, key: str, files: dict[str, bytes]) -> bool:
+        value = pack(files, self.secret)
+        if len(value) > self.max_entry_bytes:
+            log.debug("kcache: %s is %d bytes, over KCACHE_REMOTE_MAX_ENTRY: not uploaded", key, len(value))
+            return False
+        return bool(self._call(lambda: self._client.set(self.prefix + key, value, px=self.ttl_ms)))
+
+    # ------------------------------------------------------------ leases
+
+    def try_lease(self, key: str, lease_s: float = DEFAULT_LEASE_S) -> RemoteLease | bool | None:
+        """A lease on compiling `key` (renewed until released); False if another node holds it;
+        None if Redis is unavailable."""
+        token = uuid.uuid4().hex
+        taken = self._call(lambda: self._client.set(self._lease_key(key), token, nx=True, px=int(lease_s * 1000)),
+                           failed=DOWN)
+        if taken is DOWN:
+            return None
+        return RemoteLease(self, key, token, lease_s) if taken else False
+
+    def lease_held(self, key: str) -> bool | None:
+        """Whether a node holds the compile lease of `key`; None if Redis is unavailable."""
+        held = self._call(lambda: self._client.exists(self._lease_key(key)), failed=DOWN)
+        return None if held is DOWN else bool(held)
+
+    def _lease_key(self, key: str) -> str:
+        return f"{self.prefix}lease:{key}"
+
+    # ------------------------------------------------------------ availability
+
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _call(self, operation: Callable[[], Any], failed: Any = None) -> Any:
+        """Run one Redis command; on any failure mark Redis down for a while and return `failed`."""
+        if not self.available():
+            return failed
+        try:
+            result = operation()
+        except self._errors as err:
+            with self._guard:
+                self._down_until = time.monotonic() + self.retry_after_s
+                if not self._warned:
+                    self._warned = True
+                    log.warning("kcache: the remote cache %s is unavailable (%s: %s); working locally, retrying in "
+                                "%.0f s", self.url, type(err).__name__, err, self.retry_after_s)
+            return failed
+        if self._warned:
+            with self._guard:
+                self._warned = False
+                log.warning("kcache: the remote cache %s is back", self.url)
+        return result
+
+
+class RemoteLease:
+    """A held compile lease; a thread renews it until `release()`."""
+
+    def __init__(self, tier: RemoteTier, key: str, token: str, lease_s: float) -> None:
+        self.tier = tier
+        self.key = key
+        self.token = token
+        self.lease_ms = int(lease_s * 1000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="kcache-lease", daemon=True)
+        self._thread.start()
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self.lease_ms / 3000):
+            self.tier._call(lambda: self.tier._renew(keys=[self.tier._lease_key(self.key)],
+                                                     args=[self.token, self.lease_ms]))
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.tier._call(lambda: self.tier._release(keys=[self.tier._lease_key(self.key)], args=[self.token]))

@@ -1,0 +1,66 @@
+"""The TileLang backend: the functions `KernelCache` calls, in one namespace.
+
+TileLang is imported when this module is, so `import kcache` stays cheap and
+only a cache that actually compiles or loads pays for it. Everything here is
+on the hit path except compiling and saving (`kcache.tilelang.compiler`),
+which load only on a miss. The stress harness's synthetic backend
+(stress/synthetic.py) provides the same names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import tilelang  # noqa: F401 - puts TileLang's tvm on the path
+from tvm.tirx import PrimFunc
+
+from kcache.store import layout
+from kcache.store.components import COMPONENTS  # noqa: F401 - part of the backend interface
+from kcache.keys import canonical_json  # noqa: F401 - part of the backend interface
+from kcache.tilelang.fingerprint import toolchain_fingerprint  # noqa: F401
+from kcache.tilelang.identity import (  # noqa: F401
+    fast_structural_equal, fast_structural_hash, key_fields, kernel_name, normalize_flags, normalize_out_idx,
+    normalize_pass_configs,
+)
+from kcache.tilelang.loader import load_kernel  # noqa: F401
+from kcache.tilelang.target import ResolvedTarget, fast_backend_context, resolve_target, target_memo_key  # noqa: F401
+
+# What a compile worker imports before its first job.
+COMPILE_PRELOAD = ("tilelang", "kcache.tilelang.compiler")
+
+
+def compile_kernel(*args: Any, **kwargs: Any) -> Any:
+    from kcache.tilelang import compiler  # a miss only
+
+    return compiler.compile_kernel(*args, **kwargs)
+
+
+def write_entry(*args: Any, **kwargs: Any) -> None:
+    from kcache.tilelang import compiler  # a miss only
+
+    compiler.write_entry(*args, **kwargs)
+
+
+def compile_entry(
+    func: PrimFunc, resolved: ResolvedTarget, out_idx: list[int] | None, pass_configs: dict[str, Any],
+    compile_flags: list[str] | None, log_dir: Path, *, pool: Any, out_dir: Path, key: str, toolchain: dict,
+) -> None:
+    """Compile in a worker of `pool`, which writes every component of the entry into `out_dir`.
+
+    The target travels as its canonical JSON (arch included), so the worker
+    never looks for a GPU; the PrimFunc travels pickled (TVM's serialized
+    IR: exact, and ~1 ms for a matmul).
+    """
+    from kcache.compile.protocol import CallByName
+
+    pool.run(
+        CallByName("kcache.tilelang.compiler", "compile_job"),
+        func, resolved.canonical, resolved.context.execution_backend.name, out_idx, pass_configs,
+        compile_flags, str(log_dir), str(out_dir), key, toolchain,
+        name=kernel_name(func),
+    )
+
+
+def log_dir(root: Path) -> Path:
+    return root / layout.LOGS

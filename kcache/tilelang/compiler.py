@@ -1,0 +1,199 @@
+"""The compile path of the TileLang backend: compiling, the nvcc hooks, saving an entry.
+
+Imported only on a miss, so that a hit (in memory or on disk) never loads it.
+
+While kcache compiles, TileLang's own kernel cache and CUDA binary cache
+neither serve nor store: kcache constructs `JITKernel` directly (TileLang's
+kernel cache sits in `tilelang.compile`, not in `JITKernel`), and the CUDA
+binary cache is short-circuited for the compiling thread only (other
+threads of the process keep TileLang's behaviour). The same hook captures
+the device binary nvcc produced, so the entry can keep it as its own file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+import tilelang
+import tvm_ffi
+from tilelang.cache.cuda_binary_cache import CUDABinaryCache
+from tilelang.cuda import backend as tl_cuda_backend
+from tilelang.engine.param import dump_kernel_params
+from tilelang.jit import JITKernel
+from tvm.target import Target
+from tvm.tirx import PrimFunc
+
+from kcache.errors import CompileError
+from kcache.store.fsutil import ensure_dir, fsync_path, write_durable
+from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
+from kcache.tilelang.identity import kernel_name
+from kcache.tilelang.target import ResolvedTarget, resolve_target
+
+log = logging.getLogger("kcache")
+
+
+class CompiledKernel:
+    __slots__ = ("kernel", "name", "device_binary", "binary_format", "seconds")
+
+    def __init__(self, kernel: JITKernel, name: str, device_binary: bytes, binary_format: str, seconds: float) -> None:
+        self.kernel = kernel
+        self.name = name
+        self.device_binary = device_binary
+        self.binary_format = binary_format
+        self.seconds = seconds
+
+
+# ---------------------------------------------------------------- hooks
+
+_compiling = threading.local()
+_hooks_lock = threading.Lock()
+_hooks_installed = False
+
+
+def _kcache_compiling() -> bool:
+    return getattr(_compiling, "binaries", None) is not None
+
+
+def _install_hooks() -> None:
+    """Route TileLang's nvcc callback through kcache (once per process)."""
+    global _hooks_installed
+    with _hooks_lock:
+        if _hooks_installed:
+            return
+        original_compile = tl_cuda_backend.tilelang_callback_cuda_compile
+        original_load = CUDABinaryCache.load.__func__
+        original_save = CUDABinaryCache.save.__func__
+
+        def compile_callback(code: str, target: Target, pass_config: Any = None) -> bytearray:
+            binary = original_compile(code, target, pass_config)
+            binaries = getattr(_compiling, "binaries", None)
+            if binaries is not None:
+                binaries.append(bytes(binary))
+            return binary
+
+        def load(cls: type, key: str, compile_format: str) -> bytes | None:
+            return None if _kcache_compiling() else original_load(cls, key, compile_format)
+
+        def save(cls: type, key: str, compile_format: str, data: bytes) -> None:
+            if not _kcache_compiling():
+                original_save(cls, key, compile_format, data)
+
+        CUDABinaryCache.load = classmethod(load)
+        CUDABinaryCache.save = classmethod(save)
+        tvm_ffi.register_global_func("tilelang_callback_cuda_compile", f=compile_callback, override=True)
+        _hooks_installed = True
+
+
+def compile_kernel(
+    func: PrimFunc,
+    resolved: ResolvedTarget,
+    out_idx: list[int] | None,
+    pass_configs: dict[str, Any],
+    compile_flags: list[str] | None,
+    log_dir: Path,
+) -> CompiledKernel:
+    """Compile with TileLang, bypassing its caches. Raises CompileError."""
+    _install_hooks()
+    name = kernel_name(func)
+    context = resolved.context
+    binaries: list[bytes] = []
+    _compiling.binaries = binaries
+    start = time.perf_counter()
+    try:
+        kernel = JITKernel(
+            func,
+            out_idx=out_idx,
+            execution_backend=context.execution_backend.name,
+            target=context.target,
+            target_host=context.target_host,
+            pass_configs=pass_configs,
+            compile_flags=compile_flags,
+            backend_context=context,
+        )
+    except Exception as err:  # TileLang, TVM and nvcc raise many types; all mean "this kernel did not compile"
+        raise CompileError(name, summarize_compiler_error(str(err)), _write_log(log_dir, name, err)) from err
+    finally:
+        _compiling.binaries = None
+    seconds = time.perf_counter() - start
+    if not binaries:
+        raise CompileError(name, "TileLang produced no device binary (the nvcc callback never ran)", None)
+    binary_format = "fatbin" if len(binaries[-1]) and binaries[-1][:4] == b"\x50\xed\x55\xba" else "cubin"
+    return CompiledKernel(kernel=kernel, name=name, device_binary=binaries[-1], binary_format=binary_format, seconds=seconds)
+
+
+def compile_job(
+    func: PrimFunc, target_json: str, execution_backend: str, out_idx: list[int] | None, pass_configs: dict[str, Any],
+    compile_flags: list[str] | None, log_dir: str, out_dir: str, key: str, toolchain: dict,
+) -> float:
+    """A compile worker's job (see `kcache.tilelang.backend.compile_entry`): compile, write the entry; the seconds it took."""
+    resolved = resolve_target(json.loads(target_json), execution_backend)
+    compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir))
+    write_entry(Path(out_dir), compiled, key, resolved, toolchain)
+    return compiled.seconds
+
+
+_ERROR_LINE = re.compile(r"\berror\b|\bfatal\b", re.IGNORECASE)
+
+
+def summarize_compiler_error(message: str, max_lines: int = 8) -> str:
+    """The compiler's first error lines, not the hundreds of warnings and the source around them.
+
+    TileLang's nvcc failures read "<whole source> Compilation error: <nvcc output> Command: <cmd>";
+    only the nvcc output matters.
+    """
+    _, marker, after = message.partition("Compilation error:")
+    section = after.partition("\nCommand:")[0] if marker else message
+    lines = [line.rstrip() for line in section.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line) and "warning" not in line.lower()]
+    chosen = errors[:max_lines] if errors else (lines[:max_lines] if marker else lines[-3:])
+    return "\n".join(line if len(line) <= 300 else line[:297] + "..." for line in chosen) or "(no message)"
+
+
+def _write_log(log_dir: Path, name: str, err: BaseException) -> str | None:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
+    path = log_dir / f"compile-{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}.log"
+    try:
+        ensure_dir(log_dir)
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        write_durable(path, text.encode(errors="replace"))
+    except OSError as log_err:
+        log.warning("kcache: could not write the compile log %s: %s", path, log_err)
+        return None
+    return str(path)
+
+
+def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: ResolvedTarget, toolchain: dict) -> None:
+    """Write every component of a kernel entry into `staging` (durably)."""
+    kernel = compiled.kernel
+    adapter = kernel.adapter
+    write_durable(staging / DEVICE_SOURCE, (adapter.get_device_source() or "").encode())
+    write_durable(staging / HOST_SOURCE, (adapter.get_host_source() or "").encode())
+    write_durable(staging / DEVICE_BINARY, compiled.device_binary)
+    write_durable(staging / PARAMS, dump_kernel_params(kernel.params).encode())
+    library = staging / LIBRARY
+    adapter.get_exportable_executable().export_library(str(library))
+    fsync_path(library)
+    meta = {
+        "key": key,
+        "kernel": compiled.name,
+        "target": json.loads(resolved.canonical),
+        "execution_backend": resolved.context.execution_backend.name,
+        "device_binary_format": compiled.binary_format,
+        "toolchain": toolchain,
+        "created": time.time(),
+        "compile_seconds": round(compiled.seconds, 4),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "tilelang": tilelang.__version__,
+    }
+    write_durable(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())

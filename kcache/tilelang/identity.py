@@ -1,0 +1,63 @@
+"""What identifies a kernel: its name, its normalized arguments, its key fields, its structural hash."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tilelang.transform.pass_config import normalize_pass_configs  # noqa: F401 - part of this module's interface
+from tvm.runtime import _ffi_node_api
+from tvm.tirx import PrimFunc
+
+from kcache.tilelang.target import ResolvedTarget
+
+
+def fast_structural_hash(func: PrimFunc) -> int:
+    """tvm.ir.structural_hash(func) without its tvm_ffi.convert(func) (a PrimFunc is an FFI object already)."""
+    return _ffi_node_api.StructuralHash(func, False)
+
+
+def fast_structural_equal(lhs: PrimFunc, rhs: PrimFunc) -> bool:
+    """tvm.ir.structural_equal(lhs, rhs) without the two tvm_ffi.convert calls."""
+    return bool(_ffi_node_api.StructuralEqual(lhs, rhs, False, False))
+
+
+def kernel_name(func: PrimFunc) -> str:
+    attrs = func.attrs
+    if attrs is not None and "global_symbol" in attrs:
+        return str(attrs["global_symbol"])
+    return "<unnamed>"
+
+
+def normalize_out_idx(out_idx: int | Sequence[int] | None) -> list[int] | None:
+    if out_idx is None:
+        return None
+    if isinstance(out_idx, int):
+        return [out_idx]
+    return [int(i) for i in out_idx]
+
+
+def normalize_flags(compile_flags: str | Sequence[str] | None) -> list[str] | None:
+    if compile_flags is None:
+        return None
+    return [compile_flags] if isinstance(compile_flags, str) else [str(f) for f in compile_flags]
+
+
+def key_fields(
+    func: PrimFunc,
+    resolved: ResolvedTarget,
+    out_idx: list[int] | None,
+    pass_configs: dict[str, Any],
+    compile_flags: list[str] | None,
+    toolchain: dict[str, object],
+) -> dict[str, object]:
+    return {
+        "kind": "tilelang-kernel",
+        "script": func.script(show_meta=True),
+        "target": resolved.canonical,
+        "out_idx": out_idx,
+        "pass_configs": pass_configs,
+        "compile_flags": compile_flags,
+        "execution_backend": resolved.context.execution_backend.name,
+        "toolchain": toolchain,
+    }

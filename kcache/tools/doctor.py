@@ -1,0 +1,173 @@
+"""`kcache.doctor(root)`: what is wrong with a cache root, and how to fix it. No TileLang import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+
+from pathlib import Path
+
+from kcache.store import access, layout
+from kcache.store import exec_copy
+from kcache.store import sharing
+from kcache.store.components import KERNELS
+from kcache.config import Settings
+from kcache.maintenance.eviction import scan_entries
+from kcache.maintenance.gc import collect_garbage, staging_dirs
+from kcache.store.trust import untrusted_reason
+
+MIN_FREE_BYTES = 1 << 30
+
+
+@dataclass
+class Finding:
+    check: str
+    problem: bool
+    detail: str
+    fix: str = ""
+    fixed: bool = False
+
+
+def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool = False) -> list[Finding]:
+    """Every condition of a cache root that can hurt, each with its fix: existence, who can write it
+    and what kcache then does, trust, group sharing, noexec, free space, size, leftovers, the
+    toolchain, the remote tier. `fix` repairs what is safe to repair (create the root, chmod o-w a
+    root you own, gc)."""
+    settings = root if isinstance(root, Settings) else Settings.from_env(root)
+    root = settings.root
+    findings: list[Finding] = []
+    if not root.is_dir():
+        finding = Finding("root", True, f"{root} does not exist", "create it (kcache does on first use)")
+        if fix:
+            access.create_root(root)
+            finding.fixed = True
+        findings.append(finding)
+        if not finding.fixed:
+            return findings
+    findings.append(_writable(root, settings))
+    findings.append(_trusted(root))
+    info = os.stat(root)
+    world_writable = bool(info.st_mode & stat.S_IWOTH)
+    finding = Finding("mode", world_writable, f"{root} has mode {stat.filemode(info.st_mode)}",
+                      f"chmod o-w {root}: any user could plant code in it")
+    if world_writable and fix and info.st_uid == os.geteuid():
+        os.chmod(root, info.st_mode & ~stat.S_IWOTH)
+        finding.fixed = True
+    findings.append(finding)
+    findings.append(_group(root, info))
+    findings.append(_exec(root))
+    vfs = os.statvfs(root)
+    free = vfs.f_bavail * vfs.f_frsize
+    findings.append(Finding("free space", free < MIN_FREE_BYTES, f"{free / (1 << 30):.1f} GiB free",
+                            "free space, lower KCACHE_MAX_SIZE, or move KCACHE_DIR"))
+    size = sum(e.size for e in scan_entries(root))
+    over = settings.max_size_bytes is not None and size > settings.max_size_bytes
+    finding = Finding("size", over, f"{size / (1 << 20):.1f} MiB of entries, limit "
+                      f"{'unbounded' if settings.max_size_bytes is None else f'{settings.max_size_bytes / (1 << 20):.0f} MiB'}",
+                      "kcache prune")
+    leftovers = sum(len(os.listdir(d)) for d in staging_dirs(root)) + _count(root / layout.TRASH)
+    cleanup = Finding("leftovers", leftovers > 0, f"{leftovers} staging or trash directories", "kcache gc")
+    if fix and (over or leftovers):
+        collect_garbage(root, settings.staging_ttl_s, settings.max_size_bytes, settings.max_age_s)
+        finding.fixed, cleanup.fixed = over, leftovers > 0
+    findings += [finding, cleanup]
+    findings.append(_toolchain())
+    findings.append(_remote(settings.remote_url))
+    return findings
+
+
+def _writable(root: Path, settings: Settings) -> Finding:
+    reason = access.unwritable_reason(root)
+    if not reason:
+        return Finding("writable", False, f"{root} is writable by you")
+    policy = settings.on_unwritable
+    outcome = {
+        "fallback": f"kcache reads its hits and writes new kernels to {access.fallback_root(root)} "
+                    "(KCACHE_ON_UNWRITABLE=fallback)",
+        "readonly": "kcache reads its hits and compiles misses without saving them (KCACHE_ON_UNWRITABLE=readonly)",
+        "error": "opening it raises UnwritableCache (KCACHE_ON_UNWRITABLE=error)",
+    }[policy]
+    return Finding("writable", True, f"not writable by you: {reason}; {outcome}",
+                   "share it through a group (KCACHE_UMASK=002, a setgid root: see docs/operations.md), "
+                   "give it to this user, or point KCACHE_DIR at a writable directory")
+
+
+def _trusted(root: Path) -> Finding:
+    for directory in (root, root / KERNELS):
+        distrust = untrusted_reason(directory, root) if directory.is_dir() else ""
+        if distrust:
+            return Finding("trust", True, f"kcache will not load code from {root}: {distrust}",
+                           "chmod o-w the directories, give them to this user, or share them through a group "
+                           "(KCACHE_UMASK)")
+    return Finding("trust", False, f"{root} passes the trust check (kernels load from it)")
+
+
+def _group(root: Path, info: os.stat_result) -> Finding:
+    group_writable = bool(info.st_mode & stat.S_IWGRP)
+    if not sharing.group_mode():
+        if group_writable:
+            # Not a problem by itself (user-private groups make 0775 the norm), but a half-done share.
+            return Finding("group", False, f"{root} is group-writable, but KCACHE_UMASK is not set: what you create "
+                           "there stays writable by you alone (other members cannot take your lock files)",
+                           "if the root is shared: export KCACHE_UMASK=002 for every member (docs/operations.md)")
+        return Finding("group", False, "private root (KCACHE_UMASK not set)")
+    problems = []
+    if not group_writable:
+        problems.append("the root is not group-writable (chmod g+w)")
+    if not info.st_mode & stat.S_ISGID:
+        problems.append("the root is not setgid, so new files would get each user's own group (chmod g+s)")
+    if sharing.trusted_group(root) is None:
+        problems.append(f"you are not a member of its group (gid {info.st_gid}) or of KCACHE_GROUP")
+    detail = f"group mode (KCACHE_UMASK={os.environ.get(sharing.UMASK_ENV)}), group gid {info.st_gid}"
+    return Finding("group", bool(problems), detail + (": " + "; ".join(problems) if problems else ""),
+                   f"chgrp <team> {root} && chmod 2770 {root}; add every user to the group")
+
+
+def _exec(root: Path) -> Finding:
+    mount = exec_copy.noexec_mount(root)
+    if mount is None:
+        return Finding("exec", False, f"the filesystem of {root} allows mapping code")
+    return Finding("exec", False, f"{root} is on the noexec mount {mount}: kernels are loaded from in-memory copies "
+                   "of their verified files (one warning per process)",
+                   "point KCACHE_DIR at a filesystem mounted with exec to load kernels in place")
+
+
+def _remote(url: str | None) -> Finding:
+    if not url:
+        return Finding("remote", False, "no remote tier configured (KCACHE_REMOTE)")
+    try:
+        import redis
+
+        redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0).ping()
+    except ImportError:
+        return Finding("remote", True, f"KCACHE_REMOTE={url} but redis-py is not installed", "pip install 'kcache[remote]'")
+    except (redis.RedisError, OSError) as err:
+        return Finding("remote", True, f"{url} is unreachable: {err}", "start Redis or fix KCACHE_REMOTE")
+    return Finding("remote", False, f"{url} answers")
+
+
+def installed_tilelang() -> str | None:
+    """The installed TileLang's version, from its package metadata (no import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tilelang")
+    except PackageNotFoundError:
+        return None
+
+
+def _toolchain() -> Finding:
+    version = installed_tilelang()
+    nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None)
+    problem = version is None or nvcc is None
+    detail = f"TileLang {version or 'not installed'}; nvcc {nvcc or 'not found'}"
+    return Finding("toolchain", problem, detail, "install TileLang, and put nvcc on PATH or set CUDA_HOME")
+
+
+def _count(directory: os.PathLike[str]) -> int:
+    try:
+        return len(os.listdir(directory))
+    except FileNotFoundError:
+        return 0
