@@ -9,7 +9,8 @@
 The cache's gc cleans stale staging under `<root>/autotuner/` like everywhere else.
 """
 
+from autotuner.benchmark import cuda_event_profiler
+from autotuner.tune import TuneFailed, autotune, tune
 from kcache.results.autotune import AutotuneResult, ConfigOutcome, result_path
-from autotuner.tune import TuneFailed, autotune, cuda_event_profiler, tune
 
 __all__ = ["AutotuneResult", "ConfigOutcome", "TuneFailed", "autotune", "cuda_event_profiler", "result_path", "tune"]

@@ -16,8 +16,18 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from kcache.errors import (
-    CacheLockTimeout, CompileError, CompilePoolError, CompilerCrashed, CompileTimeout, CorruptEntry, KCacheError,
-    LocalLoadError, NoExecError, PublishError, TargetError, UnwritableCache,
+    CacheLockTimeout,
+    CompileError,
+    CompilePoolError,
+    CompilerCrashed,
+    CompileTimeout,
+    CorruptEntry,
+    KCacheError,
+    LocalLoadError,
+    NoExecError,
+    PublishError,
+    TargetError,
+    UnwritableCache,
 )
 
 if TYPE_CHECKING:
@@ -46,11 +56,12 @@ _PUBLIC = {
     "doctor": "kcache.tools.doctor",
 }
 
-__all__ = sorted([
-    *_PUBLIC,
-    "CacheLockTimeout", "CompileError", "CompilePoolError", "CompileTimeout", "CompilerCrashed", "CorruptEntry",
-    "KCacheError", "LocalLoadError", "NoExecError", "PublishError", "TargetError", "UnwritableCache",
-])
+__all__ = [
+    "CacheLockTimeout", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
+    "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
+    "Settings", "TargetError", "UnwritableCache", "default_cache", "default_root", "doctor", "get_or_compile",
+    "install", "is_installed", "uninstall",
+]
 
 
 def __getattr__(name: str) -> Any:

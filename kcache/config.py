@@ -62,7 +62,8 @@ def _parse_flag(text: str) -> bool:
 
 
 def _env_seconds(name: str, default: float) -> float:
-    return _env_parsed(name, _parse_seconds, default)
+    seconds: float = _env_parsed(name, _parse_seconds, default)
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -170,4 +171,5 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
 
 
 def _env_count(name: str) -> int | None:
-    return _env_parsed(name, _parse_count, None)
+    count: int | None = _env_parsed(name, _parse_count, None)
+    return count

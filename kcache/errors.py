@@ -19,9 +19,9 @@ class KCacheError(Exception):
     constructor arguments there (`_init_args`) so that they rebuild exactly.
     """
 
-    _init_args: tuple = ()
+    _init_args: tuple[object, ...] = ()
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[KCacheError], tuple[object, ...]]:
         return (type(self), self._init_args or self.args)
 
 

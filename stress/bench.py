@@ -17,6 +17,9 @@ Scenarios (each measured for both caches on the same kernels):
   sequential and parallel (see stress/bench_compile.py); the baseline column
   is kcache's in-process compile there, not TileLang.
 
+A scenario whose tools are missing here (redis-server or the redis package for remote, a CUDA
+toolkit for the ones that compile) is skipped with one line saying why and what to install.
+
 Prints a table; `--json FILE` writes rows
 {"scenario", "metric", "kcache", "tilelang", "ratio", "unit", "baseline"}; "tilelang" holds the
 baseline's value, which is TileLang's cache unless "baseline" says otherwise.
@@ -40,6 +43,56 @@ from .nvcc_counter import NvccCounter
 from .procs import PROJECT, Barrier, worker_env
 
 BACKENDS = ("kcache", "tilelang")
+SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote")
+CUDA_HINT = "install the CUDA toolkit, or set CUDA_HOME to one"
+
+
+def _nvcc_counter_missing() -> str | None:
+    """Why NvccCounter (herd, remote) cannot count compiles here, or None."""
+    from .nvcc_counter import real_cuda_home
+
+    try:
+        real_cuda_home()
+    except FileNotFoundError:
+        return f"no CUDA toolkit found for the nvcc counter ({CUDA_HINT})"
+    return None
+
+
+def _compiler_missing() -> str | None:
+    """Why TileLang cannot compile here (its own search for a CUDA toolkit found none), or None."""
+    from tilelang.contrib import nvcc
+
+    try:
+        nvcc.find_cuda_path()
+    except RuntimeError:
+        return f"TileLang found no CUDA toolkit to compile kernels ({CUDA_HINT})"
+    return None
+
+
+def _remote_missing() -> str | None:
+    """Why the remote scenario cannot run here, or None."""
+    import importlib.util
+
+    from .redis_server import RedisServerMissing, find_redis_server
+
+    try:
+        find_redis_server()
+    except RedisServerMissing as missing:
+        return str(missing)
+    if importlib.util.find_spec("redis") is None:
+        return "the redis Python package is not installed (pip install 'kcache[remote]')"
+    return _nvcc_counter_missing()
+
+
+def unavailable(scenario: str) -> str | None:
+    """Why `scenario` cannot run on this machine (and what to install), or None where it can."""
+    if scenario == "remote":
+        return _remote_missing()
+    if scenario == "herd":
+        return _nvcc_counter_missing()
+    if scenario in ("disk", "memory", "compile"):
+        return _compiler_missing()
+    return None  # cli: synthetic entries, no compiler
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -214,8 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=4, help="herd size (use 16 on a 16-core machine)")
     p.add_argument("--repeats", type=int, default=10, help="fresh processes per disk-hit measurement")
     p.add_argument("--herd-repeats", type=int, default=3, help="cold herds per cache (medians are reported)")
-    p.add_argument("--only", choices=["herd", "disk", "memory", "compile", "cli", "remote"], action="append",
-                   help="run only these scenarios")
+    p.add_argument("--only", choices=SCENARIOS, action="append", help="run only these scenarios")
     p.add_argument("--sequential", type=int, default=8, help="distinct kernels compiled one by one (compile scenario)")
     p.add_argument("--parallel", type=int, default=16, help="configs compiled at once (compile scenario)")
     p.add_argument("--cli-entries", type=int, default=10_000, help="entries for the cli scenario")
@@ -232,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     env = {"PYTHONDONTWRITEBYTECODE": ""}
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
-    only = set(args.only or ["herd", "disk", "memory", "compile", "cli", "remote"])
+    only = set(args.only or SCENARIOS)
+    for scenario in SCENARIOS:
+        reason = unavailable(scenario) if scenario in only else None
+        if reason is not None:
+            print(f"{scenario}: skipped: {reason}", flush=True)
+            only.discard(scenario)
     rows: list[dict[str, Any]] = []
     if "memory" in only:
         rows += bench_memory_hit(work, env)

@@ -1,5 +1,5 @@
 """`python -m stress.bench_dropin`: TileLang code under `kcache.install()` against TileLang's own cache,
-measured in the same run, on the GEMM of tests/tilelang_programs/gemm.py.
+measured in the same run, on the GEMM of stress/tilelang_programs/gemm.py.
 
 - seen call: `matmul(...)` again in the same process (TileLang's per-call memo above kcache): median
   of 20,000 calls, installed and not;
@@ -21,8 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parent.parent
-PROGRAM = PROJECT / "tests" / "tilelang_programs"
+from .procs import worker_env
+
+PROGRAM = Path(__file__).resolve().parent / "tilelang_programs"
 ARGS = (1024, 1024, 1024, 128, 128, 32)
 
 FIRST_CALL = """
@@ -65,8 +66,7 @@ def seen_call_seconds(matmul, calls: int = 20_000) -> float:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-dropin-"))
-    env = {**os.environ, "KCACHE_DIR": str(work / "kcache"), "TILELANG_CACHE_DIR": str(work / "tilelang"),
-           "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = worker_env({"KCACHE_DIR": str(work / "kcache"), "TILELANG_CACHE_DIR": str(work / "tilelang")})
     if "TILELANG_DEFAULT_TARGET" not in env:
         import torch
 
@@ -75,9 +75,9 @@ def main() -> int:
     os.environ.update(env)
     sys.path.insert(0, str(PROGRAM))
     import tilelang  # noqa: F401
+    from gemm import matmul
 
     import kcache
-    from gemm import matmul
 
     out: dict[str, object] = {}
     out["tilelang_seen_call_us"] = seen_call_seconds(matmul) * 1e6

@@ -52,10 +52,7 @@ def herd(url: str | None, work: Path, procs: int, roots: int, env: dict[str, str
 
 
 def measure(repeats: int, procs: int, roots: int, env: dict[str, str]) -> dict[str, Any]:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.redis_server import redis_server
+    from .redis_server import redis_server  # RedisServerMissing where there is none
 
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-"))
     with redis_server(work) as (url, _server):

@@ -17,7 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Where this `stress` package was imported from: a source checkout's root, or the site-packages
+# it was installed into. Children start there, so `python -m stress.worker` finds the same copy.
 PROJECT = Path(__file__).resolve().parent.parent
+
+
+def _is_site_directory(path: Path) -> bool:
+    """Whether `path` is on every child's sys.path already (a site-packages of this interpreter)."""
+    import site
+    import sysconfig
+
+    candidates = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *site.getsitepackages()}
+    if site.ENABLE_USER_SITE:
+        candidates.add(site.getusersitepackages())
+    return any(Path(c).resolve() == path for c in candidates if c and Path(c).exists())
 
 
 @dataclass
@@ -29,8 +42,14 @@ class WorkerResult:
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """os.environ for a child, with `extra`; a source checkout goes first on its PYTHONPATH.
+
+    An installed copy needs nothing there: the child's interpreter finds it in its site-packages
+    (putting site-packages on PYTHONPATH would put it ahead of the standard library).
+    """
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(PROJECT), env.get("PYTHONPATH", "")] if p)
+    if not _is_site_directory(PROJECT):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(PROJECT), env.get("PYTHONPATH", "")] if p)
     env.update(extra or {})
     return env
 

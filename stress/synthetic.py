@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kcache.store.fsutil import write_durable
 from kcache.keys import ENTRY_FORMAT, canonical_json  # noqa: F401 - canonical_json is part of the backend interface
+from kcache.store.fsutil import write_durable
 
 DEVICE_SOURCE, HOST_SOURCE, DEVICE_BINARY, LIBRARY, PARAMS, META = (
     "device.cu", "host.cu", "kernel.cubin", "kernel.so", "params.json", "meta.json")

@@ -1,9 +1,7 @@
-"""A real redis-server for the remote tier's tests: Debian's package, on a free loopback port."""
+"""The remote tier's tests get a real redis-server from stress.redis_server; none on PATH is a skip."""
 
 from __future__ import annotations
 
-import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,33 +9,15 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from stress import redis_server as _server
 
 
 @contextmanager
 def redis_server(workdir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Start redis-server (no persistence) and yield (url, process); stop it afterwards."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
-    port = _free_port()
-    server = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    assert server.stdout is not None
-    for line in server.stdout:  # a handshake on its log, not a sleep
-        if "Ready to accept connections" in line:
-            break
-    else:
-        raise RuntimeError(f"redis-server exited with status {server.wait()}")
+    """stress.redis_server.redis_server, skipping the test (with the reason) where redis-server is missing."""
     try:
-        yield f"redis://127.0.0.1:{port}/0", server
-    finally:
-        server.kill()
-        server.wait()
+        _server.find_redis_server()
+    except _server.RedisServerMissing as missing:
+        pytest.skip(f"{missing}; .ci/run installs it")
+    with _server.redis_server(workdir) as running:
+        yield running

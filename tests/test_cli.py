@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import stat
@@ -13,17 +14,26 @@ from pathlib import Path
 import pytest
 
 from kcache.maintenance.eviction import scan_entries
+from kcache.tools.cli import build_parser, main
 
 from .helpers import PROJECT, child_env
 from .test_eviction import POPULATE
 
 
 def kcache_cli(root: Path, *args: str) -> tuple[int, object]:
-    """Run `python -m kcache --json` in a fresh interpreter; (exit status, parsed output)."""
-    done = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), "--json", *args],
+    """Run `python -m kcache --dir ROOT --json ARGS` in a fresh interpreter; (exit status, parsed output)."""
+    return kcache_json("--dir", str(root), "--json", *args)
+
+
+def kcache_json(*argv: str) -> tuple[int, object]:
+    """Run `python -m kcache ARGV` in a fresh interpreter; (exit status, its output parsed as JSON)."""
+    done = subprocess.run([sys.executable, "-m", "kcache", *argv],
                           capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), check=False)
     assert done.stdout, done.stderr
-    return done.returncode, json.loads(done.stdout)
+    try:
+        return done.returncode, json.loads(done.stdout)
+    except ValueError:
+        raise AssertionError(f"kcache {' '.join(argv)} printed no JSON:\n{done.stdout}{done.stderr}") from None
 
 
 @pytest.fixture
@@ -106,3 +116,98 @@ def test_the_cli_never_imports_tilelang_and_stats_works_on_an_empty_root(tmp_pat
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(),
                           cwd=str(PROJECT), check=True)
     assert done.stdout.split() == ["False", "False"]
+
+
+# --dir and --json before the command, after it, or split around it: where a ccache or git user puts them.
+PLACEMENTS = {
+    "before": lambda root, command: ["--dir", root, "--json", *command],
+    "after": lambda root, command: [*command, "--json", "--dir", root],
+    "dir before, json after": lambda root, command: ["--dir", root, *command, "--json"],
+    "json before, dir after": lambda root, command: ["--json", *command, "--dir", root],
+}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_dir_and_json_work_before_and_after_the_command(cache_root: Path, populated: dict, tmp_path: Path,
+                                                        placement: str) -> None:
+    place = PLACEMENTS[placement]
+    root = str(cache_root)
+    status, stats = kcache_json(*place(root, ["stats"]))
+    assert status == 0 and stats["root"] == root and stats["entries"] == 6 and stats["compiles"] == 6
+    status, listing = kcache_json(*place(root, ["ls"]))
+    assert status == 0 and sorted(e["key"] for e in listing) == populated["keys"]
+    status, report = kcache_json(*place(root, ["verify"]))
+    assert status == 1 and [b["key"] for b in report["bad"]] == [populated["corrupt"]]
+    assert report["staging_in_progress"] == 1
+    status, report = kcache_json(*place(root, ["verify", "--repair"]))
+    assert status == 0 and report["bad"][0]["quarantined"]
+    status, report = kcache_json(*place(root, ["gc"]))
+    assert status == 0 and report["staging_removed"] == 1 and report["stats_folded"] == 1
+    assert not (tmp_path / "default-kcache").exists()  # $KCACHE_DIR, where an ignored --dir would have gone
+
+
+def test_the_option_after_the_command_wins(cache_root: Path, populated: dict, tmp_path: Path) -> None:
+    other = tmp_path / "other-root"
+    status, stats = kcache_json("--dir", str(other), "stats", "--dir", str(cache_root), "--json")
+    assert status == 0 and (stats["root"], stats["entries"]) == (str(cache_root), 6)
+    status, stats = kcache_json("--json", "--dir", str(cache_root), "stats", "--dir", str(other))
+    assert status == 0 and (stats["root"], stats["entries"]) == (str(other), 0)
+    status, listing = kcache_json("--json", "ls", "--json", "--dir", str(cache_root))  # given twice: still JSON
+    assert status == 0 and len(listing) == 6
+
+
+def test_without_json_the_output_is_a_table(cache_root: Path, populated: dict) -> None:
+    done = subprocess.run([sys.executable, "-m", "kcache", "stats", "--dir", str(cache_root)], capture_output=True,
+                          text=True, env=child_env(), cwd=str(PROJECT), check=True)
+    rows = dict(line.split(maxsplit=1) for line in done.stdout.splitlines()[:2])
+    assert rows == {"root": str(cache_root), "entries": "6"}, done.stdout
+
+
+COMMANDS = ("stats", "ls", "show", "verify", "prune", "clear", "gc", "doctor", "run")
+
+
+def test_every_command_help_lists_dir_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command")
+    assert sorted(subparsers.choices) == sorted(COMMANDS)
+    for command in COMMANDS:
+        with pytest.raises(SystemExit) as exited:
+            main([command, "--help"])
+        shown = capsys.readouterr().out
+        assert exited.value.code == 0 and shown.startswith(f"usage: kcache {command} "), shown
+        options = shown[shown.index("options:"):]
+        assert "--dir ROOT" in options and "--json" in options, (command, shown)
+
+
+@pytest.mark.parametrize("argv, module, program_argv", [
+    (["run", "train.py", "--json", "--dir", "x"], None, ["train.py", "--json", "--dir", "x"]),
+    (["run", "train.py", "-m", "y", "--", "z"], None, ["train.py", "-m", "y", "--", "z"]),
+    (["run", "-m", "pkg.main", "--json", "--dir", "x"], ["pkg.main", "--json", "--dir", "x"], []),
+    (["run", "-mpkg.main", "a"], ["pkg.main"], ["a"]),
+])
+def test_run_leaves_the_program_its_arguments(argv: list[str], module: list[str] | None,
+                                              program_argv: list[str]) -> None:
+    for before in ([], ["--dir", "outer", "--json"]):
+        args = build_parser().parse_args([*before, *argv])
+        assert (args.module, args.argv) == (module, program_argv)
+        assert args.dir == ("outer" if before else None)  # kcache's own, before the script: unchanged
+
+
+PROGRAM = """import json, os, sys
+print("PROGRAM " + json.dumps({"argv": sys.argv[1:], "root": os.environ.get("KCACHE_DIR"), "name": __name__,
+                               "installed": "kcache" in sys.modules and sys.modules["kcache"].is_installed()}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="`kcache run` installs into TileLang")
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_kcache_run_passes_dir_and_json_after_the_script_to_it(tmp_path: Path, form: str) -> None:
+    (tmp_path / "the_program.py").write_text(PROGRAM)
+    target = [str(tmp_path / "the_program.py")] if form == "script" else ["-m", "the_program"]
+    passed = ["--json", "--dir", "not-a-root", "-m", "x", "--", "y"]
+    root = tmp_path / "run-root"
+    done = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "outer"), "run", "--dir", str(root),
+                           *target, *passed], capture_output=True, text=True, env=child_env(), cwd=str(tmp_path))
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PROGRAM ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    seen = json.loads(lines[-1][len("PROGRAM "):])
+    assert seen == {"argv": passed, "root": str(root), "name": "__main__", "installed": True}

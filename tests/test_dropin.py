@@ -21,7 +21,7 @@ from stress.nvcc_counter import NvccCounter  # noqa: E402
 from .helpers import PROJECT, child_env  # noqa: E402
 
 pytestmark = pytest.mark.tilelang
-PROGRAMS = PROJECT / "tests" / "tilelang_programs"
+PROGRAMS = PROJECT / "stress" / "tilelang_programs"
 # Programs written as TileLang's examples are pick their target from TileLang's own setting.
 TARGET_ENV = {"TILELANG_DEFAULT_TARGET": json.dumps(CPU_TARGET)}
 # A host target kcache does not build for: `c` with a non-default option (this TileLang has no LLVM).

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
 
 import kcache  # noqa: E402
+from stress.gpu import gpu_target  # noqa: E402
 from stress.kernels import POOL, elementwise_add  # noqa: E402
 
 from .faults import needs_root, tmpfs  # noqa: E402
@@ -20,12 +21,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible; run these on the GPU machine"),
 ]
-
-
-def gpu_target() -> dict:
-    major, minor = torch.cuda.get_device_capability()
-    # Hopper's wgmma/TMA code needs the arch-specific sm_90a.
-    return {"kind": "cuda", "arch": f"sm_{major}{minor}{'a' if major == 9 else ''}"}
 
 
 def assert_matches(spec, kernel) -> None:

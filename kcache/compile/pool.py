@@ -23,22 +23,21 @@ import itertools
 import logging
 import os
 import queue
-import select
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import cloudpickle
+
 from kcache.compile import protocol as wire
-from kcache.compile.worker import PARENT_ENV
+from kcache.compile.jobs import UNSET, Job, JobResult, usable_cpu_count
+
+__all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "shared_pool", "usable_cpu_count"]
+from kcache.compile.worker_process import EXIT_GRACE_S, WorkerDied, WorkerProcess
 from kcache.errors import CompilePoolError, CompilerCrashed, CompileTimeout, KCacheError
 
 log = logging.getLogger("kcache")
@@ -46,184 +45,9 @@ log = logging.getLogger("kcache")
 # What a worker imports before it says it is ready: a compile then starts warm.
 TILELANG_PRELOAD = ("tilelang", "kcache.tilelang.compiler")
 START_TIMEOUT_S = 300.0
-STDERR_TAIL_LINES = 25
-# A worker's stderr file is emptied between jobs once it is this big.
-STDERR_KEEP_BYTES = 1 << 20
-# How long a worker gets to exit after its pipe closes before it is killed.
-EXIT_GRACE_S = 5.0
-
-_UNSET: Any = object()
-
-
-def usable_cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-@dataclass
-class Job:
-    """One unit of work for `compile_many`: `fn(*args)` in a worker."""
-
-    fn: Callable[..., Any]
-    args: tuple = ()
-    name: str | None = None
-    timeout_s: float | None = _UNSET
-    tag: Any = None  # the caller's, returned untouched
-
-
-@dataclass
-class JobResult:
-    job: Job
-    value: Any = None
-    error: BaseException | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-class _Died(Exception):
-    pass
-
-
-class _WorkerProcess:
-    """One worker interpreter and its pipes. Used by one pool thread only."""
-
-    def __init__(self, preload: tuple[str, ...], start_timeout_s: float) -> None:
-        self._stderr = _anonymous_append_file()
-        package_parent = str(Path(__file__).resolve().parents[2])
-        bootstrap = f"import sys; sys.path.insert(0, {package_parent!r}); from kcache.compile.worker import main; sys.exit(main())"
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", bootstrap],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                env={**os.environ, PARENT_ENV: str(os.getpid())},
-                start_new_session=True,  # its own process group: a kill takes its nvcc too, and Ctrl-C reaches only us
-            )
-        except OSError as err:
-            os.close(self._stderr)
-            raise CompilePoolError(f"{sys.executable} could not be started: {err}", "") from err
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._to_worker = self.proc.stdin.fileno()
-        self._from_worker = self.proc.stdout.fileno()
-        try:
-            wire.send(self._to_worker, {"sys_path": list(sys.path), "preload": list(preload)})
-            kind, pid = self._receive(start_timeout_s, "starting")
-        except (_Died, TimeoutError, OSError) as err:
-            tail = self.stderr_tail(0)
-            self.kill()
-            raise CompilePoolError(f"the worker did not get ready ({err})", tail) from None
-        if kind != wire.READY:
-            self.kill()
-            raise CompilePoolError(f"the worker answered {kind!r} instead of ready", "")
-        self.pid: int = pid
-
-    def run(self, payload: bytes, timeout_s: float | None) -> tuple:
-        """Send one job, wait for its reply. Raises _Died or TimeoutError (the worker is then unusable)."""
-        self._trim_stderr()
-        self.job_stderr_start = os.fstat(self._stderr).st_size
-        try:
-            wire.send_bytes(self._to_worker, payload)
-        except BrokenPipeError as err:
-            raise _Died("the worker's pipe was closed") from err
-        return self._receive(timeout_s, "running a job")
-
-    def _receive(self, timeout_s: float | None, doing: str) -> tuple:
-        poller = select.poll()
-        poller.register(self._from_worker, select.POLLIN | select.POLLHUP | select.POLLERR)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if poller.poll(None if remaining is None else int(remaining * 1000) + 1):
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"no reply within {timeout_s:g} s while {doing}")
-        try:
-            return wire.cloudpickle.loads(wire.recv_bytes(self._from_worker))
-        except EOFError as err:
-            raise _Died(f"the worker died while {doing}") from err
-
-    def death(self) -> tuple[str | None, int | None]:
-        """(signal name, exit code) of a worker whose pipe closed."""
-        try:
-            code = self.proc.wait(EXIT_GRACE_S)
-        except subprocess.TimeoutExpired:  # it closed its stdout but lives on: make it dead
-            self.kill()
-            code = self.proc.returncode
-        if code is not None and code < 0:
-            try:
-                return signal.Signals(-code).name, None
-            except ValueError:
-                return f"signal {-code}", None
-        return None, code
-
-    def stderr_tail(self, start: int | None = None, lines: int = STDERR_TAIL_LINES) -> str:
-        begin = self.job_stderr_start if start is None else start
-        try:
-            end = os.fstat(self._stderr).st_size
-            begin = max(begin, end - 64 * 1024)
-            text = os.pread(self._stderr, end - begin, begin).decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def _trim_stderr(self) -> None:
-        try:
-            if os.fstat(self._stderr).st_size > STDERR_KEEP_BYTES:
-                os.ftruncate(self._stderr, 0)  # the worker writes with O_APPEND: it follows the new end
-        except OSError:
-            pass
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        self._close_fds()
-
-    def close(self) -> None:
-        """Ask the worker to exit (its stdin closes), then make sure it did."""
-        try:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
-        try:
-            self.proc.wait(EXIT_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        self.kill()
-
-    def _close_fds(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-        if self._stderr >= 0:
-            os.close(self._stderr)
-            self._stderr = -1
-
-
-def _anonymous_append_file() -> int:
-    """An unlinked O_APPEND file: the worker's stderr, readable here, gone when closed."""
-    directory = tempfile.gettempdir()
-    for _ in range(100):
-        path = os.path.join(directory, f"kcache-worker-{os.getpid()}-{os.urandom(6).hex()}.stderr")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            continue
-        os.unlink(path)
-        return fd
-    raise FileExistsError(f"could not create a worker stderr file in {directory}")
-
-
 @dataclass
 class _Pending:
-    future: Future
+    future: Future[Any]
     payload: bytes
     name: str
     timeout_s: float | None
@@ -234,7 +58,7 @@ class _Slot:
     """One pool thread and the worker it drives."""
 
     thread: threading.Thread | None = None
-    worker: _WorkerProcess | None = None
+    worker: WorkerProcess | None = None
     busy: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
 
@@ -269,7 +93,7 @@ class CompilePool:
     # ------------------------------------------------------------ public
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = _UNSET) -> Future:
+               timeout_s: float | None = UNSET) -> Future[Any]:
         """Run `fn(*args)` in a worker. fn, args and the result must pickle (cloudpickle).
 
         The future raises what fn raised, `CompilerCrashed` if the worker
@@ -277,10 +101,10 @@ class CompilePool:
         worker could start.
         """
         self._check_usable()
-        future: Future = Future()
+        future: Future[Any] = Future()
         label = name or getattr(fn, "__qualname__", None) or repr(fn)
-        limit = self.timeout_s if timeout_s is _UNSET else timeout_s
-        payload = wire.cloudpickle.dumps((fn, args))
+        limit = self.timeout_s if timeout_s is UNSET else timeout_s
+        payload = cloudpickle.dumps((fn, args))
         with self._lock:
             self._outstanding += 1
             if self._outstanding > len(self._slots) and len(self._slots) < self.max_workers:
@@ -288,7 +112,7 @@ class CompilePool:
         self._jobs.put(_Pending(future, payload, label, limit))
         return future
 
-    def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = _UNSET) -> Any:
+    def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET) -> Any:
         """`submit(...).result()`."""
         return self.submit(fn, *args, name=name, timeout_s=timeout_s).result()
 
@@ -412,7 +236,7 @@ class CompilePool:
             log.warning("kcache: killed the compile worker of %s after %g s", pending.name, pending.timeout_s)
             pending.future.set_exception(CompileTimeout(pending.name, pending.timeout_s or 0.0))
             return
-        except _Died:
+        except WorkerDied:
             signal_name, exit_code = worker.death()
             tail = worker.stderr_tail()
             worker.kill()
@@ -432,12 +256,12 @@ class CompilePool:
                 error.add_note(f"in the kcache compile worker:\n{reply[2].rstrip()}")
             pending.future.set_exception(error)
 
-    def _start_worker(self) -> _WorkerProcess:
-        return _WorkerProcess(self.preload, self.start_timeout_s)
+    def _start_worker(self) -> WorkerProcess:
+        return WorkerProcess(self.preload, self.start_timeout_s)
 
 
 _live_pools: weakref.WeakSet[CompilePool] = weakref.WeakSet()
-_shared: dict[tuple, CompilePool] = {}
+_shared: dict[tuple[object, ...], CompilePool] = {}
 _shared_lock = threading.Lock()
 
 

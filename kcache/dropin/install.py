@@ -21,7 +21,7 @@ log = logging.getLogger("kcache")
 def install(cache: KernelCache | None = None) -> None:
     """Route TileLang's compiles and AutoTuner results through `cache` (default: kcache's default cache).
     Imports TileLang. Calling it again changes the cache."""
-    jit_module = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
+    jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
 
     if cache is None:
@@ -49,7 +49,8 @@ def uninstall() -> None:
             return
         from tilelang.autotuner.tuner import AutoTuner
 
-        importlib.import_module("tilelang.jit").cached = state.installed["cached"]
+        jit_module: Any = importlib.import_module("tilelang.jit")
+        jit_module.cached = state.installed["cached"]
         AutoTuner._save_result_to_disk = state.installed["save"]
         AutoTuner._load_result_from_disk = state.installed["load"]
         state.installed = None

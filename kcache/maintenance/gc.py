@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache.store import layout
 from kcache.maintenance.eviction import empty_trash, evict
+from kcache.maintenance.stats import fold_dead
+from kcache.store import layout
 from kcache.store.fsutil import remove_tree
 from kcache.store.locks import remove_idle_lock_files
-from kcache.maintenance.stats import fold_dead
 
 log = logging.getLogger("kcache")
 

@@ -33,11 +33,11 @@ import cloudpickle
 
 from kcache.cache.default import default_cache
 from kcache.config import Settings
-from kcache.store import layout
 from kcache.errors import CorruptEntry, KCacheError
+from kcache.store import layout
+from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.fsutil import write_durable
 from kcache.store.locks import KeyLock
-from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.trust import untrusted_reason
 
 log = logging.getLogger("kcache")

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import platformdirs
 
-from kcache.store import layout
-from kcache.store import sharing
-from kcache.store.components import KERNELS
 from kcache.errors import UnwritableCache
+from kcache.store import layout, sharing
+from kcache.store.components import KERNELS
 
 log = logging.getLogger("kcache")
 

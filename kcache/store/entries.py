@@ -15,8 +15,8 @@ from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 
-from kcache.store import layout
 from kcache.errors import CorruptEntry, KCacheError, PublishError
+from kcache.store import layout
 from kcache.store.fsutil import RENAME_RACE_ERRNOS, ensure_dir, fsync_dir, make_dir, remove_tree, write_durable
 from kcache.store.manifest import MANIFEST_NAME, build_manifest, verify_entry
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import portalocker
 
-from kcache.store import sharing
 from kcache.errors import CacheLockTimeout
+from kcache.store import sharing
 from kcache.store.fsutil import ensure_dir
 
 log = logging.getLogger("kcache")

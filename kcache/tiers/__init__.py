@@ -1,1 +1,1 @@
-"""tiers"""
+"""The lookup tiers: memory (in process), disk (verified entries of local roots), remote (Redis)."""

@@ -15,12 +15,17 @@ from typing import Any
 import tilelang  # noqa: F401 - puts TileLang's tvm on the path
 from tvm.tirx import PrimFunc
 
+from kcache.keys import canonical_json  # noqa: F401 - part of the backend interface
 from kcache.store import layout
 from kcache.store.components import COMPONENTS  # noqa: F401 - part of the backend interface
-from kcache.keys import canonical_json  # noqa: F401 - part of the backend interface
 from kcache.tilelang.fingerprint import toolchain_fingerprint  # noqa: F401
 from kcache.tilelang.identity import (  # noqa: F401
-    fast_structural_equal, fast_structural_hash, key_fields, kernel_name, normalize_flags, normalize_out_idx,
+    fast_structural_equal,
+    fast_structural_hash,
+    kernel_name,
+    key_fields,
+    normalize_flags,
+    normalize_out_idx,
     normalize_pass_configs,
 )
 from kcache.tilelang.loader import load_kernel  # noqa: F401

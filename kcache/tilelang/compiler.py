@@ -34,8 +34,8 @@ from tvm.target import Target
 from tvm.tirx import PrimFunc
 
 from kcache.errors import CompileError
-from kcache.store.fsutil import ensure_dir, fsync_path, write_durable
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
+from kcache.store.fsutil import ensure_dir, fsync_path, write_durable
 from kcache.tilelang.identity import kernel_name
 from kcache.tilelang.target import ResolvedTarget, resolve_target
 

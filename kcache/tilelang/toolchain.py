@@ -26,9 +26,9 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from kcache.keys import ENTRY_FORMAT
 from kcache.store import layout
 from kcache.store.fsutil import ensure_dir, read_nofollow, sha256_hex, write_durable
-from kcache.keys import ENTRY_FORMAT
 
 log = logging.getLogger("kcache")
 

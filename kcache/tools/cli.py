@@ -12,47 +12,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kcache.store import layout
-from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META
 from kcache.config import Settings, parse_age, parse_size
-from kcache.tools.doctor import doctor, installed_tilelang
 from kcache.errors import CorruptEntry
 from kcache.maintenance.eviction import evict, evict_entry, recorded_size, scan_entries
-from kcache.store.locks import KeyLock
 from kcache.maintenance.gc import collect_garbage, staging_dirs
-from kcache.store.manifest import MANIFEST_NAME
 from kcache.maintenance.stats import read_persisted
+from kcache.store import layout
+from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META
 from kcache.store.entries import EntryStore
+from kcache.store.locks import KeyLock
+from kcache.store.manifest import MANIFEST_NAME
+from kcache.tools.cli_format import format_table, human_age, human_size
+from kcache.tools.doctor import doctor, installed_tilelang
 
 AUTOTUNER = "autotuner"
 OTHER_VERSION_UNUSED_S = 7 * 86400
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kcache", description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", help="cache root (default: $KCACHE_DIR or the user cache directory)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("stats", help="the persisted stats of every process, and the size")
-    commands.add_parser("ls", help="key, kernel, target, size, age, last used")
-    show = commands.add_parser("show", help="one entry: meta, manifest, paths of the sources")
-    show.add_argument("key", help="a key or a unique prefix of one")
-    verify = commands.add_parser("verify", help="hash-check every entry")
-    verify.add_argument("--repair", action="store_true", help="quarantine the bad ones (they recompile on next use)")
-    prune = commands.add_parser("prune", help="evict least recently used entries down to a size or age")
-    prune.add_argument("--max-size", type=parse_size, help="e.g. 5G (default: KCACHE_MAX_SIZE)")
-    prune.add_argument("--max-age", type=parse_age, help="e.g. 30d (default: KCACHE_MAX_AGE)")
-    clear = commands.add_parser("clear", help="remove the entries of the installed TileLang version")
-    clear.add_argument("--all-versions", action="store_true", help="every entry and autotune result")
-    commands.add_parser("gc", help="staging, trash, stale locks, old quarantine, unused entries of other TileLang versions")
-    check = commands.add_parser("doctor", help="permissions, ownership, noexec, free space, toolchain, remote")
-    check.add_argument("--fix", action="store_true", help="fix what can be fixed safely")
-    program = commands.add_parser("run", help="run a Python program with kcache installed into TileLang "
-                                  "(tilelang.compile, @tilelang.jit, the AutoTuner's results)")
-    program.add_argument("-m", dest="module", help="run a module, as python -m does")
-    program.add_argument("argv", nargs=argparse.REMAINDER, help="the script and its arguments")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "run":
+        from kcache.tools.run import run_program  # the one command that imports TileLang
+
         return run_program(args)
 
     settings = Settings.from_env(args.dir)
@@ -60,6 +41,59 @@ def main(argv: list[str] | None = None) -> int:
     result, text, status = run(args, settings)
     print(json.dumps(result, indent=1, default=str) if args.json else text)
     return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`--dir` and `--json` go before the command, after it, or both (the one after it wins): the main
+    parser holds them with their defaults, every command a copy whose default is SUPPRESS, so an option
+    absent after the command leaves the one given before it. `run` passes whatever follows the script
+    (or `-m MODULE`) to the program untouched."""
+    parser = argparse.ArgumentParser(prog="kcache", description=__doc__.splitlines()[0], parents=[_shared_options()],
+                                     epilog="--dir and --json go before or after the command; "
+                                            "given in both places, the one after the command wins.")
+    after = _shared_options(after_command=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=summary, description=summary, parents=[after], **kwargs)
+
+    command("stats", "the persisted stats of every process, and the size")
+    command("ls", "key, kernel, target, size, age, last used")
+    show = command("show", "one entry: meta, manifest, paths of the sources")
+    show.add_argument("key", help="a key or a unique prefix of one")
+    verify = command("verify", "hash-check every entry")
+    verify.add_argument("--repair", action="store_true", help="quarantine the bad ones (they recompile on next use)")
+    prune = command("prune", "evict least recently used entries down to a size or age")
+    prune.add_argument("--max-size", type=parse_size, help="e.g. 5G (default: KCACHE_MAX_SIZE)")
+    prune.add_argument("--max-age", type=parse_age, help="e.g. 30d (default: KCACHE_MAX_AGE)")
+    clear = command("clear", "remove the entries of the installed TileLang version")
+    clear.add_argument("--all-versions", action="store_true", help="every entry and autotune result")
+    command("gc", "staging, trash, stale locks, old quarantine, unused entries of other TileLang versions")
+    check = command("doctor", "permissions, ownership, noexec, free space, toolchain, remote")
+    check.add_argument("--fix", action="store_true", help="fix what can be fixed safely")
+    program = command("run", "run a Python program with kcache installed into TileLang "
+                      "(tilelang.compile, @tilelang.jit, the AutoTuner's results)",
+                      usage="%(prog)s [-h] [--dir ROOT] [--json] (SCRIPT | -m MODULE) [ARGS ...]",
+                      epilog="kcache's options go before the script or -m; everything after the script or "
+                             "the module's name (--dir and --json included) is the program's.")
+    # REMAINDER on both: whatever follows the script, or -m's module name, is the program's, even what
+    # looks like one of kcache's options.
+    program.add_argument("-m", dest="module", nargs=argparse.REMAINDER,
+                         help="-m MODULE [ARGS ...]: run a module, as python -m does")
+    program.add_argument("argv", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
+                         help="the script and its arguments")
+    return parser
+
+
+def _shared_options(after_command: bool = False) -> argparse.ArgumentParser:
+    """The options every command takes. After the command their default is SUPPRESS: an absent one
+    must not overwrite the value given before the command."""
+    options = argparse.ArgumentParser(add_help=False)
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if after_command else {}
+    options.add_argument("--dir", metavar="ROOT", help="cache root (default: $KCACHE_DIR or the user cache directory)",
+                         **unset)
+    options.add_argument("--json", action="store_true", help="machine-readable output", **unset)
+    return options
 
 
 # ---------------------------------------------------------------- commands
@@ -79,13 +113,14 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
               "max_size_bytes": settings.max_size_bytes, **counters}
     looked_up = counters["memory_hits"] + counters["disk_hits"] + counters["misses"]
     hit_rate = (counters["memory_hits"] + counters["disk_hits"]) / looked_up if looked_up else 0.0
-    limit = _size(settings.max_size_bytes) if settings.max_size_bytes else "unbounded"
-    when = f" (at the last gc, {_age(time.time() - measured['measured'])} ago)" if measured else " (run `kcache gc`)"
+    limit = human_size(settings.max_size_bytes) if settings.max_size_bytes else "unbounded"
+    when = (f" (at the last gc, {human_age(time.time() - measured['measured'])} ago)" if measured
+            else " (run `kcache gc`)")
     rows = [("root", str(settings.root)), ("entries", str(entries)),
-            ("size", f"{_size(size)} of {limit}{when}"), ("hit rate", f"{hit_rate:.1%}")]
+            ("size", f"{human_size(size)} of {limit}{when}"), ("hit rate", f"{hit_rate:.1%}")]
     rows += [(name.replace("_", " "), f"{value:.1f}" if isinstance(value, float) else str(value))
              for name, value in counters.items()]
-    return result, _format_table(["", ""], rows, show_header=False), 0
+    return result, format_table(["", ""], rows, show_header=False), 0
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
@@ -97,10 +132,11 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
         listing.append({"key": entry.key, "kernel": meta.get("kernel", "?"), "target": target.get("arch") or
                         target.get("kind") or "-", "size_bytes": entry.size, "created": meta.get("created"),
                         "last_used": entry.last_used})
-    rows = [(e["key"][:16], e["kernel"], e["target"], _size(e["size_bytes"]),
-             _age(now - e["created"]) if isinstance(e["created"], (int, float)) else "-", _age(now - e["last_used"]))
+    rows = [(e["key"][:16], e["kernel"], e["target"], human_size(e["size_bytes"]),
+             human_age(now - e["created"]) if isinstance(e["created"], (int, float)) else "-",
+             human_age(now - e["last_used"]))
             for e in listing]
-    return listing, _format_table(["key", "kernel", "target", "size", "age", "last used"], rows), 0
+    return listing, format_table(["key", "kernel", "target", "size", "age", "last used"], rows), 0
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
@@ -153,8 +189,8 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     report = evict(settings.root, max_size, max_age)
     result = {"evicted": report.evicted, "freed_bytes": report.freed_bytes, "remaining": report.remaining,
               "remaining_bytes": report.remaining_bytes}
-    return result, (f"evicted {report.evicted} entries ({_size(report.freed_bytes)}); "
-                    f"{report.remaining} remain ({_size(report.remaining_bytes)})"), 0
+    return result, (f"evicted {report.evicted} entries ({human_size(report.freed_bytes)}); "
+                    f"{report.remaining} remain ({human_size(report.remaining_bytes)})"), 0
 
 
 def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
@@ -196,32 +232,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     problems = [f for f in findings if f.problem and not f.fixed]
     rows = [("FIXED" if f.fixed else "PROBLEM" if f.problem else "ok", f.check, f.detail + (f" Fix: {f.fix}" if f.problem and not f.fixed and f.fix else ""))
             for f in findings]
-    return [vars(f) for f in findings], _format_table(["", "check", "detail"], rows), 1 if problems else 0
-
-
-def run_program(args: argparse.Namespace) -> int:
-    """`kcache run SCRIPT [ARGS]` or `kcache run -m MODULE [ARGS]`: the program, unmodified, as
-    `__main__`, with kcache installed into TileLang. The only command that imports TileLang."""
-    import runpy
-
-    if args.module is None and not args.argv:
-        print("kcache run: name a script (kcache run train.py ...) or a module (kcache run -m pkg.main ...)",
-              file=sys.stderr)
-        return 2
-    if args.dir:
-        os.environ["KCACHE_DIR"] = args.dir
-    os.environ["KCACHE_TILELANG"] = "1"  # the program's own children that import kcache install too
-    from kcache.dropin.tilelang import install
-
-    install()
-    if args.module is not None:
-        sys.argv = [args.module, *args.argv]
-        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(args.argv)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(args.argv[0])))  # as `python script.py` does
-        runpy.run_path(args.argv[0], run_name="__main__")
-    return 0
+    return [vars(f) for f in findings], format_table(["", "check", "detail"], rows), 1 if problems else 0
 
 
 COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
@@ -269,31 +280,6 @@ def _json_file(path: Path) -> Any:
 def _meta(entry: Path) -> dict:
     value = _json_file(entry / META)
     return value if isinstance(value, dict) else {}
-
-
-def _size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _age(seconds: float) -> str:
-    for unit, span in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= span:
-            return f"{seconds / span:.0f} {unit}"
-    return f"{max(seconds, 0):.0f} s"
-
-
-def _format_table(columns: list[str], rows: list[tuple], show_header: bool = True) -> str:
-    cells = [columns, *[[str(c) for c in row] for row in rows]] if show_header else [[str(c) for c in row] for row in rows]
-    if not cells:
-        return ""
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
 
 
 if __name__ == "__main__":

@@ -6,16 +6,13 @@ import os
 import shutil
 import stat
 from dataclasses import dataclass
-
 from pathlib import Path
 
-from kcache.store import access, layout
-from kcache.store import exec_copy
-from kcache.store import sharing
-from kcache.store.components import KERNELS
 from kcache.config import Settings
 from kcache.maintenance.eviction import scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
+from kcache.store import access, exec_copy, layout, sharing
+from kcache.store.components import KERNELS
 from kcache.store.trust import untrusted_reason
 
 MIN_FREE_BYTES = 1 << 30

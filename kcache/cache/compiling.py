@@ -1,0 +1,134 @@
+"""The compile and publish steps of a miss: compile (in the pool or in process), publish, load.
+
+Whatever fails after a good compile (a full disk, a root that turned
+read-only, an entry this process may not load) costs the cache entry, never
+the kernel: the caller gets a kernel compiled into a private directory, and
+one warning says why it was not saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kcache.cache.request import KernelRequest
+from kcache.errors import KCacheError, PublishError
+from kcache.store import layout
+from kcache.store.entries import PublishOutcome
+from kcache.store.fsutil import remove_tree
+from kcache.tiers.disk import DiskTier
+
+log = logging.getLogger("kcache")
+
+
+class CompileStep:
+    """Compiles requests of one cache with its backend, and publishes them into its store."""
+
+    def __init__(self, backend: Any, disk: DiskTier, *, isolation: str, pool: Callable[[], Any],
+                 count: Callable[..., None]) -> None:
+        self._backend = backend
+        self._disk = disk
+        self._store = disk.store
+        self._isolation = isolation
+        self._pool = pool  # the compile pool, made on first use: its imports are not on the hit path
+        self._count = count
+
+    def compile_and_publish(self, request: KernelRequest) -> Any:
+        """Compile `request`, publish its entry, return its kernel (under the key's lock)."""
+        if self._isolation == "inprocess":
+            compiled = self._backend.compile_kernel(
+                request.func, request.resolved, request.out_idx, request.pass_configs,
+                request.compile_flags, self._store.root / layout.LOGS,
+            )
+            self._count(compiles=1, compile_seconds=getattr(compiled, "seconds", 0.0))
+            return self._publish(request, compiled)
+        return self._compile_isolated(request)
+
+    def compile_private(self, request: KernelRequest) -> Any:
+        """KCACHE_READONLY: compile without writing anything under the root (no entry, lock or log)."""
+        log_dir = Path(tempfile.gettempdir()) / f"kcache-logs-{os.geteuid()}"
+        started = time.perf_counter()
+        if self._isolation == "inprocess":
+            kernel = self._backend.compile_kernel(request.func, request.resolved, request.out_idx,
+                                                  request.pass_configs, request.compile_flags, log_dir).kernel
+        else:
+            kernel = self.compile_unsaved(request, self._compile_into(request, log_dir))
+        self._count(compiles=1, compile_seconds=time.perf_counter() - started)
+        return kernel
+
+    def compile_unsaved(self, request: KernelRequest, compile_into: Callable[[Path], None]) -> Any:
+        """Compile into a private directory and load from there; nothing stays behind."""
+        private = Path(tempfile.mkdtemp(prefix="kcache-unsaved-"))
+        try:
+            compile_into(private)
+            files = {name: (private / name).read_bytes() for name in self._store.required}
+            # dlopen has mapped the library: the directory can go at once.
+            return self._disk.load_verified(private, files, request.loader(self._backend))
+        finally:
+            remove_tree(private, "removing the private compile directory")
+
+    def _compile_into(self, request: KernelRequest, log_dir: Path) -> Callable[[Path], None]:
+        pool = self._pool()
+
+        def compile_into(out_dir: Path) -> None:
+            self._backend.compile_entry(
+                request.func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags,
+                log_dir, pool=pool, out_dir=out_dir, key=request.key, toolchain=request.toolchain,
+            )
+
+        return compile_into
+
+    def _compile_isolated(self, request: KernelRequest) -> Any:
+        """Compile in the pool: a worker writes the staged entry, this process publishes and loads it."""
+        compile_into = self._compile_into(request, self._store.root / layout.LOGS)
+        started = time.perf_counter()
+        try:
+            outcome = self._store.publish(request.key, compile_into)
+        except PublishError as err:
+            # The cache cannot take the entry (a full disk, say): compile into a
+            # private directory and load from there, so the caller still gets
+            # its kernel; the cause is not hidden.
+            self._count(publish_failures=1)
+            log.warning("kcache: could not save %s in the cache, so it will compile again next time: %s",
+                        self._backend.kernel_name(request.func), err)
+            kernel = self.compile_unsaved(request, compile_into)
+            self._count(compiles=1, compile_seconds=time.perf_counter() - started)
+            return kernel
+        self._count(compiles=1, compile_seconds=time.perf_counter() - started)
+        if outcome is PublishOutcome.LOST_RACE:
+            self._count(lost_races=1)
+        kernel = self._disk.load(request.key, request.loader(self._backend), quarantine=True)
+        if kernel is None:
+            # What is published there cannot be loaded here (untrusted, say: see the warning): this
+            # caller still gets its kernel, compiled privately.
+            kernel = self.compile_unsaved(request, compile_into)
+        return kernel
+
+    def _publish(self, request: KernelRequest, compiled: Any) -> Any:
+        def fill(staging: Path) -> None:
+            self._backend.write_entry(staging, compiled, request.key, request.resolved, request.toolchain)
+
+        for _attempt in range(2):
+            try:
+                outcome = self._store.publish(request.key, fill)
+            except (KCacheError, OSError) as err:
+                # The kernel compiled fine; only saving it failed. The caller
+                # still gets a working kernel, and the cause is not hidden.
+                self._count(publish_failures=1)
+                log.warning("kcache: compiled %s but could not save it, so it will compile again next time: %s",
+                            compiled.name, err)
+                return compiled.kernel
+            if outcome is PublishOutcome.PUBLISHED:
+                return compiled.kernel
+            # Lost the race to a writer that did not take our lock (another
+            # host on a filesystem without working flock, say): use theirs.
+            self._count(lost_races=1)
+            theirs = self._disk.load(request.key, request.loader(self._backend), quarantine=True)
+            if theirs is not None:
+                return theirs
+        return compiled.kernel

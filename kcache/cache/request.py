@@ -1,0 +1,47 @@
+"""One `get_or_compile` call's normalized arguments and key, and what the pipeline needs of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kcache.keys import derive_key
+
+
+@dataclass
+class KernelRequest:
+    """A kernel request after normalization: what the key is derived from, and the key."""
+
+    func: Any
+    resolved: Any
+    out_idx: list[int] | None
+    pass_configs: dict[str, Any]
+    compile_flags: list[str] | None
+    toolchain: dict[str, object]
+    key: str = ""
+
+    @classmethod
+    def build(cls, backend: Any, func: Any, target: Any, out_idx: Any, pass_configs: Any, compile_flags: Any,
+              execution_backend: str, target_key: str | None, toolchain: dict[str, object]) -> KernelRequest:
+        request = cls(
+            func=func,
+            resolved=backend.resolve_target(target, execution_backend, target_key),
+            out_idx=backend.normalize_out_idx(out_idx),
+            pass_configs=backend.normalize_pass_configs(pass_configs),
+            compile_flags=backend.normalize_flags(compile_flags),
+            toolchain=toolchain,
+        )
+        request.key = derive_key(backend.key_fields(
+            func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags, request.toolchain
+        ))
+        return request
+
+    def loader(self, backend: Any) -> Any:
+        """The disk tier's loader for this request: the backend's load_kernel with these arguments."""
+
+        def load(entry_dir: Path, files: dict[str, bytes], noexec_mount: Path | None) -> Any:
+            return backend.load_kernel(self.func, entry_dir, files, self.resolved, self.out_idx, self.pass_configs,
+                                       self.compile_flags, noexec_mount=noexec_mount)
+
+        return load

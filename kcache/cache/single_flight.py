@@ -1,0 +1,148 @@
+"""One compile per key across processes (the key's file lock) and nodes (the remote tier's lease).
+
+Waiters stop waiting as soon as the holder's entry appears and load it
+without the lock: queueing them through it would serialize N loads. Under
+the lock: the disk once more, then the remote tier, then the compile step.
+Trouble with the remote tier at any point means: compile locally.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kcache.cache.compiling import CompileStep
+from kcache.cache.request import KernelRequest
+from kcache.errors import CacheLockTimeout, CorruptEntry, KCacheError
+from kcache.store import access, layout
+from kcache.store.fsutil import write_durable
+from kcache.store.locks import KeyLock
+from kcache.store.manifest import MANIFEST_NAME
+from kcache.tiers.disk import DiskTier
+
+if TYPE_CHECKING:
+    from kcache.tiers.remote import RemoteTier  # loaded only where KCACHE_REMOTE is set
+
+log = logging.getLogger("kcache")
+
+
+class SingleFlight:
+    """lock -> disk -> remote -> compile -> publish, for the misses of one cache."""
+
+    def __init__(self, backend: Any, disk: DiskTier, compiler: CompileStep, *, lock_timeout_s: float,
+                 remote: Callable[[], RemoteTier | None], remote_lease_s: float,
+                 count: Callable[..., None], warn_once: Callable[..., None]) -> None:
+        self._backend = backend
+        self._disk = disk
+        self._store = disk.store
+        self._compiler = compiler
+        self._lock_timeout_s = lock_timeout_s
+        self._remote = remote
+        self._remote_lease_s = remote_lease_s
+        self._count = count
+        self._warn_once = warn_once
+
+    def get(self, request: KernelRequest) -> Any:
+        loader = request.loader(self._backend)
+        lock = KeyLock(self._store.root / layout.LOCKS / f"{request.key}.lock", request.key)
+        entry = self._store.entry_path(request.key)
+        give_up_when: Any = entry.is_dir
+        while True:
+            started = time.monotonic()
+            try:
+                waited = lock.acquire(self._lock_timeout_s, give_up_when)
+            except CacheLockTimeout:
+                raise
+            except OSError as err:
+                if err.errno not in access.UNWRITABLE_ERRNOS:
+                    raise
+                # The root was writable when this cache opened; it is not now. This call still gets
+                # its kernel, compiled without saving it, rather than a PermissionError.
+                self._warn_once("lock-denied", "kcache: cannot take the compile lock %s (%s); compiling %s "
+                                "without saving it. Check the owner and mode of %s.", lock.path,
+                                err.strerror or err, self._backend.kernel_name(request.func), self._store.root)
+                return self._compiler.compile_private(request)
+            if waited is None:
+                self._count(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
+                kernel = self._disk.load(request.key, loader, quarantine=False)
+                if kernel is not None:
+                    self._count(disk_hits=1)
+                    return kernel
+                give_up_when = None  # it is corrupt or went away: take the lock to repair it
+                continue
+            if waited > 0:
+                self._count(lock_waits=1, lock_wait_seconds=waited)
+            break
+        with lock:
+            kernel = self._disk.load(request.key, loader, quarantine=True)
+            if kernel is not None:
+                self._count(disk_hits=1)
+                return kernel
+            remote = self._remote()
+            if remote is None:
+                return self._compiler.compile_and_publish(request)
+            return self._cluster_once(request, remote)
+
+    # ------------------------------------------------------------ the remote tier
+
+    def _cluster_once(self, request: KernelRequest, remote: RemoteTier) -> Any:
+        """Under the local lock: a remote hit, or wait for the node holding the remote lease, or compile
+        and upload."""
+        delay = 0.005
+        deadline = time.monotonic() + self._lock_timeout_s
+        lease: Any = None
+        while True:
+            kernel = self._load_remote(request, remote)
+            if kernel is not None:
+                return kernel
+            lease = remote.try_lease(request.key, self._remote_lease_s)
+            if lease is not False or time.monotonic() > deadline:
+                break  # ours, or Redis is unavailable, or we waited long enough
+            # Another node compiles it: poll until its upload lands or its lease lapses (it died).
+            while remote.lease_held(request.key) and time.monotonic() < deadline:
+                kernel = self._load_remote(request, remote)
+                if kernel is not None:
+                    return kernel
+                time.sleep(delay)  # polling a remote lease has no event to wait on
+                delay = min(delay * 2, 0.25)
+        try:
+            kernel = self._compiler.compile_and_publish(request)
+            self._upload(remote, request.key)
+            return kernel
+        finally:
+            if lease:
+                lease.release()
+
+    def _load_remote(self, request: KernelRequest, remote: RemoteTier) -> Any | None:
+        files = remote.get(request.key)
+        if files is None:
+            return None
+
+        def fill(staging: Path) -> None:
+            for name, data in files.items():
+                if name != MANIFEST_NAME:  # the store writes (and checks) its own
+                    write_durable(staging / name, data)
+
+        try:
+            self._store.publish(request.key, fill)
+        except (KCacheError, OSError) as err:
+            log.warning("kcache: could not store the remote entry %s locally: %s", request.key[:16], err)
+            return None
+        kernel = self._disk.load(request.key, request.loader(self._backend), quarantine=True)
+        if kernel is not None:
+            self._count(remote_hits=1)
+        return kernel
+
+    def _upload(self, remote: RemoteTier, key: str) -> None:
+        entry = self._store.entry_path(key)
+        try:
+            files = self._store.read(key)
+            manifest = (entry / MANIFEST_NAME).read_bytes()
+        except (CorruptEntry, OSError) as err:
+            log.debug("kcache: not uploading %s: %s", key[:16], err)
+            return
+        if files is not None and remote.put(key, {**files, MANIFEST_NAME: manifest}):
+            self._count(uploads=1)

@@ -1,0 +1,29 @@
+"""How `kcache` prints: sizes, ages, tables."""
+
+from __future__ import annotations
+
+
+def human_size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_age(seconds: float) -> str:
+    for unit, span in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= span:
+            return f"{seconds / span:.0f} {unit}"
+    return f"{max(seconds, 0):.0f} s"
+
+
+def format_table(columns: list[str], rows: list[tuple], show_header: bool = True) -> str:
+    cells = [columns, *[[str(c) for c in row] for row in rows]] if show_header else [[str(c) for c in row] for row in rows]
+    if not cells:
+        return ""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
