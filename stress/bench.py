@@ -164,9 +164,10 @@ def bench_disk_hit(work: Path, repeats: int, env: dict[str, str]) -> list[dict[s
                 opens += [r.result["open_s"] * 1e3 for r in results]
     ms = {b: [s * 1e3 for s in v] for b, v in samples.items()}
     return [
-        # Not part of the timed get: KernelCache(root) (gc check, backend, toolchain
-        # identity). TileLang does its cache setup inside `import tilelang`.
-        row("disk hit (fresh process)", "open: KernelCache(root), p50", percentile(opens, 50), None, "ms"),
+        # Not part of the timed get: `import kcache` and KernelCache(root) (its modules, the gc check,
+        # the backend, the toolchain identity). TileLang does its cache setup inside `import tilelang`.
+        row("disk hit (fresh process)", "open: import kcache + KernelCache(root), p50", percentile(opens, 50), None,
+            "ms"),
         row("disk hit (fresh process)", f"p50 of {repeats}", percentile(ms["kcache"], 50), percentile(ms["tilelang"], 50), "ms"),
         row("disk hit (fresh process)", f"p90 of {repeats}", percentile(ms["kcache"], 90), percentile(ms["tilelang"], 90), "ms"),
     ]

@@ -86,21 +86,21 @@ def test_gc_removes_idle_lock_files_but_never_a_held_one(tmp_path: Path) -> None
 def test_an_acquirer_whose_file_was_unlinked_by_gc_retries_on_the_new_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The window between open() and flock() cannot be hit reliably from
     # outside, so gc runs inside it; check that it really ran.
-    import portalocker
+    from kcache.store import locks
 
     path = tmp_path / f"{KEY}.lock"
-    real_lock = portalocker.lock
+    real_lock = locks.try_flock
     ran_gc: list[int] = []
     inside_gc = []
 
-    def lock_after_gc(fd, flags):
+    def lock_after_gc(fd):
         if not ran_gc and not inside_gc:
             inside_gc.append(True)
-            monkeypatch.setattr(portalocker, "lock", real_lock)  # gc itself locks normally
+            monkeypatch.setattr(locks, "try_flock", real_lock)  # gc itself locks normally
             ran_gc.append(remove_idle_lock_files(tmp_path))
-        return real_lock(fd, flags)
+        return real_lock(fd)
 
-    monkeypatch.setattr(portalocker, "lock", lock_after_gc)
+    monkeypatch.setattr(locks, "try_flock", lock_after_gc)
     lock = KeyLock(path, KEY)
     lock.acquire(timeout=5)
     try:

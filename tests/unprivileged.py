@@ -40,8 +40,8 @@ USERS = ("kcache-a", "kcache-b")
 PROJECT_PACKAGES = ("kcache", "stress", "autotuner")
 # kcache's pure-Python dependencies, copied from the running interpreter.
 # Package directories only, no dist-info: importlib.metadata does not see them there.
-DEPENDENCIES = ("portalocker", "platformdirs", "cloudpickle")
-IMPORT_CHECK = "import kcache, stress.synthetic, autotuner, portalocker, platformdirs, cloudpickle"
+DEPENDENCIES = ("platformdirs", "cloudpickle")
+IMPORT_CHECK = "import kcache, stress.synthetic, autotuner, platformdirs, cloudpickle"
 # useradd under pytest-xdist: every worker runs this session fixture at once.
 USER_CREATION_LOCK = Path("/tmp/kcache-test-users.lock")
 
