@@ -158,7 +158,7 @@ def test_every_import_goes_down_the_layers() -> None:
 def loaded_after(statement: str) -> set[str]:
     """The project modules a fresh interpreter has loaded after `statement`."""
     code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {PACKAGES!r})))"
-    env = {**os.environ, "PYTHONPATH": str(PROJECT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
     env.pop("KCACHE_TILELANG", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=PROJECT, check=True)
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
