@@ -197,6 +197,21 @@ class LocalLoadError(_Explained, KCacheError, OSError):
         )
 
 
+class UntrustedEntry(_Explained, KCacheError, PermissionError):
+    """An entry (or a directory above it up to the root) that someone else could have written: it is
+    never loaded, never unpickled and never quarantined (it is not the entry's fault)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        self._init_args = (path, reason)
+        super().__init__(
+            _errno.EACCES,
+            f"not loading {path}: {reason}. Fix the ownership or mode (chmod go-w), share the root through a "
+            "group (KCACHE_UMASK, docs/operations.md), or point KCACHE_DIR at a root of your own",
+        )
+
+
 def _hint(code: int) -> str:
     hints = {
         _errno.ENOSPC: "The cache filesystem is full: free space or point KCACHE_DIR elsewhere.",

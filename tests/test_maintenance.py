@@ -10,6 +10,7 @@ from pathlib import Path
 from kcache.config import Settings
 from kcache.store.layout import StagingName, this_host
 from kcache.maintenance.gc import collect_garbage, gc_is_due, staging_is_stale
+from kcache.store.access import create_root
 
 KEY = "12" * 32
 
@@ -54,6 +55,7 @@ def test_a_reused_local_pid_older_than_the_ttl_is_garbage() -> None:
 
 
 def test_cleanup_covers_the_autotuner_subtree_and_nested_staging(cache_root: Path) -> None:
+    create_root(cache_root)  # marked as kcache's before anything else is in it
     nested = [cache_root / "autotuner" / ".staging", cache_root / "some" / "deeper" / ".staging"]
     leftovers = [make_staging(area, this_host(), dead_pid()) for area in nested]
     # An entry directory is never descended into (they hold only files).

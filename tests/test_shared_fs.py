@@ -140,10 +140,11 @@ shas["modes"] = {{"entry": oct(stat.S_IMODE(os.stat(entry).st_mode)), "entry_gid
     third, _ = use_cache(env, "kcache-a", team, ["k1"], **group)
     assert third["shas"]["k1"] == second["shas"]["k1"] and third["stats"]["compiles"] == 0
 
-    # Outside group mode, another user's entry is not trusted: compiled privately, never loaded.
+    # Outside group mode, a root the group can write (so another member could swap its entries) is
+    # not trusted: compiled privately, never loaded.
     private, warnings = use_cache(env, "kcache-b", team, ["k0"])
     assert private["stats"]["compiles"] == 1 and private["shas"]["k0"] != first["shas"]["k0"]
-    assert any("not loading" in w and "owned by uid" in w for w in warnings)
+    assert any("not loading" in w and "writable by group" in w and "outside group mode" in w for w in warnings)
 
     # Any member may evict any member's entries: b prunes everything a and b published.
     evict = "cache.settings = __import__('dataclasses').replace(cache.settings, max_size_bytes=1); cache.gc()"

@@ -9,7 +9,6 @@ one warning says why it was not saved.
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Any
 
 from kcache.cache.request import KernelRequest
 from kcache.errors import KCacheError, PublishError
-from kcache.store import layout
+from kcache.store import access, layout
 from kcache.store.entries import PublishOutcome
 from kcache.store.fsutil import remove_tree
 from kcache.tiers.disk import DiskTier
@@ -51,7 +50,7 @@ class CompileStep:
 
     def compile_private(self, request: KernelRequest) -> Any:
         """KCACHE_READONLY: compile without writing anything under the root (no entry, lock or log)."""
-        log_dir = Path(tempfile.gettempdir()) / f"kcache-logs-{os.geteuid()}"
+        log_dir = access.private_root() / "logs"  # never a predictable name in a shared tmp
         started = time.perf_counter()
         if self._isolation == "inprocess":
             kernel = self._backend.compile_kernel(request.func, request.resolved, request.out_idx,

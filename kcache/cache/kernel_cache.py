@@ -161,7 +161,7 @@ class KernelCache:
     @property
     def store(self) -> EntryStore:
         if self._store is None:
-            self._store = EntryStore(self.root, KERNELS, self._tilelang().COMPONENTS)
+            self._store = EntryStore(self.root, KERNELS, self._tilelang().COMPONENTS, bind_key=True)
         return self._store
 
     # ------------------------------------------------------------ the pipeline

@@ -19,7 +19,7 @@ from kcache.cache.request import KernelRequest
 from kcache.errors import CacheLockTimeout, CorruptEntry, KCacheError
 from kcache.store import access, layout
 from kcache.store.fsutil import write_durable
-from kcache.store.locks import KeyLock
+from kcache.store.locks import NOT_A_LOCK_FILE_ERRNOS, KeyLock
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.tiers.disk import DiskTier
 
@@ -57,10 +57,11 @@ class SingleFlight:
             except CacheLockTimeout:
                 raise
             except OSError as err:
-                if err.errno not in access.UNWRITABLE_ERRNOS:
+                if err.errno not in access.UNWRITABLE_ERRNOS | NOT_A_LOCK_FILE_ERRNOS:
                     raise
-                # The root was writable when this cache opened; it is not now. This call still gets
-                # its kernel, compiled without saving it, rather than a PermissionError.
+                # The root was writable when this cache opened; it is not now, or something that is
+                # not ours stands where the lock goes (a planted symlink). This call still gets its
+                # kernel, compiled without saving it, rather than a PermissionError.
                 self._warn_once("lock-denied", "kcache: cannot take the compile lock %s (%s); compiling %s "
                                 "without saving it. Check the owner and mode of %s.", lock.path,
                                 err.strerror or err, self._backend.kernel_name(request.func), self._store.root)
@@ -102,7 +103,7 @@ class SingleFlight:
             if lease is not False or time.monotonic() > deadline:
                 break  # ours, or Redis is unavailable, or we waited long enough
             # Another node compiles it: poll until its upload lands or its lease lapses (it died).
-            while remote.lease_held(request.key) and time.monotonic() < deadline:
+            while remote.lease_held(request.key, self._remote_lease_s) and time.monotonic() < deadline:
                 kernel = self._load_remote(request, remote)
                 if kernel is not None:
                     return kernel

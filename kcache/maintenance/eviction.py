@@ -13,6 +13,7 @@ miss, and compiles again.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -20,10 +21,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kcache.store import layout
+from kcache.maintenance.stats import MAX_STATS_FILE_BYTES, stats_directory
+from kcache.store import dirfd, layout
 from kcache.store.components import KERNELS
-from kcache.store.fsutil import ensure_dir, remove_tree
+from kcache.store.fsutil import make_dir_at, read_regular_at, replace_file_at
 
 log = logging.getLogger("kcache")
 
@@ -102,42 +105,73 @@ SIZE_RECORD = "size.json"
 
 def record_size(root: Path, entries: int, size: int) -> None:
     """Remember the total this scan found, so that `kcache stats` need not stat every file."""
-    record = root / layout.STATS / SIZE_RECORD
-    temporary = record.with_name(f"{SIZE_RECORD}.{uuid.uuid4().hex[:8]}.tmp")
+    record = json.dumps({"entries": entries, "bytes": size, "measured": time.time()}).encode()
     try:
-        ensure_dir(record.parent)
-        temporary.write_text(json.dumps({"entries": entries, "bytes": size, "measured": time.time()}))
-        os.replace(temporary, record)
+        with stats_directory(root, create=True) as directory_fd:
+            assert directory_fd is not None
+            replace_file_at(directory_fd, SIZE_RECORD, record)
     except OSError as err:
-        log.debug("kcache: could not record the cache size in %s: %s", record, err)
+        log.debug("kcache: could not record the cache size in %s: %s", root / layout.STATS, err)
 
 
-def recorded_size(root: Path) -> dict | None:
+def recorded_size(root: Path) -> dict[str, Any] | None:
     try:
-        value = json.loads((root / layout.STATS / SIZE_RECORD).read_text())
+        with stats_directory(root) as directory_fd:
+            if directory_fd is None:
+                return None
+            value = json.loads(read_regular_at(directory_fd, SIZE_RECORD, MAX_STATS_FILE_BYTES))
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
 
 
 def evict_entry(root: Path, entry_dir: Path) -> bool:
-    """Move one entry out of sight atomically, then delete it. False if it was already gone."""
-    trash = root / layout.TRASH
-    ensure_dir(trash)
-    dest = trash / f"{entry_dir.name}.{uuid.uuid4().hex[:12]}"
-    try:
-        os.rename(entry_dir, dest)
-    except FileNotFoundError:
-        return False
-    remove_tree(dest, "deleting an evicted entry")
+    """Move one entry out of sight atomically, then delete it. False if it was already gone.
+
+    By descriptor: the entry's parent and the trash are opened without following links, and the
+    entry is renamed and removed relative to them (kcache/store/dirfd.py)."""
+    with dirfd.subdir(root) as root_fd:
+        assert root_fd is not None
+        parent = os.path.relpath(entry_dir.parent, root)
+        parent_fd = dirfd.open_dirs_at(root_fd, *Path(parent).parts)
+        if parent_fd is None:
+            return False
+        try:
+            trash_fd = _trash(root_fd)
+            try:
+                dest = f"{entry_dir.name}.{uuid.uuid4().hex[:12]}"
+                try:
+                    os.rename(entry_dir.name, dest, src_dir_fd=parent_fd, dst_dir_fd=trash_fd)
+                except FileNotFoundError:
+                    return False
+                dirfd.remove_tree_at(trash_fd, dest, "deleting an evicted entry")
+            finally:
+                os.close(trash_fd)
+        finally:
+            os.close(parent_fd)
     log.debug("kcache: evicted %s", entry_dir)
     return True
 
 
-def empty_trash(root: Path) -> int:
-    """Delete what evictions interrupted by a crash left in the trash."""
+def _trash(root_fd: int) -> int:
     try:
-        leftovers = list(os.scandir(root / layout.TRASH))
-    except FileNotFoundError:
+        make_dir_at(root_fd, layout.TRASH)
+    except FileExistsError:
+        pass
+    fd = dirfd.open_dir_at(root_fd, layout.TRASH)
+    if fd is None:
+        raise FileNotFoundError(errno.ENOENT, "the trash vanished", layout.TRASH)
+    return fd
+
+
+def empty_trash(root: Path) -> int:
+    """Delete what evictions interrupted by a crash left in the trash: by descriptor, so a `.trash`
+    that is a symlink (planted by someone else) is refused, never followed."""
+    try:
+        with dirfd.subdir(root, layout.TRASH) as trash_fd:
+            if trash_fd is None:
+                return 0
+            return sum(dirfd.remove_tree_at(trash_fd, name, "emptying the trash") for name in os.listdir(trash_fd))
+    except dirfd.NotADirectoryOfOurs as err:
+        log.warning("kcache: not emptying %s: %s. Remove it by hand if it is yours.", root / layout.TRASH, err)
         return 0
-    return sum(remove_tree(Path(item.path), "emptying the trash") for item in leftovers)

@@ -10,18 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from kcache.maintenance.eviction import empty_trash, evict
 from kcache.maintenance.stats import fold_dead
-from kcache.store import layout
-from kcache.store.fsutil import remove_tree
+from kcache.store import access, dirfd, layout, sharing
 from kcache.store.locks import remove_idle_lock_files
 
 log = logging.getLogger("kcache")
 
-GC_STAMP = ".gc-stamp"
 # Directories gc never descends into when it looks for staging areas.
 _SKIP = {layout.QUARANTINE, layout.LOCKS, layout.LOGS, layout.TOOLCHAIN, layout.TRASH, layout.STATS}
 
@@ -47,17 +46,26 @@ def staging_is_stale(name: str, age_s: float, ttl_s: float, host: str) -> bool:
 
 
 def staging_dirs(root: Path) -> list[Path]:
-    """Every `.staging` directory under `root`, the autotuner subtree included."""
-    found = []
-    for current, subdirs, _files in os.walk(root):
-        if os.path.basename(current) == layout.STAGING:
-            found.append(Path(current))
+    """Every `.staging` directory under `root`, the autotuner subtree included (for reports)."""
+    try:
+        with dirfd.subdir(root) as root_fd:
+            assert root_fd is not None
+            return [root / where for where, _fd in _staging_areas(root_fd)]
+    except OSError:
+        return []
+
+
+def _staging_areas(root_fd: int) -> Iterator[tuple[str, int]]:
+    """(relative path, descriptor) of every `.staging` below the root, walked by descriptor (os.fwalk
+    follows no link), skipping published entries and kcache's bookkeeping directories."""
+    for where, subdirs, _files, where_fd in os.fwalk(".", dir_fd=root_fd):
+        if os.path.basename(where) == layout.STAGING:
             subdirs[:] = []
+            yield os.path.normpath(where), where_fd
             continue
         # Published entries hold only files; skipping them keeps the walk
         # proportional to the number of namespaces, not of entries.
         subdirs[:] = [d for d in subdirs if d not in _SKIP and not layout.is_key(d)]
-    return found
 
 
 def lock_dirs(root: Path) -> list[Path]:
@@ -65,35 +73,39 @@ def lock_dirs(root: Path) -> list[Path]:
     return [root / layout.LOCKS, root / "autotuner" / layout.LOCKS]
 
 
-def clean_stale_staging(root: Path, ttl_s: float) -> int:
+def clean_stale_staging(root_fd: int, ttl_s: float) -> int:
     host = layout.this_host()
     now = time.time()
     removed = 0
-    for area in staging_dirs(root):
-        try:
-            children = list(os.scandir(area))
-        except FileNotFoundError:
-            continue
-        for child in children:
+    for where, area_fd in _staging_areas(root_fd):
+        for name in os.listdir(area_fd):
+            if layout.StagingName.parse(name) is None:
+                continue  # not a name kcache gives: not ours to delete
             try:
-                age = now - child.stat(follow_symlinks=False).st_mtime
+                age = now - os.stat(name, dir_fd=area_fd, follow_symlinks=False).st_mtime
             except FileNotFoundError:
                 continue
-            if staging_is_stale(child.name, age, ttl_s, host):
-                if child.is_dir(follow_symlinks=False):
-                    gone = remove_tree(Path(child.path), "removing stale staging")
-                else:
-                    os.unlink(child.path)
-                    gone = True
-                removed += gone
-                log.debug("kcache: removed stale staging %s", child.path)
+            if staging_is_stale(name, age, ttl_s, host):
+                removed += dirfd.remove_tree_at(area_fd, name, "removing stale staging")
+                log.debug("kcache: removed stale staging %s/%s", where, name)
     return removed
 
 
 def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = None,
                     max_age_s: float | None = None) -> GcReport:
+    """Clean a root; nothing at all in a directory that is not a kcache root (access.claim_root)."""
+    try:
+        root_fd = dirfd.open_root(root)
+    except FileNotFoundError:
+        return GcReport()  # nothing to clean (and nothing is created)
+    try:
+        if not access.claim_root(root_fd, root):
+            return GcReport()
+        staging_removed = clean_stale_staging(root_fd, staging_ttl_s)
+    finally:
+        os.close(root_fd)
     report = GcReport(
-        staging_removed=clean_stale_staging(root, staging_ttl_s),
+        staging_removed=staging_removed,
         locks_removed=sum(remove_idle_lock_files(d) for d in lock_dirs(root)),
         trash_removed=empty_trash(root),
         stats_folded=fold_dead(root),
@@ -105,13 +117,22 @@ def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = Non
 
 
 def gc_is_due(root: Path, interval_s: float) -> bool:
-    """Rate limit for the gc run at open: at most once per interval per root."""
-    stamp = root / GC_STAMP
-    try:
-        if time.time() - os.stat(stamp).st_mtime < interval_s:
-            return False
-    except FileNotFoundError:
-        pass
-    stamp.touch()
-    os.utime(stamp)
+    """Rate limit for the gc run at open: at most once per interval per root (`.gc-stamp`'s mtime).
+    The stamp is shared by every user of a group root, so it follows group mode."""
+    with dirfd.subdir(root) as root_fd:
+        assert root_fd is not None
+        try:
+            if time.time() - os.stat(layout.GC_STAMP, dir_fd=root_fd, follow_symlinks=False).st_mtime < interval_s:
+                return False
+        except FileNotFoundError:
+            pass
+        exact = sharing.file_mode(sharing.SHARED_FILE_MODE)
+        fd = os.open(layout.GC_STAMP, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     sharing.SHARED_FILE_MODE if exact is not None else 0o644, dir_fd=root_fd)
+        try:
+            if exact is not None and os.fstat(fd).st_uid == os.geteuid():
+                sharing.fix_mode(fd, exact)
+            os.utime(fd)
+        finally:
+            os.close(fd)
     return True

@@ -12,21 +12,25 @@ process loses at most its last second of counts.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from kcache.store import layout
-from kcache.store.fsutil import ensure_dir
+from kcache.store import dirfd, layout
+from kcache.store.fsutil import make_dir_at, read_regular_at, replace_file_at
 
 log = logging.getLogger("kcache")
 
 TOTAL = "total.json"
+# A counters file is a few hundred bytes: anything far bigger is not one of ours.
+MAX_STATS_FILE_BYTES = 1 << 20
 FLUSH_INTERVAL_S = 1.0
 
 
@@ -83,12 +87,10 @@ class StatsFile:
         self._dirty = False
         self._last_flush = time.monotonic()
         data = json.dumps(self.stats.snapshot()).encode()
-        temporary = self.path.with_name(self.path.name + ".tmp")
         try:
-            ensure_dir(self.directory)
-            with open(temporary, "wb") as out:
-                out.write(data)
-            os.replace(temporary, self.path)
+            with stats_directory(self.directory.parent, create=True) as directory_fd:
+                assert directory_fd is not None
+                replace_file_at(directory_fd, self.path.name, data)
         except OSError as err:  # a read-only or foreign cache: the counters stay in memory
             log.debug("kcache: could not persist stats to %s: %s", self.path, err)
 
@@ -117,16 +119,17 @@ def _flush_all() -> None:
 def read_persisted(root: Path) -> dict[str, float]:
     """The sum of every process's persisted counters under `root`."""
     total = dict.fromkeys(COUNTERS, 0)
-    directory = Path(root) / layout.STATS
-    folded = _read_total(directory)
-    _accumulate(total, folded["counters"])
     try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return total
-    for name in names:
-        if _owner(name) is not None and name not in folded["folded"]:
-            _accumulate(total, _read_json(directory / name))
+        with stats_directory(Path(root)) as directory_fd:
+            if directory_fd is None:
+                return total
+            folded = _read_total(directory_fd)
+            _accumulate(total, folded["counters"])
+            for name in os.listdir(directory_fd):
+                if _owner(name) is not None and name not in folded["folded"]:
+                    _accumulate(total, _read_json(directory_fd, name))
+    except OSError as err:  # a missing root, or a .stats that is not ours
+        log.debug("kcache: cannot read the stats of %s: %s", root, err)
     return total
 
 
@@ -134,34 +137,51 @@ def fold_dead(root: Path) -> int:
     """Fold the counter files of dead processes of this host into total.json. Returns how many."""
     from kcache.store.locks import KeyLock
 
-    directory = Path(root) / layout.STATS
-    if not directory.is_dir():
-        return 0
-    lock = KeyLock(directory / ".fold.lock", "stats")
-    if lock.acquire(10.0) is None:
-        return 0
-    with lock:
-        host = layout.this_host()
-        folded = _read_total(directory)
-        present = set(os.listdir(directory))
-        done = [name for name in folded["folded"] if name in present]  # folded, unlink interrupted
-        fresh = []
-        for name in sorted(present):
-            owner = _owner(name)
-            if owner is None or name in done or owner[0] != host or layout.pid_alive(owner[1]):
-                continue
-            _accumulate(folded["counters"], _read_json(directory / name))
-            fresh.append(name)
-        if not fresh and not done:
+    with stats_directory(Path(root)) as directory_fd:
+        if directory_fd is None:
             return 0
-        _write_total(directory, {"counters": folded["counters"], "folded": done + fresh})
-        for name in done + fresh:
-            try:
-                os.unlink(directory / name)
-            except FileNotFoundError:
-                pass
-        _write_total(directory, {"counters": folded["counters"], "folded": []})
-        return len(fresh)
+        lock = KeyLock(Path(root) / layout.STATS / ".fold.lock", "stats")
+        if lock.acquire(10.0) is None:
+            return 0
+        with lock:
+            host = layout.this_host()
+            folded = _read_total(directory_fd)
+            present = set(os.listdir(directory_fd))
+            done = [name for name in folded["folded"] if name in present]  # folded, unlink interrupted
+            fresh = []
+            for name in sorted(present):
+                owner = _owner(name)
+                if owner is None or name in done or owner[0] != host or layout.pid_alive(owner[1]):
+                    continue
+                _accumulate(folded["counters"], _read_json(directory_fd, name))
+                fresh.append(name)
+            if not fresh and not done:
+                return 0
+            # The fold record is fsynced before its files are unlinked: they must not count twice.
+            _write_total(directory_fd, {"counters": folded["counters"], "folded": done + fresh})
+            for name in done + fresh:
+                try:
+                    os.unlink(name, dir_fd=directory_fd)
+                except FileNotFoundError:
+                    pass
+            _write_total(directory_fd, {"counters": folded["counters"], "folded": []})
+            return len(fresh)
+
+
+@contextlib.contextmanager
+def stats_directory(root: Path, *, create: bool = False) -> Iterator[int | None]:
+    """The descriptor of `<root>/.stats` (None if missing), opened without following a link."""
+    with dirfd.subdir(root) as root_fd:
+        assert root_fd is not None
+        if create:
+            with contextlib.suppress(FileExistsError):
+                make_dir_at(root_fd, layout.STATS)
+        fd = dirfd.open_dir_at(root_fd, layout.STATS)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _owner(name: str) -> tuple[str, int] | None:
@@ -172,28 +192,23 @@ def _owner(name: str) -> tuple[str, int] | None:
     return (host, int(pid)) if host and pid.isdigit() and rest else None
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(directory_fd: int, name: str) -> dict:
     try:
-        value = json.loads(path.read_bytes())
+        value = json.loads(read_regular_at(directory_fd, name, MAX_STATS_FILE_BYTES))
     except (OSError, ValueError):  # vanished, or a torn file of an older kcache: nothing to add
         return {}
     return value if isinstance(value, dict) else {}
 
 
-def _read_total(directory: Path) -> dict:
-    value = _read_json(directory / TOTAL)
+def _read_total(directory_fd: int) -> dict:
+    value = _read_json(directory_fd, TOTAL)
     counters = value.get("counters") if isinstance(value.get("counters"), dict) else {}
     folded = value.get("folded") if isinstance(value.get("folded"), list) else []
     return {"counters": dict(counters), "folded": [str(n) for n in folded]}
 
 
-def _write_total(directory: Path, value: dict) -> None:
-    temporary = directory / f"{TOTAL}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(temporary, "w") as out:
-        json.dump(value, out)
-        out.flush()
-        os.fsync(out.fileno())  # the fold record must not be lost while its files are unlinked
-    os.replace(temporary, directory / TOTAL)
+def _write_total(directory_fd: int, value: dict) -> None:
+    replace_file_at(directory_fd, TOTAL, json.dumps(value).encode())
 
 
 def _accumulate(total: dict, counters: dict) -> None:

@@ -12,10 +12,12 @@ An entry is a directory of:
 
 It is staged beside its final path and published with one rename, only
 once every file is written and verified (kcache.store.EntryStore: the same
-code as kernel entries). Loading verifies the manifest before it parses
-anything, and unpickles function.pkl only from a directory the current user
-owns and nobody else may write: a corrupt, partial or tampered entry is a
-miss with one warning, never a crash, a hang or a SIGBUS.
+code as kernel entries). Loading checks trust on every descriptor (the
+result's directory and its parent, each file) before it reads a byte,
+verifies the manifest before it parses anything, and unpickles only the
+bytes it verified, from a directory the current user owns and nobody else
+may write: a corrupt, partial or tampered entry is a miss with one warning,
+never a crash, a hang or a SIGBUS.
 """
 
 from __future__ import annotations
@@ -33,12 +35,11 @@ import cloudpickle
 
 from kcache.cache.default import default_cache
 from kcache.config import Settings
-from kcache.errors import CorruptEntry, KCacheError
+from kcache.errors import CorruptEntry, KCacheError, UntrustedEntry
 from kcache.store import layout
 from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.fsutil import write_durable
 from kcache.store.locks import KeyLock
-from kcache.store.trust import untrusted_reason
 
 log = logging.getLogger("kcache")
 
@@ -120,7 +121,14 @@ class AutotuneResult:
         untrusted or unreadable."""
         path = Path(path)
         try:
+            # Trust is checked on each descriptor before its bytes are read; only those bytes are
+            # unpickled (a swap after the check changes nothing).
             files = _store_at(path).read(path.name)
+        except UntrustedEntry as untrusted:
+            log.warning("kcache: refusing to unpickle the autotune result %s: %s. Only load results from a "
+                        "directory you own that nobody else can write (chmod go-w), or tune again.", path,
+                        untrusted.reason)
+            return None
         except CorruptEntry as corrupt:
             log.warning("kcache: ignoring the autotune result %s: %s. Tune again to replace it.", path, corrupt.reason)
             return None
@@ -128,11 +136,6 @@ class AutotuneResult:
             log.warning("kcache: cannot read the autotune result %s: %s", path, err)
             return None
         if files is None:
-            return None
-        distrust = _distrust(path)
-        if distrust:
-            log.warning("kcache: refusing to unpickle the autotune result %s: %s. Only load results from a "
-                        "directory you own that nobody else can write (chmod go-w), or tune again.", path, distrust)
             return None
         try:
             return cls._deserialize(files)
@@ -191,12 +194,6 @@ def _store_at(path: Path) -> EntryStore:
     # The parent directory is the store: staging in <parent>/.staging, so that the rename stays
     # on one filesystem and the cache's gc (which walks every .staging under a root) cleans it.
     return EntryStore(path.parent, "", COMPONENTS, check_name=layout.check_entry_name)
-
-
-def _distrust(path: Path) -> str:
-    """Why `path` is no safe place to unpickle from, or "" (kcache's check before loading code:
-    whoever can write the entry or its parent can replace function.pkl and its manifest together)."""
-    return untrusted_reason(path, path.parent)
 
 
 def _json(value: Any) -> bytes:

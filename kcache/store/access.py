@@ -12,11 +12,14 @@ PermissionError deep inside a compile. The policies:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import errno
 import grp
 import logging
 import os
 import pwd
+import shutil
 import stat
 import tempfile
 import threading
@@ -26,7 +29,7 @@ from pathlib import Path
 import platformdirs
 
 from kcache.errors import UnwritableCache
-from kcache.store import layout, sharing
+from kcache.store import dirfd, layout, sharing
 from kcache.store.components import KERNELS
 
 log = logging.getLogger("kcache")
@@ -51,16 +54,58 @@ class RootPlan:
 
 
 def create_root(root: Path) -> None:
-    """Create `root` (and its parents) if missing; a root kcache creates is 0700, or 2770 in group mode."""
-    if root.is_dir():
-        return
-    root.parent.mkdir(parents=True, exist_ok=True)
-    mode = sharing.root_mode()
+    """Create `root` (and its parents) if missing, with its marker; a root kcache creates is 0700,
+    or 2770 in group mode. An existing directory is marked if it is kcache's (claim_root)."""
+    if not root.is_dir():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        mode = sharing.root_mode()
+        try:
+            os.mkdir(root, mode)
+            os.chmod(root, mode)  # mkdir applies the process's umask, and drops setgid on some systems
+        except FileExistsError:
+            pass
+    fd = dirfd.open_root(root)
     try:
-        os.mkdir(root, mode)
+        claim_root(fd, root)
+    finally:
+        os.close(fd)
+
+
+# What kcache itself puts in a root. A directory holding only these (or nothing) is kcache's.
+ROOT_NAMES = frozenset({KERNELS, *layout.NAMESPACES, layout.STAGING, layout.LOCKS, layout.LOGS, layout.TOOLCHAIN,
+                        layout.STATS, layout.QUARANTINE, layout.TRASH, layout.ROOT_MARKER, layout.GC_STAMP})
+
+
+def claim_root(root_fd: int, root: Path) -> bool:
+    """Whether the directory `root_fd` is a kcache root: it carries the marker, or holds nothing but
+    what kcache puts in a root (then the marker is added: a root of an older kcache, a new one).
+    A directory with anything else in it (a mistaken KCACHE_DIR=$HOME) is never claimed, and gc
+    deletes nothing there."""
+    try:
+        os.stat(layout.ROOT_MARKER, dir_fd=root_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        pass
+    foreign = sorted(set(os.listdir(root_fd)) - ROOT_NAMES)
+    if foreign:
+        _warn_once(root, f"kcache: {root} holds files that are not kcache's ({', '.join(foreign[:3])}"
+                   f"{', ...' if len(foreign) > 3 else ''}) and no {layout.ROOT_MARKER} marker: kcache will use "
+                   "it, but its gc deletes nothing there. Point KCACHE_DIR at a directory of kcache's own.")
+        return False
+    try:
+        fd = os.open(layout.ROOT_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     sharing.WRITE_ONCE_FILE_MODE, dir_fd=root_fd)
     except FileExistsError:
-        return
-    os.chmod(root, mode)  # mkdir applies the process's umask, and drops setgid on some systems
+        return True
+    except OSError as err:
+        if err.errno in UNWRITABLE_ERRNOS:
+            return False
+        raise
+    try:
+        os.write(fd, b"kcache root\n")
+    finally:
+        os.close(fd)
+    return True
 
 
 def unwritable_reason(root: Path) -> str:
@@ -104,11 +149,40 @@ def plan(root: Path, policy: str, readonly: bool) -> RootPlan:
 
 
 def fallback_root(root: Path) -> Path:
-    """This user's own root: the per-user cache directory, or `<tmp>/kcache-<uid>` when that is `root`."""
+    """This user's own root: the per-user cache directory, or a private one when that is `root`."""
     mine = Path(platformdirs.user_cache_dir("kcache", appauthor=False))
     if _same_path(mine, root):
-        return Path(tempfile.gettempdir()) / f"kcache-{os.geteuid()}"
+        return private_root()
     return mine
+
+
+_private_roots: list[Path] = []
+
+
+def private_root() -> Path:
+    """A root nobody else can have made or entered: `$XDG_RUNTIME_DIR/kcache` where the runtime
+    directory is ours and private (checked each time), else a fresh mkdtemp directory of this
+    process. Never a predictable name in a shared tmp: another user could create it first."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and _private_and_ours(Path(runtime)):
+        candidate = Path(runtime) / "kcache"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(candidate, 0o700)
+        if _private_and_ours(candidate):
+            return candidate
+    if not _private_roots:
+        made = Path(tempfile.mkdtemp(prefix=f"kcache-{os.geteuid()}-"))  # 0700, a name nobody could predict
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+        _private_roots.append(made)
+    return _private_roots[0]
+
+
+def _private_and_ours(directory: Path) -> bool:
+    try:
+        info = os.stat(directory, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
 
 
 def _describe(directory: Path) -> str:

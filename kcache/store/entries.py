@@ -7,6 +7,8 @@ about TileLang: an entry is a directory of named files plus a manifest.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import time
@@ -16,8 +18,16 @@ from enum import Enum
 from pathlib import Path
 
 from kcache.errors import CorruptEntry, KCacheError, PublishError
-from kcache.store import layout
-from kcache.store.fsutil import RENAME_RACE_ERRNOS, ensure_dir, fsync_dir, make_dir, remove_tree, write_durable
+from kcache.store import dirfd, layout
+from kcache.store.fsutil import (
+    RENAME_RACE_ERRNOS,
+    ensure_dir,
+    fsync_dir,
+    make_dir,
+    make_dir_at,
+    remove_tree,
+    write_durable,
+)
 from kcache.store.manifest import MANIFEST_NAME, build_manifest, verify_entry
 
 log = logging.getLogger("kcache")
@@ -25,6 +35,18 @@ log = logging.getLogger("kcache")
 # Names of the publish steps, in order. Tests inject crashes at each one
 # through `EntryStore.fault_hook`.
 PUBLISH_STEPS = ("staging_created", "components_written", "manifest_written", "verified", "renamed")
+
+
+def check_bound_key(where: str, files: dict[str, bytes], key: str, meta: str = "meta.json") -> None:
+    """An entry's meta.json must name the key it is stored (or was asked) under: a verified entry
+    copied or replayed under another key is another kernel, and is refused. Raises CorruptEntry."""
+    try:
+        bound = json.loads(files[meta]).get("key")
+    except (KeyError, ValueError, AttributeError, TypeError):
+        bound = None
+    if bound != key:
+        raise CorruptEntry(where, f"{meta} names the key {str(bound)[:16]!r}, not {key[:16]!r}: an entry copied "
+                           "from another key")
 
 
 class PublishOutcome(Enum):
@@ -40,9 +62,14 @@ class EntryStore:
     fault_hook: Callable[[str], None] | None = None
 
     def __init__(self, root: Path, namespace: str, required: frozenset[str],
-                 check_name: Callable[[str], str] = layout.check_key) -> None:
+                 check_name: Callable[[str], str] = layout.check_key, *, bind_key: bool = False,
+                 trusted: bool = True) -> None:
         """`check_name` validates entry names: hex keys by default; `layout.check_entry_name` for
-        caller-chosen directory names (an autotune result saved to a path)."""
+        caller-chosen directory names (an autotune result saved to a path). `bind_key` (kernel
+        entries): an entry's meta.json must name its key, and it holds exactly `required`. `trusted`: reads check trust on every
+        descriptor from the root down (UntrustedEntry) before a byte is read."""
+        self.bind_key = bind_key
+        self.trusted = trusted
         self.root = Path(root)
         self.check_name = check_name
         self.namespace = namespace
@@ -61,9 +88,13 @@ class EntryStore:
         caller decides when to quarantine it (under the key's lock).
         """
         try:
-            return verify_entry(self.entry_path(key), self.required)
+            files = verify_entry(self.entry_path(key), self.required, trust_root=self.root if self.trusted else None,
+                                 exact=self.bind_key)
         except FileNotFoundError:
             return None
+        if self.bind_key:
+            check_bound_key(str(self.entry_path(key)), files, key)
+        return files
 
     def publish(self, key: str, fill: Callable[[Path], None]) -> PublishOutcome:
         """Stage the entry with `fill(staging_dir)`, verify it, publish it atomically.
@@ -86,7 +117,7 @@ class EntryStore:
             self._step("components_written")
             self._write_manifest(staging)
             self._step("manifest_written")
-            verify_entry(staging, self.required)
+            verify_entry(staging, self.required, exact=self.bind_key)
             fsync_dir(staging)
             self._step("verified")
         except KCacheError:
@@ -125,10 +156,24 @@ class EntryStore:
         published by someone else is never the one moved.
         """
         source = self.entry_path(key)
-        ensure_dir(self.quarantine_dir)
-        dest = self.quarantine_dir / f"{key}.{int(time.time())}.{uuid.uuid4().hex[:8]}"
+        name = f"{key}.{int(time.time())}.{uuid.uuid4().hex[:8]}"
+        dest = self.quarantine_dir / name
         try:
-            os.rename(source, dest)
+            # By descriptor: a `.quarantine` (or an entries directory) that is a link is refused.
+            with dirfd.subdir(self.root) as root_fd:
+                assert root_fd is not None
+                with contextlib.suppress(FileExistsError):
+                    make_dir_at(root_fd, layout.QUARANTINE)
+                quarantine_fd = dirfd.open_dir_at(root_fd, layout.QUARANTINE)
+                entries_fd = dirfd.open_dirs_at(root_fd, *Path(self.namespace).parts)
+                try:
+                    if quarantine_fd is None or entries_fd is None:
+                        return None
+                    os.rename(source.name, name, src_dir_fd=entries_fd, dst_dir_fd=quarantine_fd)
+                finally:
+                    for fd in (quarantine_fd, entries_fd):
+                        if fd is not None:
+                            os.close(fd)
         except FileNotFoundError:
             return None
         except OSError as err:

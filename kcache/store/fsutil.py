@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -32,10 +34,7 @@ def write_durable(path: Path, data: bytes, mode: int = sharing.WRITE_ONCE_FILE_M
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         sharing.fix_mode(fd, exact)
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        _write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -122,3 +121,91 @@ def make_dir(path: Path, mode: int = 0o755, *, exist_ok: bool = False) -> None:
             raise
         return
     sharing.fix_mode(path, exact)
+
+
+def make_dir_at(dir_fd: int, name: str, mode: int = 0o755) -> None:
+    """make_dir relative to a directory descriptor (raises FileExistsError if `name` exists)."""
+    exact = sharing.dir_mode()
+    os.mkdir(name, mode if exact is None else exact, dir_fd=dir_fd)
+    if exact is not None:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            sharing.fix_mode(fd, exact)
+        finally:
+            os.close(fd)
+
+
+def create_temporary_at(dir_fd: int, prefix: str, mode: int = 0o600) -> tuple[int, str]:
+    """A new file with a random name in `dir_fd`: (its descriptor, open for writing, and its name).
+
+    The one way kcache makes a temporary file: O_EXCL and O_NOFOLLOW, so a name planted in advance
+    (a symlink to someone's file, say) is never opened, let alone written through.
+    """
+    for _ in range(100):
+        name = f"{prefix}.{os.urandom(8).hex()}.tmp"
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            continue
+        return fd, name
+    raise FileExistsError(errno.EEXIST, f"no free temporary name for {prefix}", prefix)
+
+
+def replace_file_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace `name` in `dir_fd` with `data` atomically: a temporary file (create_temporary_at),
+    written and fsynced, renamed over it. Readers see the old or the new file, never a part."""
+    exact = sharing.file_mode(mode)
+    fd, temporary = create_temporary_at(dir_fd, name, mode)
+    try:
+        try:
+            sharing.fix_mode(fd, exact if exact is not None else mode)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def read_regular_at(dir_fd: int, name: str, max_bytes: int) -> bytes:
+    """Read regular file `name` of `dir_fd`, refusing a link, a FIFO or device (O_NONBLOCK: opening
+    one never blocks) and anything bigger than `max_bytes` (its size from fstat, before any read)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file: {name}")
+        if info.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"{name} is {info.st_size} bytes, more than the {max_bytes} expected")
+        return read_fd(fd, info.st_size)
+    finally:
+        os.close(fd)
+
+
+def read_fd(fd: int, size: int) -> bytes:
+    """Exactly the `size` bytes fstat promised; a file that changed size meanwhile is an error."""
+    data = os.pread(fd, size + 1, 0) if size < (1 << 20) else _read_chunks(fd, size + 1)
+    if len(data) != size:
+        raise OSError(errno.EIO, f"the file changed size while read ({len(data)} bytes, fstat said {size})")
+    return data
+
+
+def _read_chunks(fd: int, limit: int) -> bytes:
+    chunks, offset = [], 0
+    while offset < limit:
+        chunk = os.pread(fd, min(1 << 20, limit - offset), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)

@@ -9,6 +9,8 @@
     <root>/.toolchain/               memoized toolchain fingerprints
     <root>/.stats/                   per-process counters, folded totals, the size record
     <root>/.trash/                   evicted entries, renamed here before they are deleted
+    <root>/.kcache-root              the marker: this directory is a kcache root (gc checks it)
+    <root>/.gc-stamp                 when gc last ran at open
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ LOGS = ".logs"
 TOOLCHAIN = ".toolchain"
 STATS = ".stats"
 TRASH = ".trash"
+# Marks a directory as a kcache root: gc deletes nothing in a directory without it.
+ROOT_MARKER = ".kcache-root"
+GC_STAMP = ".gc-stamp"
+# Subdirectories that hold entries of a kind other than kernels (each with its own .staging).
+NAMESPACES = ("autotuner",)
 
 _KEY_RE = re.compile(r"[0-9a-f]{16,128}")
 

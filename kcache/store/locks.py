@@ -17,18 +17,22 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from kcache.errors import CacheLockTimeout
 from kcache.store import sharing
+from kcache.store.dirfd import DIR_FLAGS, NOT_A_DIRECTORY_ERRNOS
 from kcache.store.fsutil import ensure_dir
 
 log = logging.getLogger("kcache")
 
 # flock's answers for "another descriptor holds it" (Linux says EWOULDBLOCK; EACCES on some systems).
 LOCK_HELD_ERRNOS = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES})
+# Opening a lock file (or its directory) found a symlink, a directory or another non-file there.
+NOT_A_LOCK_FILE_ERRNOS = NOT_A_DIRECTORY_ERRNOS | {errno.EISDIR}
 
 
 def try_flock(fd: int) -> bool:
@@ -102,7 +106,7 @@ class KeyLock:
         self.release()
 
     def _try_acquire(self) -> int | None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, sharing.SHARED_FILE_MODE)
+        fd = _open_in_locks_dir(self.path, os.O_RDWR | os.O_CREAT)
         try:
             _share(fd)
             taken = try_flock(fd)
@@ -132,8 +136,12 @@ def _share(fd: int) -> None:
 
 
 def _same_file(fd: int, path: Path) -> bool:
+    return _same_file_at(fd, None, str(path))
+
+
+def _same_file_at(fd: int, dir_fd: int | None, name: str) -> bool:
     try:
-        on_disk = os.stat(path, follow_symlinks=False)
+        on_disk = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
     held = os.fstat(fd)
@@ -144,29 +152,50 @@ def remove_idle_lock_files(locks_dir: Path) -> int:
     """Unlink every empty lock file that nobody holds; return how many."""
     removed = 0
     try:
-        names = os.listdir(locks_dir)
+        dir_fd = os.open(locks_dir, DIR_FLAGS)  # a `.locks` that is a symlink is refused (ELOOP)
     except FileNotFoundError:
         return 0
-    for name in names:
-        if not name.endswith(".lock"):
-            continue
-        path = locks_dir / name
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            continue
-        try:
-            taken = try_flock(fd)
-        except OSError:
-            os.close(fd)
-            raise
-        if not taken:
-            os.close(fd)
-            continue
-        try:
-            if os.fstat(fd).st_size == 0 and _same_file(fd, path):
-                os.unlink(path)
-                removed += 1
-        finally:
-            os.close(fd)
+    try:
+        for name in os.listdir(dir_fd):
+            if name.endswith(".lock"):
+                removed += _remove_if_idle(dir_fd, name)
+    finally:
+        os.close(dir_fd)
     return removed
+
+
+def _open_in_locks_dir(path: Path, flags: int) -> int:
+    """Open a lock file through its directory's descriptor: neither is followed if it is a link."""
+    dir_fd = os.open(path.parent, DIR_FLAGS)
+    try:
+        return os.open(path.name, flags | os.O_CLOEXEC | os.O_NOFOLLOW, sharing.SHARED_FILE_MODE, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _remove_if_idle(dir_fd: int, name: str) -> int:
+    """Unlink lock file `name` if it is empty and nobody holds it: 1 if it was, else 0."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return 0
+    except OSError as err:
+        if err.errno in NOT_A_LOCK_FILE_ERRNOS:  # a link or a directory planted there: not ours to remove
+            return 0
+        raise
+    try:
+        taken = try_flock(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not taken:
+        os.close(fd)
+        return 0
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_size == 0 and _same_file_at(fd, dir_fd, name):
+            os.unlink(name, dir_fd=dir_fd)
+            return 1
+    finally:
+        os.close(fd)
+    return 0

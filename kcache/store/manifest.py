@@ -9,12 +9,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
+from collections.abc import Iterable
 from hashlib import sha256
 from pathlib import Path
 
-from kcache.errors import CorruptEntry
-from kcache.store.fsutil import read_nofollow, sha256_hex
+from kcache.errors import CorruptEntry, UntrustedEntry
+from kcache.store import dirfd, sharing, trust
+from kcache.store.fsutil import read_fd, read_nofollow, sha256_hex
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -34,71 +37,86 @@ def build_manifest(directory: Path) -> bytes:
 
 
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO planted in an entry never hangs us
+# Sizes come from fstat and are checked before a byte is read: a manifest is a few hundred bytes, and
+# no component of a kernel comes near this (a sparse 1 TiB file is refused, not read into memory).
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_COMPONENT_BYTES = 1 << 30
 
 
-def _read_regular(dir_fd: int, name: str) -> bytes:
-    """Read `name` under `dir_fd`: a regular file only, never through a symlink.
+class _Trust:
+    """Where trust is checked (the root and its group); None for a directory of our own (staging)."""
 
-    Reads the st_size bytes fstat reports, in one read(2) for any entry file:
-    no extra read to see EOF. A file that grows afterwards is caught by the
-    size check and the sha256 (what is verified is exactly what was read).
-    """
+    __slots__ = ("root", "group")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.group = sharing.trusted_group(root)
+
+
+def _read_regular(dir_fd: int, directory: Path, name: str, expected: int | None, limit: int,
+                  checked: _Trust | None) -> bytes:
+    """Read `name` under `dir_fd`: a regular file only, never through a symlink, checked (trust, size)
+    on its descriptor before anything is read, then exactly the bytes fstat promised."""
     fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        size = st.st_size
-        data = os.read(fd, size)
-        if len(data) < size:  # a short read (a file shrinking meanwhile, some network filesystems)
-            chunks = [data]
-            remaining = size - len(data)
-            while remaining > 0:
-                chunk = os.read(fd, remaining)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                remaining -= len(chunk)
-            data = b"".join(chunks)
-        return data
+        if checked is not None:
+            info = trust.check_file(fd, str(directory / name), checked.group)
+        else:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+        if expected is not None and info.st_size != expected:
+            raise CorruptEntry(str(directory), f"{name} has {info.st_size} bytes, manifest says {expected}")
+        if info.st_size > limit:
+            raise CorruptEntry(str(directory), f"{name} has {info.st_size} bytes, more than kcache ever writes")
+        return read_fd(fd, info.st_size)
     finally:
         os.close(fd)
 
 
-def verify_entry(directory: Path, required: frozenset[str]) -> dict[str, bytes]:
+def verify_entry(directory: Path, required: frozenset[str], *, trust_root: Path | None = None,
+                 exact: bool = False) -> dict[str, bytes]:
     """Return the verified contents of every file of the entry at `directory`.
 
     Raises FileNotFoundError when the entry does not exist (a miss, possibly
     because it vanished between lookup and read) and CorruptEntry when it
     exists but is not exactly what its manifest describes.
 
-    The directory is opened once and every file is opened relative to it, so
-    the whole verification is about the same directory even if the path is
-    renamed meanwhile (quarantine), and no path is parsed per file.
+    With `trust_root`, every directory from that root down to the entry and
+    every file is opened by descriptor and trust-checked on it before it is
+    read (UntrustedEntry otherwise): what is verified is what was checked.
+    The directory is opened once and every file relative to it, so the whole
+    verification is about the same directory even if the path is renamed
+    meanwhile (quarantine).
     """
+    checked = _Trust(trust_root) if trust_root is not None else None
     try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        if checked is not None:
+            dir_fd = trust.open_trusted_dir(checked.root, directory.relative_to(checked.root))
+        else:
+            dir_fd = os.open(directory, dirfd.DIR_FLAGS)
+    except (FileNotFoundError, UntrustedEntry):
         raise
     except OSError as err:
         raise CorruptEntry(str(directory), f"cannot open the entry: {err.strerror or err}") from err
     try:
-        return _verify_at(dir_fd, directory, required)
+        return _verify_at(dir_fd, directory, required, checked, exact)
     finally:
         os.close(dir_fd)
 
 
-def _verify_at(dir_fd: int, directory: Path, required: frozenset[str]) -> dict[str, bytes]:
+def _verify_at(dir_fd: int, directory: Path, required: frozenset[str], checked: _Trust | None,
+               exact: bool) -> dict[str, bytes]:
     try:
-        manifest_bytes = _read_regular(dir_fd, MANIFEST_NAME)
+        manifest_bytes = _read_regular(dir_fd, directory, MANIFEST_NAME, None, MAX_MANIFEST_BYTES, checked)
     except FileNotFoundError:
         raise CorruptEntry(str(directory), "manifest.json is missing") from None
+    except (CorruptEntry, UntrustedEntry):
+        raise
     except OSError as err:
         raise CorruptEntry(str(directory), f"manifest.json cannot be read: {err}") from err
     files = _parse_manifest(directory, manifest_bytes)
-    missing = required - files.keys()
-    if missing:
-        raise CorruptEntry(str(directory), f"manifest lacks required file(s) {sorted(missing)}")
+    _check_names(str(directory), files.keys(), required, exact)
     present = _list_files(dir_fd, directory)
     unexpected = present - files.keys() - {MANIFEST_NAME}
     if unexpected:
@@ -106,15 +124,15 @@ def _verify_at(dir_fd: int, directory: Path, required: frozenset[str]) -> dict[s
     contents: dict[str, bytes] = {}
     for name, meta in files.items():
         try:
-            data = _read_regular(dir_fd, name)
+            data = _read_regular(dir_fd, directory, name, meta["size"], MAX_COMPONENT_BYTES, checked)
         except FileNotFoundError:
             if not _same_directory(dir_fd, directory):
                 raise  # the whole entry vanished (evicted): a miss
             raise CorruptEntry(str(directory), f"{name} is missing") from None
+        except (CorruptEntry, UntrustedEntry):
+            raise
         except OSError as err:
             raise CorruptEntry(str(directory), f"{name} cannot be read: {err.strerror or err}") from err
-        if len(data) != meta["size"]:
-            raise CorruptEntry(str(directory), f"{name} has {len(data)} bytes, manifest says {meta['size']}")
         if sha256(data).hexdigest() != meta["sha256"]:
             raise CorruptEntry(str(directory), f"{name} does not match its sha256")
         contents[name] = data
@@ -122,20 +140,32 @@ def _verify_at(dir_fd: int, directory: Path, required: frozenset[str]) -> dict[s
 
 
 def verify_contents(where: str, files: dict[str, bytes], required: frozenset[str]) -> None:
-    """Check an entry held in memory (a remote value): exactly the manifest's files, each matching it.
+    """Check an entry held in memory (a remote value): exactly the manifest's files, which are exactly
+    the `required` components, each matching it.
 
     Raises CorruptEntry naming `where`."""
     if MANIFEST_NAME not in files:
         raise CorruptEntry(where, "manifest.json is missing")
     listed = _parse_manifest(Path(where), files[MANIFEST_NAME])
-    missing = required - listed.keys()
-    if missing:
-        raise CorruptEntry(where, f"manifest lacks required file(s) {sorted(missing)}")
+    _check_names(where, listed.keys(), required, exact=True)
     if set(files) != set(listed) | {MANIFEST_NAME}:
         raise CorruptEntry(where, f"files {sorted(files)} differ from the manifest's {sorted(listed)}")
     for name, meta in listed.items():
         if len(files[name]) != meta["size"] or sha256(files[name]).hexdigest() != meta["sha256"]:
             raise CorruptEntry(where, f"{name} does not match the manifest")
+
+
+def _check_names(where: str, listed: Iterable[str], required: frozenset[str], exact: bool) -> None:
+    """The manifest lists every required component; with `exact` (kernel entries) nothing else: an
+    extra file would be published and served along with the entry, and verify would call it good."""
+    names = set(listed)
+    if not required <= names or (exact and names != required):
+        missing, extra = sorted(required - names), sorted(names - required)
+        raise CorruptEntry(where, "manifest " + "; ".join(filter(None, [
+            f"lacks required file(s) {missing}" if missing else "", f"lists unexpected file(s) {extra}" if extra else ""])))
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 def _parse_manifest(directory: Path, raw: bytes) -> dict[str, dict]:
@@ -145,9 +175,9 @@ def _parse_manifest(directory: Path, raw: bytes) -> dict[str, dict]:
         if doc.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
             raise ValueError("unknown manifest format")
         for name, meta in files.items():
-            if "/" in name or name in ("", ".", "..") or name == MANIFEST_NAME:
+            if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or name == MANIFEST_NAME:
                 raise ValueError(f"bad file name {name!r}")
-            if not isinstance(meta.get("size"), int) or not isinstance(meta.get("sha256"), str):
+            if not isinstance(meta.get("size"), int) or meta["size"] < 0 or not isinstance(meta.get("sha256"), str):
                 raise ValueError(f"bad record for {name!r}")
         return files
     except (ValueError, KeyError, TypeError, AttributeError) as err:

@@ -1,46 +1,117 @@
-"""The trust check before kcache maps code (dlopen) or unpickles it.
+"""The trust check before kcache maps code (dlopen) or unpickles it, made on the descriptors then used.
 
 Whoever can write an entry, or any directory above it up to the cache root,
 can swap its files, manifest included, and so run code in every process that
 loads it. An entry is trusted only if it and every directory up to the root
-are directories (not symlinks) owned by the current user or root (or, in
+are directories (never symlinks) owned by the current user or root (or, in
 group mode, by the cache's group, of which this process is a member), and
-not writable by every user.
+writable by nobody else: not by every user, and not by a group outside group
+mode (except the user's own private group, which has no other member). Its
+files must be regular files with the same owners and no such write bits.
+
+Each directory is opened with O_NOFOLLOW relative to its parent's
+descriptor and checked with fstat on that descriptor; the entry's files are
+then opened relative to the checked directory and checked on their own
+descriptors before a byte is read. A swap after the check changes nothing:
+what was checked is what is read, and the library is loaded from a copy of
+the bytes that were verified.
 """
 
 from __future__ import annotations
 
+import functools
+import grp
 import os
+import pwd
 import stat
 from pathlib import Path
 
-from kcache.store import sharing
+from kcache.errors import UntrustedEntry
+from kcache.store import dirfd, sharing
 
-# (dev, ino, uid, gid, mode, trusted group) of directories already checked
-_trusted_dirs: set[tuple[int, int, int, int, int, int | None]] = set()
+
+def distrust(info: os.stat_result, where: str, group: int | None, *, directory: bool) -> str:
+    """Why the file or directory described by `info` is no safe place for code, or "" if it is."""
+    kind_ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
+    if not kind_ok:
+        return f"{where} is not a {'directory' if directory else 'regular file'} (a symlink, a device?)"
+    me = os.geteuid()
+    if info.st_uid not in (me, 0) and (group is None or info.st_gid != group):
+        also = f" nor the cache's group (gid {group})" if group is not None else ""
+        return f"{where} is owned by uid {info.st_uid}, neither you (uid {me}) nor root{also}"
+    if info.st_mode & stat.S_IWOTH:
+        return f"{where} is writable by every user (mode {stat.filemode(info.st_mode)})"
+    if info.st_mode & stat.S_IWGRP and info.st_gid != group and not _private_group(info.st_gid):
+        return (f"{where} is writable by group {info.st_gid} (mode {stat.filemode(info.st_mode)}) outside group "
+                "mode: set KCACHE_UMASK to share a root through a group")
+    return ""
+
+
+@functools.lru_cache(maxsize=64)
+def _private_group(gid: int) -> bool:
+    """The user's own primary group with no other member (user private groups, umask 002 distributions):
+    its write bit lets nobody else in."""
+    me = os.geteuid()
+    try:
+        if gid != pwd.getpwuid(me).pw_gid:
+            return False
+        members = set(grp.getgrgid(gid).gr_mem)
+        return members <= {pwd.getpwuid(me).pw_name}
+    except KeyError:
+        return False
+
+
+def open_trusted_dir(root: Path, relative: Path) -> int:
+    """A descriptor of `root / relative`, every directory from the root down opened without following
+    a link and checked on its descriptor. Raises FileNotFoundError (a miss) or UntrustedEntry."""
+    group = sharing.trusted_group(root)
+    fd = dirfd.open_root(root)
+    try:
+        reason = distrust(os.fstat(fd), str(root), group, directory=True)
+        where = Path(root)
+        for name in relative.parts:
+            if reason:
+                break
+            where = where / name
+            try:
+                following = os.open(name, dirfd.DIR_FLAGS, dir_fd=fd)
+            except OSError as err:
+                if err.errno in dirfd.NOT_A_DIRECTORY_ERRNOS:
+                    reason = f"{where} is not a directory (a symlink?)"
+                    break
+                raise
+            os.close(fd)
+            fd = following
+            reason = distrust(os.fstat(fd), str(where), group, directory=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    if reason:
+        os.close(fd)
+        raise UntrustedEntry(str(root / relative), reason)
+    return fd
+
+
+def check_file(fd: int, where: str, group: int | None) -> os.stat_result:
+    """fstat of an opened entry file, raising UntrustedEntry unless it is trusted."""
+    info = os.fstat(fd)
+    reason = distrust(info, where, group, directory=False)
+    if reason:
+        raise UntrustedEntry(where, reason)
+    return info
 
 
 def untrusted_reason(path: Path, root: Path) -> str:
-    """Why `path` (inside `root`) is no safe place to load code from, or "" if it is."""
-    me = os.geteuid()
-    group = sharing.trusted_group(root)
-    current = Path(path)
-    chain = [current, *[p for p in current.parents if p == root or root in p.parents]]
-    for directory in chain:
-        try:
-            info = os.stat(directory, follow_symlinks=False)
-        except OSError as err:
-            return f"cannot stat {directory}: {err.strerror or err}"
-        identity = (info.st_dev, info.st_ino, info.st_uid, info.st_gid, info.st_mode, group)
-        if identity in _trusted_dirs:
-            continue
-        if not stat.S_ISDIR(info.st_mode):
-            return f"{directory} is not a directory (a symlink?)"
-        if info.st_uid not in (me, 0) and (group is None or info.st_gid != group):
-            also = f" nor the cache's group (gid {group})" if group is not None else ""
-            return f"{directory} is owned by uid {info.st_uid}, neither you (uid {me}) nor root{also}"
-        if info.st_mode & stat.S_IWOTH:
-            return f"{directory} is writable by every user (mode {stat.filemode(info.st_mode)})"
-        if directory != current:  # entries come and go; the directories above them are worth remembering
-            _trusted_dirs.add(identity)
+    """Why `path` (inside `root`) is no safe place to load code from, or "" if it is (for reports:
+    a loader uses open_trusted_dir and check_file, on the descriptors it then reads)."""
+    try:
+        fd = open_trusted_dir(root, Path(os.path.relpath(path, root)))
+    except UntrustedEntry as untrusted:
+        return untrusted.reason
+    except OSError as err:
+        return f"cannot open {path}: {err.strerror or err}"
+    os.close(fd)
     return ""
+
+
+

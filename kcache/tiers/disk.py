@@ -1,7 +1,7 @@
 """The local disk tier: verified entries in this cache's root, then in the roots it only reads.
 
-An entry is loaded only after its manifest verifies and the trust check
-passes. A corrupt entry is a miss; under the key's lock (`quarantine=True`)
+An entry is loaded only after the trust check (on every descriptor from the
+root down, kcache/store/trust.py), its manifest and its key binding pass. A corrupt entry is a miss; under the key's lock (`quarantine=True`)
 one in this cache's own root is also moved aside so that the compile that
 follows can publish a good one. An untrusted entry is never loaded and
 never quarantined: it is not the entry's fault, and maybe not ours to fix.
@@ -14,12 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kcache.errors import CorruptEntry, KCacheError, LocalLoadError
+from kcache.errors import CorruptEntry, KCacheError, LocalLoadError, UntrustedEntry
 from kcache.maintenance.eviction import note_use
 from kcache.store import exec_copy
 from kcache.store.components import KERNELS, LIBRARY
 from kcache.store.entries import EntryStore
-from kcache.store.trust import untrusted_reason
 
 log = logging.getLogger("kcache")
 
@@ -34,7 +33,7 @@ class DiskTier:
     def __init__(self, store: EntryStore, read_roots: list[Path], *, readonly: bool,
                  count: Callable[..., None], warn_once: Callable[..., None]) -> None:
         self.store = store
-        self._upstream = [EntryStore(root, KERNELS, store.required) for root in read_roots if root != store.root]
+        self._upstream = [EntryStore(root, KERNELS, store.required, bind_key=True) for root in read_roots if root != store.root]
         self._readonly = readonly
         self._count = count
         self._warn_once = warn_once
@@ -51,18 +50,20 @@ class DiskTier:
     def _load_entry(self, store: EntryStore, key: str, loader: Loader, *, quarantine: bool) -> Any | None:
         entry_dir = store.entry_path(key)
         try:
+            # Trust is checked on each descriptor from the root down before a byte is read, and the
+            # library is loaded from a copy of the bytes verified here: a swap after the check loads
+            # nothing new.
             files = store.read(key)
             if files is None:
-                return None
-            distrust = untrusted_reason(entry_dir, store.root)
-            if distrust:
-                self._warn_once(f"untrusted:{distrust}", "kcache: not loading %s: %s. Fix the ownership or mode "
-                                "(chmod o-w), or point KCACHE_DIR at a root of your own.", entry_dir, distrust)
                 return None
             kernel = self.load_verified(entry_dir, files, loader)
             if store is self.store and not self._readonly:
                 note_use(entry_dir)
             return kernel
+        except UntrustedEntry as untrusted:
+            # Not the entry's fault, and maybe not ours to fix: never quarantined, never loaded.
+            self._warn_once(f"untrusted:{untrusted.reason}", "kcache: %s", untrusted)
+            return None
         except CorruptEntry as corrupt:
             if quarantine:
                 self._count(corrupt_entries=1)

@@ -3,11 +3,13 @@
 An entry travels as one Redis value (one SET: never a partial remote entry):
 
     b"KCR1" | 4-byte header length | header JSON {"files": [[name, size], ...]} | the files' bytes
-    | 32-byte HMAC-SHA256 of everything before it, when KCACHE_REMOTE_SECRET is set
+    | 32-byte HMAC-SHA256, when KCACHE_REMOTE_SECRET is set, of the Redis key (namespace and cache
+      key, length-prefixed) and everything before it: a value replayed under another key fails
 
-A value is trusted by nothing but its content: names must be entry components,
+A value is trusted by nothing but its content: names must be exactly the entry's components,
 sizes must add up, every file must match the manifest inside (sizes and
-sha256), and with a secret the HMAC must verify. A remote hit is then
+sha256), meta.json must name the key asked for, and with a secret the HMAC must verify; any
+failure to parse is a refused value with one warning. A remote hit is then
 published into the local root through the ordinary staging protocol.
 
 Single flight across machines: a lease (SET NX PX) renewed while its holder
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kcache.errors import CorruptEntry
+from kcache.store.entries import check_bound_key
 from kcache.store.manifest import verify_contents
 
 log = logging.getLogger("kcache")
@@ -41,6 +44,8 @@ DEFAULT_TIMEOUT_S = 0.5
 DEFAULT_RETRY_AFTER_S = 30.0
 DEFAULT_LEASE_S = 30.0
 DEFAULT_MAX_ENTRY_BYTES = 64 << 20
+# Slack for clocks of different nodes when a lease's expiry (wall-clock time) is judged.
+LEASE_SKEW_S = 10.0
 
 # What a remote lookup can raise besides redis-py's own errors: sockets and DNS.
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError,)
@@ -53,28 +58,43 @@ class RemoteCorrupt(ValueError):
     """A remote value that is not a whole, authentic entry."""
 
 
-def pack(files: dict[str, bytes], secret: bytes | None) -> bytes:
+def _mac(secret: bytes, bound_to: str, body: bytes) -> bytes:
+    """The HMAC of a value bound to its Redis key (namespace and cache key): a signed value copied
+    under another key, or into another toolchain's namespace, does not verify there."""
+    label = bound_to.encode()
+    return hmac.new(secret, _LEN.pack(len(label)) + label + body, hashlib.sha256).digest()
+
+
+def pack(files: dict[str, bytes], secret: bytes | None, bound_to: str) -> bytes:
     names = sorted(files)
     header = json.dumps({"files": [[name, len(files[name])] for name in names]}).encode()
     body = b"".join([MAGIC, _LEN.pack(len(header)), header, *(files[name] for name in names)])
-    return body + (hmac.new(secret, body, hashlib.sha256).digest() if secret else b"")
+    return body + (_mac(secret, bound_to, body) if secret else b"")
 
 
-def unpack(value: bytes, required: frozenset[str], secret: bytes | None) -> dict[str, bytes]:
-    """The verified files of a remote value. Raises RemoteCorrupt."""
+def unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_to: str) -> dict[str, bytes]:
+    """The verified files of a remote value stored under `bound_to`. Raises RemoteCorrupt, whatever is
+    wrong with it: a value is input from whoever can write to Redis."""
+    try:
+        return _unpack(value, required, secret, bound_to)
+    except RemoteCorrupt:
+        raise
+    except Exception as err:  # any parse failure of untrusted bytes is a refused value, never a crash
+        raise RemoteCorrupt(f"unreadable: {type(err).__name__}: {err}") from None
+
+
+def _unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_to: str) -> dict[str, bytes]:
     if secret:
         body, signature = value[:-DIGEST_SIZE], value[-DIGEST_SIZE:]
-        if len(value) <= DIGEST_SIZE or not hmac.compare_digest(signature, hmac.new(secret, body, hashlib.sha256).digest()):
-            raise RemoteCorrupt("its signature does not verify with KCACHE_REMOTE_SECRET (unsigned, or another secret)")
+        if len(value) <= DIGEST_SIZE or not hmac.compare_digest(signature, _mac(secret, bound_to, body)):
+            raise RemoteCorrupt("its signature does not verify with KCACHE_REMOTE_SECRET for this key (unsigned, "
+                                "another secret, or a value copied from another key)")
     else:
         body = value
     if body[:4] != MAGIC or len(body) < 8:
         raise RemoteCorrupt("not a kcache entry")
     (header_size,) = _LEN.unpack(body[4:8])
-    try:
-        listing = json.loads(body[8:8 + header_size])["files"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise RemoteCorrupt(f"unreadable header: {err}") from None
+    listing = json.loads(body[8:8 + header_size])["files"]
     files: dict[str, bytes] = {}
     offset = 8 + header_size
     for item in listing:
@@ -87,7 +107,7 @@ def unpack(value: bytes, required: frozenset[str], secret: bytes | None) -> dict
     if offset != len(body):
         raise RemoteCorrupt("the files' sizes do not add up to the value's length")
     try:
-        verify_contents("remote value", files, required)  # also refuses names outside the manifest
+        verify_contents("remote value", files, required)  # exactly the kind's components, each as listed
     except CorruptEntry as err:
         raise RemoteCorrupt(err.reason) from None
     return files
@@ -117,7 +137,7 @@ class RemoteTier:
         self._release = self._client.register_script(
             "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end")
         self._renew = self._client.register_script(
-            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
+            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) "
             "else return 0 end")
 
     # ------------------------------------------------------------ entries
@@ -128,14 +148,19 @@ class RemoteTier:
         if value is None:
             return None
         try:
-            return unpack(value, self.required, self.secret)
-        except RemoteCorrupt as corrupt:
+            if not isinstance(value, bytes) or len(value) > self.max_entry_bytes + DIGEST_SIZE:
+                raise RemoteCorrupt(f"a value of {type(value).__name__} and {len(value)} bytes, over the "
+                                    f"{self.max_entry_bytes} of KCACHE_REMOTE_MAX_ENTRY")
+            files = unpack(value, self.required, self.secret, self.prefix + key)
+            check_bound_key("remote value", files, key)
+        except (RemoteCorrupt, CorruptEntry) as corrupt:
             log.warning("kcache: ignoring remote entry %s%s in %s: %s; it is recompiled and replaced",
-                        self.prefix, key, self.url, corrupt)
+                        self.prefix, key, self.url, getattr(corrupt, "reason", corrupt))
             return None
+        return files
 
     def put(self, key: str, files: dict[str, bytes]) -> bool:
-        value = pack(files, self.secret)
+        value = pack(files, self.secret, self.prefix + key)
         if len(value) > self.max_entry_bytes:
             log.debug("kcache: %s is %d bytes, over KCACHE_REMOTE_MAX_ENTRY: not uploaded", key, len(value))
             return False
@@ -147,16 +172,53 @@ class RemoteTier:
         """A lease on compiling `key` (renewed until released); False if another node holds it;
         None if Redis is unavailable."""
         token = uuid.uuid4().hex
-        taken = self._call(lambda: self._client.set(self._lease_key(key), token, nx=True, px=int(lease_s * 1000)),
+        value = self._lease_value(key, token, lease_s)
+        taken = self._call(lambda: self._client.set(self._lease_key(key), value, nx=True, px=int(lease_s * 1000)),
                            failed=DOWN)
         if taken is DOWN:
             return None
-        return RemoteLease(self, key, token, lease_s) if taken else False
+        return RemoteLease(self, key, token, lease_s, value) if taken else False
 
-    def lease_held(self, key: str) -> bool | None:
-        """Whether a node holds the compile lease of `key`; None if Redis is unavailable."""
-        held = self._call(lambda: self._client.exists(self._lease_key(key)), failed=DOWN)
-        return None if held is DOWN else bool(held)
+    def lease_held(self, key: str, lease_s: float = DEFAULT_LEASE_S) -> bool | None:
+        """Whether a node holds a valid compile lease of `key`; None if Redis is unavailable.
+
+        A lease is valid only if it is signed (with a secret), names an expiry, and that expiry is no
+        further ahead than one lease period plus slack for clock skew: a lease planted without a
+        TTL, or forged, is removed (compare-and-delete) instead of stalling every node."""
+        value = self._call(lambda: self._client.get(self._lease_key(key)), failed=DOWN)
+        if value is DOWN:
+            return None
+        if value is None:
+            return False
+        why = self._lease_invalid(key, value, lease_s)
+        if not why:
+            return True
+        log.warning("kcache: removing an invalid compile lease %s in %s: %s", self._lease_key(key), self.url, why)
+        self._call(lambda: self._release(keys=[self._lease_key(key)], args=[value]))
+        return False
+
+    def _lease_value(self, key: str, token: str, lease_s: float) -> bytes:
+        body = f"{token}.{int((time.time() + lease_s) * 1000)}"
+        if self.secret:
+            body += "." + _mac(self.secret, self._lease_key(key), body.encode()).hex()
+        return body.encode()
+
+    def _lease_invalid(self, key: str, value: Any, lease_s: float) -> str:
+        try:
+            parts = bytes(value).decode().split(".")
+            body = ".".join(parts[:2])
+            if self.secret and (len(parts) != 3 or not hmac.compare_digest(
+                    parts[2], _mac(self.secret, self._lease_key(key), body.encode()).hex())):
+                return "its signature does not verify with KCACHE_REMOTE_SECRET"
+            expires = int(parts[1]) / 1000
+        except (ValueError, IndexError, TypeError, UnicodeDecodeError):
+            return "not a kcache lease"
+        now = time.time()
+        if expires < now - LEASE_SKEW_S:
+            return "it expired (its holder stopped renewing it)"
+        if expires > now + lease_s + LEASE_SKEW_S:
+            return "it claims to last longer than a lease may"
+        return ""
 
     def _lease_key(self, key: str) -> str:
         return f"{self.prefix}lease:{key}"
@@ -188,23 +250,27 @@ class RemoteTier:
 
 
 class RemoteLease:
-    """A held compile lease; a thread renews it until `release()`."""
+    """A held compile lease; a thread renews it (a new expiry, re-signed) until `release()`."""
 
-    def __init__(self, tier: RemoteTier, key: str, token: str, lease_s: float) -> None:
+    def __init__(self, tier: RemoteTier, key: str, token: str, lease_s: float, value: bytes) -> None:
         self.tier = tier
         self.key = key
         self.token = token
+        self.lease_s = lease_s
         self.lease_ms = int(lease_s * 1000)
+        self.value = value
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keep, name="kcache-lease", daemon=True)
         self._thread.start()
 
     def _keep(self) -> None:
         while not self._stop.wait(self.lease_ms / 3000):
-            self.tier._call(lambda: self.tier._renew(keys=[self.tier._lease_key(self.key)],
-                                                     args=[self.token, self.lease_ms]))
+            renewed = self.tier._lease_value(self.key, self.token, self.lease_s)
+            if self.tier._call(lambda: self.tier._renew(keys=[self.tier._lease_key(self.key)],
+                                                        args=[self.value, renewed, self.lease_ms])):
+                self.value = renewed
 
     def release(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.tier._call(lambda: self.tier._release(keys=[self.tier._lease_key(self.key)], args=[self.token]))
+        self.tier._call(lambda: self.tier._release(keys=[self.tier._lease_key(self.key)], args=[self.value]))

@@ -34,6 +34,7 @@ from tvm.target import Target
 from tvm.tirx import PrimFunc
 
 from kcache.errors import CompileError
+from kcache.store import sharing
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
 from kcache.store.fsutil import ensure_dir, fsync_path, write_durable
 from kcache.tilelang.identity import kernel_name
@@ -182,6 +183,9 @@ def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: Res
     write_durable(staging / PARAMS, dump_kernel_params(kernel.params).encode())
     library = staging / LIBRARY
     adapter.get_exportable_executable().export_library(str(library))
+    # Written once, like every component: read-only before the manifest is written (the linker
+    # made it 0755; a group member could otherwise truncate it under a process that mapped it).
+    os.chmod(library, sharing.file_mode(sharing.WRITE_ONCE_FILE_MODE) or sharing.WRITE_ONCE_FILE_MODE)
     fsync_path(library)
     meta = {
         "key": key,

@@ -37,8 +37,8 @@ def load_kernel(
 ) -> JITKernel:
     """Build a runnable kernel from an entry whose files were already verified.
 
-    With `noexec_mount` (the entry's filesystem forbids mapping code), the library is loaded from a
-    copy of its verified bytes (kcache/exec_copy.py); `libpath` still names the entry's file.
+    The library is loaded from a copy of its verified bytes (kcache/store/exec_copy.py), on a noexec
+    filesystem (`noexec_mount`) as everywhere; `libpath` still names the entry's file.
 
     Sets exactly the fields that `JITKernel.from_database` and
     `TVMFFIKernelAdapter.from_database` (TileLang 0.1.15) set, without their
@@ -79,8 +79,10 @@ def load_kernel(
     adapter.libpath = library
     adapter.kernel_global_source = device_source
     adapter.rt_mod = None
-    adapter.executable = (runtime.load_module(library) if noexec_mount is None else exec_copy.load_copy(
-        files[LIBRARY], entry_dir / LIBRARY, noexec_mount, load_fd_path=_load_descriptor_path, load_path=runtime.load_module))
+    # Always from a copy of the verified bytes (a memfd), never by the entry's path: whoever swaps or
+    # rewrites the entry after the check cannot change what is mapped (kcache/store/trust.py).
+    adapter.executable = exec_copy.load_copy(files[LIBRARY], entry_dir / LIBRARY, noexec_mount,
+                                             load_fd_path=_load_descriptor_path, load_path=runtime.load_module)
     adapter._ffi_callee_allocated_output_abi = adapter._uses_ffi_callee_allocated_output_abi()
     adapter.dynamic_symbolic_map = None if adapter._ffi_callee_allocated_output_abi else adapter._process_dynamic_symbolic()
     adapter._executable_lock = threading.Lock()

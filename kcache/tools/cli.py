@@ -243,7 +243,7 @@ COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_ve
 
 
 def _kernels(settings: Settings) -> EntryStore:
-    return EntryStore(settings.root, KERNELS, COMPONENTS)
+    return EntryStore(settings.root, KERNELS, COMPONENTS, bind_key=True)
 
 
 def _autotune_results(root: Path) -> list[Path]:
