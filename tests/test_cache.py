@@ -54,6 +54,8 @@ def test_an_entry_holds_every_component_with_its_manifest(populated: Path) -> No
     entry = only_entry(populated)
     names = sorted(os.listdir(entry))
     assert names == ["device.cu", "host.cu", "kernel.cubin", "kernel.so", "manifest.json", "meta.json", "params.json"]
+    # Written once, so read-only, the linker's kernel.so included (nobody may truncate a mapped library).
+    assert {name: oct(os.stat(entry / name).st_mode & 0o777) for name in names} == dict.fromkeys(names, "0o444")
     meta = json.loads((entry / "meta.json").read_text())
     assert meta["kernel"] == "add_4096_256_float32"
     assert meta["target"]["arch"] == "sm_90a" and meta["compile_seconds"] > 0

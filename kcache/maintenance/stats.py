@@ -135,6 +135,14 @@ def read_persisted(root: Path) -> dict[str, float]:
 
 def fold_dead(root: Path) -> int:
     """Fold the counter files of dead processes of this host into total.json. Returns how many."""
+    try:
+        return _fold_dead(root)
+    except dirfd.NotADirectoryOfOurs as err:
+        log.warning("kcache: not folding the stats of %s: %s. Remove it if it is yours.", root, err)
+        return 0
+
+
+def _fold_dead(root: Path) -> int:
     from kcache.store.locks import KeyLock
 
     with stats_directory(Path(root)) as directory_fd:

@@ -152,8 +152,14 @@ def remove_idle_lock_files(locks_dir: Path) -> int:
     """Unlink every empty lock file that nobody holds; return how many."""
     removed = 0
     try:
-        dir_fd = os.open(locks_dir, DIR_FLAGS)  # a `.locks` that is a symlink is refused (ELOOP)
+        dir_fd = os.open(locks_dir, DIR_FLAGS)  # a `.locks` that is a symlink is refused, never followed
     except FileNotFoundError:
+        return 0
+    except OSError as err:
+        if err.errno not in NOT_A_DIRECTORY_ERRNOS:
+            raise
+        log.warning("kcache: not sweeping %s: it is not a directory of kcache's (a symlink?). Remove it if it "
+                    "is yours.", locks_dir)
         return 0
     try:
         for name in os.listdir(dir_fd):

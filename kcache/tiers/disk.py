@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kcache.errors import CorruptEntry, KCacheError, LocalLoadError, UntrustedEntry
+from kcache.errors import CorruptEntry, KCacheError, LocalLoadError, PublishError, UntrustedEntry
 from kcache.maintenance.eviction import note_use
 from kcache.store import exec_copy
 from kcache.store.components import KERNELS, LIBRARY
@@ -67,7 +67,10 @@ class DiskTier:
         except CorruptEntry as corrupt:
             if quarantine:
                 self._count(corrupt_entries=1)
-                self.store.quarantine(key, corrupt.reason)
+                try:
+                    self.store.quarantine(key, corrupt.reason)
+                except PublishError as err:  # it stays, and the caller gets a kernel compiled privately
+                    self._warn_once(f"quarantine:{err.errno}", "kcache: %s", err)
             else:
                 log.debug("kcache: %s", corrupt)
             return None

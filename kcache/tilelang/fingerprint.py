@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 
 from kcache.keys import ENTRY_FORMAT, derive_key
-from kcache.store import layout
-from kcache.store.fsutil import read_nofollow
+from kcache.store import layout, trust
 
 _LIB_NAMES = ("libtilelang.so", "libtvm_compiler.so", "libtvm_runtime.so")
 _toolchain_memo: dict[str, dict[str, object]] = {}
@@ -63,8 +62,9 @@ def toolchain_fingerprint(root: Path, persist: bool = True) -> dict[str, object]
     if cached is not None:
         return cached
     try:
-        fingerprint = json.loads(read_nofollow(os.path.join(root, layout.TOOLCHAIN, signature + ".json")))
-    except (OSError, ValueError):
+        # Trust-checked like an entry: a planted memo would name another toolchain in every key.
+        fingerprint = json.loads(trust.read_trusted(Path(root), Path(layout.TOOLCHAIN), signature + ".json", 1 << 20))
+    except (OSError, ValueError):  # missing, untrusted (UntrustedEntry is an OSError), or damaged: recompute
         from kcache.tilelang import toolchain  # a memo miss only: it hashes ~100 MB
 
         fingerprint = toolchain.compute_and_persist(root, signature, libraries, compiler, persist)

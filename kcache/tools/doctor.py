@@ -49,7 +49,9 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     world_writable = bool(info.st_mode & stat.S_IWOTH)
     finding = Finding("mode", world_writable, f"{root} has mode {stat.filemode(info.st_mode)}",
                       f"chmod o-w {root}: any user could plant code in it")
-    if world_writable and fix and info.st_uid == os.geteuid():
+    # Only a kcache root's own mode is fixed: never a shared tmp (sticky) or a directory without the marker.
+    ours = (root / layout.ROOT_MARKER).is_file() and not info.st_mode & stat.S_ISVTX
+    if world_writable and fix and info.st_uid == os.geteuid() and ours:
         os.chmod(root, info.st_mode & ~stat.S_IWOTH)
         finding.fixed = True
     findings.append(finding)
