@@ -145,7 +145,7 @@ def test_a_link_in_place_of_a_kcache_directory_is_never_followed(tmp_path: Path,
     stale.mkdir()
     shutil.rmtree(root / planted, ignore_errors=True)
     os.symlink(elsewhere, root / planted)
-    before = snapshot(elsewhere)
+    before = snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns  # a staging made and renamed away shows here
     (kernels / key / LIBRARY).chmod(0o644)
     (kernels / key / LIBRARY).write_bytes(b"corrupt")  # a miss that quarantines, under the lock
     fresh = cache_of(root)
@@ -155,7 +155,8 @@ def test_a_link_in_place_of_a_kcache_directory_is_never_followed(tmp_path: Path,
     from kcache.maintenance.stats import _flush_all
 
     _flush_all()
-    assert snapshot(elsewhere) == before
+    assert (snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns) == before
+    assert fresh.stats()["compiles"] == 1  # the corrupt entry really sent the call down the miss path
 
 
 # ---------------------------------------------------------------- bound to the key

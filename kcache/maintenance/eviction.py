@@ -37,8 +37,8 @@ def note_use(entry_dir: Path) -> None:
     """Record that the entry was used now, at most once an hour. Best effort: a cache this process
     cannot write (read-only, another user's) simply keeps its times."""
     try:
-        if time.time() - os.stat(entry_dir).st_mtime >= LAST_USE_RESOLUTION_S:
-            os.utime(entry_dir)
+        if time.time() - os.stat(entry_dir, follow_symlinks=False).st_mtime >= LAST_USE_RESOLUTION_S:
+            os.utime(entry_dir, follow_symlinks=False)  # a link swapped in meanwhile is not followed
     except OSError as err:
         log.debug("kcache: could not record the use of %s: %s", entry_dir, err)
 

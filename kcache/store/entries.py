@@ -108,6 +108,9 @@ class EntryStore:
         try:
             ensure_dir(self.staging_dir)
             ensure_dir(self.entries_dir)
+            for directory in (self.staging_dir, self.entries_dir):
+                # Never stage or publish through a link planted in place of kcache's own directory.
+                os.close(os.open(directory, dirfd.DIR_FLAGS))
             make_dir(staging)
         except OSError as err:
             raise PublishError(str(staging), err, "creating the staging directory") from err
