@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from autotuner import AutotuneResult, result_path
-from kcache.results.autotune import COMPONENTS, FUNCTION
 from kcache.errors import KCacheError
-from kcache.store.manifest import MANIFEST_NAME, build_manifest
 from kcache.maintenance.gc import collect_garbage
+from kcache.results.autotune import COMPONENTS, FUNCTION
+from kcache.store.manifest import MANIFEST_NAME, build_manifest
 
 from .helpers import expect_line, spawn
 

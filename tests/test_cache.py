@@ -15,8 +15,8 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from kcache.store.entries import EntryStore  # noqa: E402
-from stress.nvcc_counter import NvccCounter  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
+from stress.nvcc_counter import NvccCounter  # noqa: E402
 
 from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 
@@ -146,8 +146,8 @@ def test_the_next_call_after_a_compile_error_still_works(cache_root: Path) -> No
 
 
 def test_every_key_input_changes_the_key(cache_root: Path) -> None:
-    from kcache.tilelang import backend
     from kcache.keys import derive_key
+    from kcache.tilelang import backend
     from kcache.tilelang.backend import toolchain_fingerprint
 
     func = elementwise_add()
@@ -270,8 +270,8 @@ def test_a_disk_hit_builds_the_same_kernel_as_tilelangs_from_database(cache_root
     from tilelang.jit import JITKernel
     from tilelang.jit.adapter.base import CachedTextSource
 
-    from kcache.tilelang import backend
     from kcache.keys import derive_key
+    from kcache.tilelang import backend
 
     func = elementwise_add()
     cache = kcache.KernelCache(cache_root)

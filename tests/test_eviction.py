@@ -11,8 +11,8 @@ import pytest
 
 import kcache
 from kcache.maintenance.eviction import LAST_USE_RESOLUTION_S, evict, note_use, scan_entries
-from kcache.store.manifest import verify_entry
 from kcache.maintenance.stats import COUNTERS, read_persisted
+from kcache.store.manifest import verify_entry
 from stress import synthetic
 
 from .helpers import spawn

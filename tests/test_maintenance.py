@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from kcache.config import Settings
-from kcache.store.layout import StagingName, this_host
 from kcache.maintenance.gc import collect_garbage, gc_is_due, staging_is_stale
 from kcache.store.access import create_root
+from kcache.store.layout import StagingName, this_host
 
 KEY = "12" * 32
 

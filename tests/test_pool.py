@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import kcache
-from kcache.config import Settings
 from kcache.compile.pool import CompilePool, Job
+from kcache.config import Settings
 
 from . import pool_jobs
 from .helpers import spawn

@@ -143,6 +143,9 @@ def test_a_link_in_place_of_a_kcache_directory_is_never_followed(tmp_path: Path,
     (elsewhere / f"{key}.lock").write_bytes(b"")  # what a lock sweep would unlink
     stale = elsewhere / f"{key}.{layout.this_host()}.999999999.{'cd' * 16}"  # what a staging sweep would delete
     stale.mkdir()
+    old = 400 * 86400  # older than anything `kcache gc` keeps in the quarantine
+    for item in (elsewhere / "keep", stale):
+        os.utime(item, (os.stat(item).st_atime - old, os.stat(item).st_mtime - old))
     shutil.rmtree(root / planted, ignore_errors=True)
     os.symlink(elsewhere, root / planted)
     before = snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns  # a staging made and renamed away shows here
@@ -152,11 +155,48 @@ def test_a_link_in_place_of_a_kcache_directory_is_never_followed(tmp_path: Path,
     fresh.settings = __import__("dataclasses").replace(fresh.settings, max_size_bytes=1)
     get(fresh, "k0")
     fresh.gc()
+    from kcache.tools.cli import main
+
+    assert main(["--dir", str(root), "--json", "gc"]) == 0  # which also prunes old quarantined entries
     from kcache.maintenance.stats import _flush_all
 
     _flush_all()
     assert (snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns) == before
     assert fresh.stats()["compiles"] == 1  # the corrupt entry really sent the call down the miss path
+
+
+@pytest.mark.parametrize("swapped", [layout.STAGING, "kernels"])
+def test_a_link_swapped_in_during_a_publish_is_never_written_or_renamed_through(tmp_path: Path, swapped: str) -> None:
+    """The window between the publish's checks and its rename: the directory is renamed away and a link
+    put in its place while the compile writes. What the publish made is what it verifies and renames
+    (by the descriptors it holds); nothing reaches the link's target."""
+    from kcache.store.entries import EntryStore
+
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cache = cache_of(root)
+    get(cache, "k1")  # the root and its directories exist
+    before = snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns
+    fired = []
+
+    def swap(step: str) -> None:
+        if step == "staging_created" and not fired:
+            os.rename(root / swapped, root / f"{swapped}.moved")
+            os.symlink(elsewhere, root / swapped)
+            fired.append(step)
+
+    EntryStore.fault_hook = staticmethod(swap)
+    try:
+        got = get(cache_of(root), "k0")
+    finally:
+        EntryStore.fault_hook = None
+    assert fired and got is not None
+    assert (snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns) == before
+    moved = root / f"{swapped}.moved"
+    if swapped == "kernels":  # the entry landed in the directory the publish held, not through the link
+        assert len(os.listdir(moved)) == 2
+    else:  # the compile's files went nowhere that was published; the held staging was cleaned up
+        assert os.listdir(moved) == []
 
 
 # ---------------------------------------------------------------- bound to the key
@@ -283,6 +323,38 @@ def test_malformed_remote_values_are_refused_with_a_warning_never_raised(tmp_pat
         assert got is not None and fresh.stats()["remote_hits"] == 0
     refused = [r.getMessage() for r in caplog.records if "ignoring remote entry" in r.getMessage()]
     assert len(refused) >= 3, refused
+
+
+def test_an_oversized_or_mistyped_remote_value_is_refused_before_it_is_downloaded(tmp_path: Path, redis_url: str,
+                                                                                  caplog) -> None:
+    import redis
+
+    first = node(tmp_path / "a", redis_url)
+    get(first, "k0")
+    (key,) = remote_keys(redis_url).values()
+    client = redis.Redis.from_url(redis_url)
+    cap = 1 << 20
+    client.set(key, b"\0" * (8 * cap))  # 8 MiB where the reader accepts 1 MiB
+
+    def sent_by_redis() -> int:
+        return int(client.info("stats")["total_net_output_bytes"])
+
+    before = sent_by_redis()
+    fresh = node(tmp_path / "b", redis_url, remote_max_entry_bytes=cap)
+    got = get(fresh, "k0")
+    assert got is not None and fresh.stats()["remote_hits"] == 0 and fresh.stats()["compiles"] == 1
+    # The value was measured in Redis, not sent: far less than its 8 MiB left the server (the new upload
+    # goes the other way).
+    assert sent_by_redis() - before < cap, sent_by_redis() - before
+    assert any("not downloaded" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+    client.delete(key)
+    client.hset(key, "field", "planted")  # a hash under an entry's name: refused, Redis not marked down
+    other = node(tmp_path / "c", redis_url)
+    assert get(other, "k0") is not None and other.stats()["compiles"] == 1
+    assert any("where a string value belongs" in r.getMessage() for r in caplog.records)
+    tier = other._remote_tier  # noqa: SLF001
+    assert tier is not None and tier.available()  # a refused value is not an outage
 
 
 def test_a_planted_lease_without_expiry_stalls_nobody(tmp_path: Path, redis_url: str, caplog) -> None:

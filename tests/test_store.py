@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kcache.errors import CorruptEntry, PublishError
+from kcache.store.entries import PUBLISH_STEPS, EntryStore, PublishOutcome
 from kcache.store.fsutil import write_durable
 from kcache.store.layout import StagingName
 from kcache.store.manifest import MANIFEST_NAME
-from kcache.store.entries import PUBLISH_STEPS, EntryStore, PublishOutcome
 
 from .faults import fill_filesystem, needs_root, readonly_bind, tmpfs
 
@@ -118,26 +118,19 @@ def test_quarantine_moves_the_entry_aside_and_records_why(cache_root: Path) -> N
     assert store.quarantine(KEY, "again") is None  # already gone: nothing to move
 
 
-def test_rename_errors_other_than_races_are_raised_with_context(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # EXDEV cannot happen inside one root without bind-mounting over it;
-    # simulate the rename failing and check the fault really fired.
+@needs_root
+def test_rename_errors_other_than_races_are_raised_with_context(cache_root: Path) -> None:
+    # A real EXDEV: the entries directory is another filesystem (a tmpfs mounted over it), so the
+    # publishing rename out of .staging crosses devices.
     store = make_store(cache_root)
-    fired = []
-    real_rename = os.rename
-
-    def rename(src, dst):
-        if str(dst) == str(store.entry_path(KEY)):
-            fired.append(dst)
-            raise OSError(errno.EXDEV, "Invalid cross-device link")
-        return real_rename(src, dst)
-
-    monkeypatch.setattr(os, "rename", rename)
-    with pytest.raises(PublishError) as caught:
-        store.publish(KEY, filler())
-    assert fired
-    assert caught.value.errno == errno.EXDEV
-    assert str(store.entry_path(KEY)) in str(caught.value) and "EXDEV" in str(caught.value)
-    assert staging_leftovers(cache_root) == []
+    store.entries_dir.mkdir(parents=True)
+    with tmpfs(store.entries_dir):
+        assert os.stat(store.entries_dir).st_dev != os.stat(cache_root).st_dev  # the fault is real
+        with pytest.raises(PublishError) as caught:
+            store.publish(KEY, filler())
+        assert caught.value.errno == errno.EXDEV
+        assert str(store.entry_path(KEY)) in str(caught.value) and "EXDEV" in str(caught.value)
+        assert staging_leftovers(cache_root) == [] and not store.entry_path(KEY).exists()
 
 
 def test_keys_must_be_hex_so_no_name_escapes_the_root(cache_root: Path) -> None:

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kcache.errors import CorruptEntry
-from kcache.store.fsutil import write_durable
-from kcache.store.layout import StagingName, this_host
 from kcache.maintenance.gc import collect_garbage
 from kcache.store.entries import PUBLISH_STEPS, EntryStore, PublishOutcome
+from kcache.store.fsutil import write_durable
+from kcache.store.layout import StagingName, this_host
 
 REQUIRED = frozenset({"kernel.so", "params.json"})
 KEYS = [f"{i:02x}" * 32 for i in range(4)]

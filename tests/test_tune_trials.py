@@ -10,7 +10,13 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from autotuner.trials import (  # noqa: E402
-    COMPILE_ERROR, COMPILER_CRASH, OK, OUT_OF_RESOURCES, TIMEOUT, compile_configs, summary_table,
+    COMPILE_ERROR,
+    COMPILER_CRASH,
+    OK,
+    OUT_OF_RESOURCES,
+    TIMEOUT,
+    compile_configs,
+    summary_table,
 )
 from kcache.compile.pool import TILELANG_PRELOAD, CompilePool  # noqa: E402
 from stress.kernels import CPU_TARGET  # noqa: E402

@@ -23,8 +23,8 @@ import importlib.util
 import os
 import pwd
 import shutil
-import sys
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator

@@ -109,7 +109,7 @@ def record_size(root: Path, entries: int, size: int) -> None:
     try:
         with stats_directory(root, create=True) as directory_fd:
             assert directory_fd is not None
-            replace_file_at(directory_fd, SIZE_RECORD, record)
+            replace_file_at(directory_fd, SIZE_RECORD, record, durable=False)  # a hint, rescanned when lost
     except OSError as err:
         log.debug("kcache: could not record the cache size in %s: %s", root / layout.STATS, err)
 

@@ -30,6 +30,7 @@ class GcReport:
     staging_removed: int = 0
     locks_removed: int = 0
     trash_removed: int = 0
+    quarantine_removed: int = 0
     stats_folded: int = 0
     evicted: int = 0
     evicted_bytes: int = 0
@@ -92,8 +93,10 @@ def clean_stale_staging(root_fd: int, ttl_s: float) -> int:
 
 
 def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = None,
-                    max_age_s: float | None = None) -> GcReport:
-    """Clean a root; nothing at all in a directory that is not a kcache root (access.claim_root)."""
+                    max_age_s: float | None = None, quarantine_age_s: float | None = None) -> GcReport:
+    """Clean a root; nothing at all in a directory that is not a kcache root (access.claim_root).
+    `quarantine_age_s`: also delete quarantined entries older than this (`kcache gc`; kept for
+    inspection otherwise)."""
     try:
         root_fd = dirfd.open_root(root)
     except FileNotFoundError:
@@ -102,10 +105,12 @@ def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = Non
         if not access.claim_root(root_fd, root):
             return GcReport()
         staging_removed = clean_stale_staging(root_fd, staging_ttl_s)
+        quarantine_removed = 0 if quarantine_age_s is None else remove_old_quarantine(root_fd, quarantine_age_s)
     finally:
         os.close(root_fd)
     report = GcReport(
         staging_removed=staging_removed,
+        quarantine_removed=quarantine_removed,
         locks_removed=sum(remove_idle_lock_files(d) for d in lock_dirs(root)),
         trash_removed=empty_trash(root),
         stats_folded=fold_dead(root),
@@ -114,6 +119,30 @@ def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = Non
         evicted = evict(root, max_size, max_age_s)
         report.evicted, report.evicted_bytes = evicted.evicted, evicted.freed_bytes
     return report
+
+
+def remove_old_quarantine(root_fd: int, age_s: float) -> int:
+    """Delete quarantined entries older than `age_s`, by descriptor: a `.quarantine` that is a link
+    is refused (NotADirectoryOfOurs, one warning), never followed into someone's directories."""
+    try:
+        quarantine_fd = dirfd.open_dir_at(root_fd, layout.QUARANTINE)
+    except dirfd.NotADirectoryOfOurs as err:
+        log.warning("kcache: not cleaning the quarantine: %s", err)
+        return 0
+    if quarantine_fd is None:
+        return 0
+    now, removed = time.time(), 0
+    try:
+        for name in os.listdir(quarantine_fd):
+            try:
+                age = now - os.stat(name, dir_fd=quarantine_fd, follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue
+            if age > age_s:
+                removed += dirfd.remove_tree_at(quarantine_fd, name, "removing an old quarantined entry")
+    finally:
+        os.close(quarantine_fd)
+    return removed
 
 
 def gc_is_due(root: Path, interval_s: float) -> bool:

@@ -90,7 +90,7 @@ class StatsFile:
         try:
             with stats_directory(self.directory.parent, create=True) as directory_fd:
                 assert directory_fd is not None
-                replace_file_at(directory_fd, self.path.name, data)
+                replace_file_at(directory_fd, self.path.name, data, durable=False)  # counters: no fsync
         except OSError as err:  # a read-only or foreign cache: the counters stay in memory
             log.debug("kcache: could not persist stats to %s: %s", self.path, err)
 

@@ -22,13 +22,12 @@ from kcache.store import dirfd, layout
 from kcache.store.fsutil import (
     RENAME_RACE_ERRNOS,
     ensure_dir,
-    fsync_dir,
-    make_dir,
     make_dir_at,
-    remove_tree,
+    make_dirs_at,
     write_durable,
+    write_durable_at,
 )
-from kcache.store.manifest import MANIFEST_NAME, build_manifest, verify_entry
+from kcache.store.manifest import MANIFEST_NAME, build_manifest_at, verify_entry, verify_entry_at
 
 log = logging.getLogger("kcache")
 
@@ -102,54 +101,68 @@ class EntryStore:
         `fill` writes the component files (with `write_durable`). Nothing is
         visible under the entry path until every component is on disk and
         matches the manifest. Any failure removes the staging directory.
+
+        Everything after `fill` works on descriptors opened with O_NOFOLLOW when the staging
+        directory was made (`.staging`, the entries directory, the staging directory itself): the
+        manifest is written into, and verified from, the directory that was made, and the rename
+        is between those descriptors. A link swapped in for `.staging` or the entries directory
+        meanwhile is never written or renamed through; files `fill` wrote through it are missing
+        from the held directory, so the publish fails and nothing is published.
         """
-        target = self.entry_path(key)
-        staging = self.staging_dir / str(layout.StagingName.fresh(layout.staging_key(key)))
-        try:
-            ensure_dir(self.staging_dir)
-            ensure_dir(self.entries_dir)
-            for directory in (self.staging_dir, self.entries_dir):
-                # Never stage or publish through a link planted in place of kcache's own directory.
-                os.close(os.open(directory, dirfd.DIR_FLAGS))
-            make_dir(staging)
-        except OSError as err:
-            raise PublishError(str(staging), err, "creating the staging directory") from err
-        try:
-            self._step("staging_created")
-            fill(staging)
-            self._step("components_written")
-            self._write_manifest(staging)
-            self._step("manifest_written")
-            verify_entry(staging, self.required, exact=self.bind_key)
-            fsync_dir(staging)
-            self._step("verified")
-        except KCacheError:
-            # kcache's own errors (a compile that timed out is a TimeoutError, so an
-            # OSError too) are the fill's failure, not the filesystem's.
-            remove_tree(staging, "cleaning up a failed publish")
-            raise
-        except OSError as err:
-            remove_tree(staging, "cleaning up a failed publish")
-            raise PublishError(str(staging), err, "writing the staged entry") from err
-        except BaseException:
-            remove_tree(staging, "cleaning up a failed publish")
-            raise
-        try:
-            os.rename(staging, target)
-        except OSError as err:
-            remove_tree(staging, "cleaning up after the publishing rename")
-            if err.errno in RENAME_RACE_ERRNOS:
-                log.debug("kcache: lost the publish race for %s", target)
-                return PublishOutcome.LOST_RACE
-            raise PublishError(str(target), err, "publishing") from err
-        self._step("renamed")
-        try:
-            fsync_dir(self.entries_dir)
-        except OSError as err:
-            # The rename happened and the entry is complete and visible; only
-            # its durability across a power loss is in doubt.
-            log.warning("kcache: published %s but could not fsync %s: %s", target, self.entries_dir, err)
-        return PublishOutcome.PUBLISHED
+        self.check_name(key)
+        name = str(layout.StagingName.fresh(layout.staging_key(key)))
+        staging = self.staging_dir / name
+        with contextlib.ExitStack() as held:
+            try:
+                ensure_dir(self.root)  # the root by path: the user's configured choice (docs/security.md)
+                root_fd = dirfd.open_root(self.root)
+                held.callback(os.close, root_fd)
+                staging_root_fd = make_dirs_at(root_fd, *Path(layout.STAGING).parts)
+                held.callback(os.close, staging_root_fd)
+                entries_fd = make_dirs_at(root_fd, *Path(self.namespace).parts)
+                held.callback(os.close, entries_fd)
+                make_dir_at(staging_root_fd, name)
+                staging_fd = os.open(name, dirfd.DIR_FLAGS, dir_fd=staging_root_fd)
+                held.callback(os.close, staging_fd)
+            except OSError as err:
+                raise PublishError(str(staging), err, "creating the staging directory") from err
+            try:
+                self._step("staging_created")
+                fill(staging)
+                self._step("components_written")
+                self._write_manifest(staging_fd, staging)
+                self._step("manifest_written")
+                verify_entry_at(staging_fd, staging, self.required, exact=self.bind_key)
+                os.fsync(staging_fd)
+                self._step("verified")
+            except KCacheError:
+                # kcache's own errors (a compile that timed out is a TimeoutError, so an
+                # OSError too) are the fill's failure, not the filesystem's.
+                dirfd.remove_tree_at(staging_root_fd, name, "cleaning up a failed publish")
+                raise
+            except OSError as err:
+                dirfd.remove_tree_at(staging_root_fd, name, "cleaning up a failed publish")
+                raise PublishError(str(staging), err, "writing the staged entry") from err
+            except BaseException:
+                dirfd.remove_tree_at(staging_root_fd, name, "cleaning up a failed publish")
+                raise
+            target = self.entry_path(key)
+            try:
+                os.rename(name, target.name, src_dir_fd=staging_root_fd, dst_dir_fd=entries_fd)
+            except OSError as err:
+                dirfd.remove_tree_at(staging_root_fd, name, "cleaning up after the publishing rename")
+                if err.errno in RENAME_RACE_ERRNOS:
+                    log.debug("kcache: lost the publish race for %s", target)
+                    return PublishOutcome.LOST_RACE
+                raise PublishError(str(target), err, "publishing") from err
+            self._step("renamed")
+            try:
+                os.fsync(entries_fd)
+            except OSError as err:
+                # The rename happened and the entry is complete and visible; only
+                # its durability across a power loss is in doubt.
+                log.warning("kcache: published %s but could not fsync %s: %s", target, self.entries_dir, err)
+            return PublishOutcome.PUBLISHED
 
     def quarantine(self, key: str, reason: str) -> Path | None:
         """Move a corrupt entry aside atomically; None if it is already gone.
@@ -194,15 +207,15 @@ class EntryStore:
         except FileNotFoundError:
             return []
 
-    def _write_manifest(self, staging: Path) -> None:
-        missing = self.required - set(os.listdir(staging))
+    def _write_manifest(self, staging_fd: int, staging: Path) -> None:
+        missing = self.required - set(os.listdir(staging_fd))
         if missing:
             raise KCacheError(f"{staging}: the entry lacks required component(s) {sorted(missing)}; nothing was published")
         try:
-            manifest = build_manifest(staging)
+            manifest = build_manifest_at(staging_fd, staging)
         except ValueError as err:
             raise CorruptEntry(str(staging), str(err)) from err
-        write_durable(staging / MANIFEST_NAME, manifest)
+        write_durable_at(staging_fd, MANIFEST_NAME, manifest)
 
     def _step(self, name: str) -> None:
         if self.fault_hook is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kcache.errors import CorruptEntry, UntrustedEntry
 from kcache.store import dirfd, sharing, trust
-from kcache.store.fsutil import read_fd, read_nofollow, sha256_hex
+from kcache.store.fsutil import read_fd, read_regular_at, sha256_hex
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -25,13 +25,22 @@ MANIFEST_FORMAT = 1
 
 def build_manifest(directory: Path) -> bytes:
     """Describe every regular file in `directory` (which must hold nothing else)."""
+    fd = os.open(directory, dirfd.DIR_FLAGS)
+    try:
+        return build_manifest_at(fd, directory)
+    finally:
+        os.close(fd)
+
+
+def build_manifest_at(dir_fd: int, directory: Path) -> bytes:
+    """build_manifest of the directory open as `dir_fd` (`directory` names it in errors)."""
     files: dict[str, dict[str, object]] = {}
-    for item in sorted(os.scandir(directory), key=lambda e: e.name):
+    for item in sorted(os.scandir(dir_fd), key=lambda e: e.name):
         if item.name == MANIFEST_NAME:
             continue
         if not item.is_file(follow_symlinks=False):
-            raise ValueError(f"{item.path}: staging directories may hold only regular files")
-        data = read_nofollow(Path(item.path))
+            raise ValueError(f"{directory / item.name}: staging directories may hold only regular files")
+        data = read_regular_at(dir_fd, item.name, MAX_COMPONENT_BYTES)
         files[item.name] = {"size": len(data), "sha256": sha256_hex(data)}
     return json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1, sort_keys=True).encode()
 
@@ -103,6 +112,12 @@ def verify_entry(directory: Path, required: frozenset[str], *, trust_root: Path 
         return _verify_at(dir_fd, directory, required, checked, exact)
     finally:
         os.close(dir_fd)
+
+
+def verify_entry_at(dir_fd: int, directory: Path, required: frozenset[str], *, exact: bool = False) -> dict[str, bytes]:
+    """verify_entry of a directory of our own, open as `dir_fd` (a staging directory held since it
+    was made): what is verified is that directory, whatever its path now leads to."""
+    return _verify_at(dir_fd, directory, required, None, exact)
 
 
 def _verify_at(dir_fd: int, directory: Path, required: frozenset[str], checked: _Trust | None,

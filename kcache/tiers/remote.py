@@ -134,6 +134,15 @@ class RemoteTier:
         self._down_until = 0.0
         self._warned = False
         self._guard = threading.Lock()
+        # The size (and type) is checked inside Redis before a byte is sent: a planted multi-GB value or a
+        # hash under an entry's name costs the reader one small reply, not its memory.
+        self._get_capped = self._client.register_script(
+            "local kind = redis.call('type', KEYS[1])['ok'] "
+            "if kind == 'none' then return false end "
+            "if kind ~= 'string' then return {kind} end "
+            "local size = redis.call('strlen', KEYS[1]) "
+            "if size > tonumber(ARGV[1]) then return size end "
+            "return redis.call('get', KEYS[1])")
         self._release = self._client.register_script(
             "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end")
         self._renew = self._client.register_script(
@@ -144,13 +153,16 @@ class RemoteTier:
 
     def get(self, key: str) -> dict[str, bytes] | None:
         """The verified files of `key`, or None (absent, corrupt, refused, or Redis unavailable)."""
-        value = self._call(lambda: self._client.get(self.prefix + key))
+        cap = self.max_entry_bytes + DIGEST_SIZE
+        value = self._call(lambda: self._get_capped(keys=[self.prefix + key], args=[cap]))
         if value is None:
             return None
         try:
-            if not isinstance(value, bytes) or len(value) > self.max_entry_bytes + DIGEST_SIZE:
-                raise RemoteCorrupt(f"a value of {type(value).__name__} and {len(value)} bytes, over the "
-                                    f"{self.max_entry_bytes} of KCACHE_REMOTE_MAX_ENTRY")
+            if isinstance(value, int):
+                raise RemoteCorrupt(f"a value of {value} bytes, over the {self.max_entry_bytes} of "
+                                    f"KCACHE_REMOTE_MAX_ENTRY (not downloaded)")
+            if not isinstance(value, bytes):
+                raise RemoteCorrupt(f"a Redis {value!r} where a string value belongs")
             files = unpack(value, self.required, self.secret, self.prefix + key)
             check_bound_key("remote value", files, key)
         except (RemoteCorrupt, CorruptEntry) as corrupt:

@@ -212,8 +212,8 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
 
 
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    report = collect_garbage(settings.root, settings.staging_ttl_s, settings.max_size_bytes, settings.max_age_s)
-    quarantine = _remove_older(settings.root / layout.QUARANTINE, OTHER_VERSION_UNUSED_S)
+    report = collect_garbage(settings.root, settings.staging_ttl_s, settings.max_size_bytes, settings.max_age_s,
+                             quarantine_age_s=OTHER_VERSION_UNUSED_S)
     version = installed_tilelang()
     old_versions = 0
     if version is not None:
@@ -222,7 +222,7 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
             built_by = _meta(entry.path).get("tilelang")
             if built_by and built_by != version and now - entry.last_used > OTHER_VERSION_UNUSED_S:
                 old_versions += evict_entry(settings.root, entry.path)
-    result = {**vars(report), "quarantine_removed": quarantine, "other_versions_removed": old_versions}
+    result = {**vars(report), "other_versions_removed": old_versions}
     text = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in result.items())
     return result, text, 0
 
@@ -251,23 +251,6 @@ def _autotune_results(root: Path) -> list[Path]:
         return [Path(e.path) for e in os.scandir(root / AUTOTUNER) if not e.name.startswith(".") and e.is_dir()]
     except FileNotFoundError:
         return []
-
-
-def _remove_older(directory: Path, age_s: float) -> int:
-    from kcache.store.fsutil import remove_tree
-
-    now, removed = time.time(), 0
-    try:
-        items = list(os.scandir(directory))
-    except FileNotFoundError:
-        return 0
-    for item in items:
-        try:
-            if now - item.stat(follow_symlinks=False).st_mtime > age_s:
-                removed += remove_tree(Path(item.path), "removing an old quarantined entry")
-        except FileNotFoundError:
-            continue
-    return removed
 
 
 def _json_file(path: Path) -> Any:
