@@ -63,6 +63,12 @@ def tune(
     if not configs:
         raise ValueError("tune needs at least one config")
     base = cache if cache is not None else kcache.default_cache()
+    if target is None or target == "auto":
+        # As TileLang resolves it here (TILELANG_DEFAULT_TARGET, the enclosing Target scope): the
+        # compile threads do not see this thread's scope, and the tune's identity must not either.
+        from kcache.tilelang.target import requested_target
+
+        target = requested_target(target)
     name = f"{getattr(kernel_factory, '__module__', '?')}.{getattr(kernel_factory, '__qualname__', repr(kernel_factory))}"
     identity = tune_identity(kernel_factory, configs, target, out_idx, tune_key)
     path = result_path(base.root, identity[:40])

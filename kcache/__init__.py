@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from kcache.errors import (
@@ -76,6 +77,14 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC})
 
+
+if "tvm_ffi" in sys.modules:
+    # TileLang is loaded already: remember the Python function of every compile callback registered
+    # from now on, so that it can travel to a compile worker (kcache.tilelang.callbacks). Without
+    # TileLang loaded this costs nothing: the cache starts watching when it opens.
+    from kcache.tilelang.callbacks import watch_registrations
+
+    watch_registrations()
 
 if os.environ.get("KCACHE_TILELANG", "").strip():
     # KCACHE_TILELANG=1: install into TileLang now, or as soon as it is imported.

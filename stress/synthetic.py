@@ -90,11 +90,21 @@ def toolchain_fingerprint(root: Path, persist: bool = True) -> dict[str, object]
     return {"entry_format": ENTRY_FORMAT, "compiler": "synthetic"}
 
 
-def key_fields(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, toolchain: Any) -> dict:
+def capture_context() -> None:
+    return None  # a synthetic compile depends on nothing but its name
+
+
+def context_token() -> tuple[()]:
+    return ()
+
+
+def key_fields(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, toolchain: Any,
+               context: Any = None) -> dict:
     return {"kind": "synthetic", "name": func.name, "toolchain": toolchain}
 
 
-def compile_kernel(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, log_dir: Path) -> _Compiled:
+def compile_kernel(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, log_dir: Path,
+                   context: Any = None) -> _Compiled:
     time.sleep(COMPILE_SECONDS)  # stands in for the compiler's work, not a synchronization
     compiled = _Compiled(func.name)
     compiled.kernel = SyntheticKernel(func.name, "")
@@ -105,7 +115,7 @@ COMPILE_PRELOAD = ("stress.synthetic",)
 
 
 def compile_entry(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, log_dir: Path, *,
-                  pool: Any, out_dir: Path, key: str, toolchain: dict) -> None:
+                  pool: Any, out_dir: Path, key: str, toolchain: dict, context: Any = None) -> None:
     pool.run(compile_job, func, str(out_dir), key, toolchain, name=func.name)
 
 

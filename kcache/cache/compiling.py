@@ -42,19 +42,21 @@ class CompileStep:
         if self._isolation == "inprocess":
             compiled = self._backend.compile_kernel(
                 request.func, request.resolved, request.out_idx, request.pass_configs,
-                request.compile_flags, self._store.root / layout.LOGS,
+                request.compile_flags, self._store.root / layout.LOGS, request.context,
             )
             self._count(compiles=1, compile_seconds=getattr(compiled, "seconds", 0.0))
             return self._publish(request, compiled)
         return self._compile_isolated(request)
 
-    def compile_private(self, request: KernelRequest) -> Any:
-        """KCACHE_READONLY: compile without writing anything under the root (no entry, lock or log)."""
+    def compile_private(self, request: KernelRequest, *, in_process: bool = False) -> Any:
+        """Compile without writing anything under the root (no entry, lock or log): KCACHE_READONLY,
+        and compiles whose context cannot be keyed (`in_process`: nor sent to a worker)."""
         log_dir = access.private_root() / "logs"  # never a predictable name in a shared tmp
         started = time.perf_counter()
-        if self._isolation == "inprocess":
+        if in_process or self._isolation == "inprocess":
             kernel = self._backend.compile_kernel(request.func, request.resolved, request.out_idx,
-                                                  request.pass_configs, request.compile_flags, log_dir).kernel
+                                                  request.pass_configs, request.compile_flags, log_dir,
+                                                  request.context).kernel
         else:
             kernel = self.compile_unsaved(request, self._compile_into(request, log_dir))
         self._count(compiles=1, compile_seconds=time.perf_counter() - started)
@@ -78,6 +80,7 @@ class CompileStep:
             self._backend.compile_entry(
                 request.func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags,
                 log_dir, pool=pool, out_dir=out_dir, key=request.key, toolchain=request.toolchain,
+                context=request.context,
             )
 
         return compile_into

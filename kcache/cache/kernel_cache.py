@@ -122,6 +122,7 @@ class KernelCache:
             None if not pass_configs else backend.canonical_json(pass_configs),
             None if compile_flags is None else tuple(backend.normalize_flags(compile_flags)),
             execution_backend,
+            backend.context_token(),  # the environment and callbacks the compile depends on
         )
         memory = self.memory
         assert memory is not None  # made with the backend
@@ -176,6 +177,13 @@ class KernelCache:
         self._count(misses=1)
         if self.readonly:
             return self._compile_step(backend).compile_private(request)
+        opaque = getattr(request.context, "opaque", "")
+        if opaque:
+            # A callback whose effect cannot be keyed: compiled here, where it is registered, and
+            # kept in memory only (its memory key holds the callback's handle).
+            self._warn_once(f"opaque:{opaque}", "kcache: compiling %s in this process and not caching it on "
+                            "disk: %s", backend.kernel_name(request.func), opaque)
+            return self._compile_step(backend).compile_private(request, in_process=True)
         with self._thread_gate(request.key):
             # Another thread of this process may have finished it meanwhile.
             kernel = disk.load(request.key, request.loader(backend), quarantine=False)

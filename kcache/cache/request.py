@@ -19,6 +19,7 @@ class KernelRequest:
     pass_configs: dict[str, Any]
     compile_flags: list[str] | None
     toolchain: dict[str, object]
+    context: Any = None  # the caller's compile context (kcache.tilelang.context), taken at the call
     key: str = ""
 
     @classmethod
@@ -31,9 +32,11 @@ class KernelRequest:
             pass_configs=backend.normalize_pass_configs(pass_configs),
             compile_flags=backend.normalize_flags(compile_flags),
             toolchain=toolchain,
+            context=backend.capture_context(),
         )
         request.key = derive_key(backend.key_fields(
-            func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags, request.toolchain
+            func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags, request.toolchain,
+            request.context,
         ))
         return request
 

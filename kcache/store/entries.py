@@ -86,13 +86,14 @@ class EntryStore:
         Raises CorruptEntry when an entry exists but fails verification; the
         caller decides when to quarantine it (under the key's lock).
         """
+        path = self.entry_path(key)
         try:
-            files = verify_entry(self.entry_path(key), self.required, trust_root=self.root if self.trusted else None,
+            files = verify_entry(path, self.required, trust_root=self.root if self.trusted else None,
                                  exact=self.bind_key)
         except FileNotFoundError:
             return None
         if self.bind_key:
-            check_bound_key(str(self.entry_path(key)), files, key)
+            check_bound_key(str(path), files, key)
         return files
 
     def publish(self, key: str, fill: Callable[[Path], None]) -> PublishOutcome:

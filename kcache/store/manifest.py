@@ -69,7 +69,7 @@ def _read_regular(dir_fd: int, directory: Path, name: str, expected: int | None,
     fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     try:
         if checked is not None:
-            info = trust.check_file(fd, str(directory / name), checked.group)
+            info = trust.check_file(fd, lambda: str(directory / name), checked.group)
         else:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -101,7 +101,7 @@ def verify_entry(directory: Path, required: frozenset[str], *, trust_root: Path 
     checked = _Trust(trust_root) if trust_root is not None else None
     try:
         if checked is not None:
-            dir_fd = trust.open_trusted_dir(checked.root, directory.relative_to(checked.root))
+            dir_fd = trust.open_trusted_dir(checked.root, directory.parts[len(checked.root.parts):])
         else:
             dir_fd = os.open(directory, dirfd.DIR_FLAGS)
     except (FileNotFoundError, UntrustedEntry):

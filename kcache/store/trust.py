@@ -25,27 +25,36 @@ import grp
 import os
 import pwd
 import stat
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kcache.errors import UntrustedEntry
 from kcache.store import dirfd, sharing
 
+# Where a checked file or directory is, for the message: a string, or a callable that makes it only
+# when there is something to say (the hit path checks a dozen descriptors and says nothing).
+Where = str | Callable[[], str]
 
-def distrust(info: os.stat_result, where: str, group: int | None, *, directory: bool) -> str:
+
+def distrust(info: os.stat_result, where: Where, group: int | None, *, directory: bool) -> str:
     """Why the file or directory described by `info` is no safe place for code, or "" if it is."""
     kind_ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
-    if not kind_ok:
-        return f"{where} is not a {'directory' if directory else 'regular file'} (a symlink, a device?)"
     me = os.geteuid()
-    if info.st_uid not in (me, 0) and (group is None or info.st_gid != group):
+    owner_ok = info.st_uid == me or info.st_uid == 0 or (group is not None and info.st_gid == group)
+    mode = info.st_mode
+    if kind_ok and owner_ok and not mode & stat.S_IWOTH and not (mode & stat.S_IWGRP and info.st_gid != group
+                                                                 and not _private_group(info.st_gid)):
+        return ""
+    named = where if isinstance(where, str) else where()
+    if not kind_ok:
+        return f"{named} is not a {'directory' if directory else 'regular file'} (a symlink, a device?)"
+    if not owner_ok:
         also = f" nor the cache's group (gid {group})" if group is not None else ""
-        return f"{where} is owned by uid {info.st_uid}, neither you (uid {me}) nor root{also}"
-    if info.st_mode & stat.S_IWOTH:
-        return f"{where} is writable by every user (mode {stat.filemode(info.st_mode)})"
-    if info.st_mode & stat.S_IWGRP and info.st_gid != group and not _private_group(info.st_gid):
-        return (f"{where} is writable by group {info.st_gid} (mode {stat.filemode(info.st_mode)}) outside group "
-                "mode: set KCACHE_UMASK to share a root through a group")
-    return ""
+        return f"{named} is owned by uid {info.st_uid}, neither you (uid {me}) nor root{also}"
+    if mode & stat.S_IWOTH:
+        return f"{named} is writable by every user (mode {stat.filemode(mode)})"
+    return (f"{named} is writable by group {info.st_gid} (mode {stat.filemode(mode)}) outside group "
+            "mode: set KCACHE_UMASK to share a root through a group")
 
 
 @functools.lru_cache(maxsize=64)
@@ -62,43 +71,43 @@ def _private_group(gid: int) -> bool:
         return False
 
 
-def open_trusted_dir(root: Path, relative: Path) -> int:
+def open_trusted_dir(root: Path, relative: Path | Sequence[str]) -> int:
     """A descriptor of `root / relative`, every directory from the root down opened without following
     a link and checked on its descriptor. Raises FileNotFoundError (a miss) or UntrustedEntry."""
+    names = relative.parts if isinstance(relative, Path) else tuple(relative)
     group = sharing.trusted_group(root)
     fd = dirfd.open_root(root)
     try:
         reason = distrust(os.fstat(fd), str(root), group, directory=True)
-        where = Path(root)
-        for name in relative.parts:
+        for depth, name in enumerate(names, 1):
             if reason:
                 break
-            where = where / name
             try:
                 following = os.open(name, dirfd.DIR_FLAGS, dir_fd=fd)
             except OSError as err:
                 if err.errno in dirfd.NOT_A_DIRECTORY_ERRNOS:
-                    reason = f"{where} is not a directory (a symlink?)"
+                    reason = f"{root.joinpath(*names[:depth])} is not a directory (a symlink?)"
                     break
                 raise
             os.close(fd)
             fd = following
-            reason = distrust(os.fstat(fd), str(where), group, directory=True)
+            reason = distrust(os.fstat(fd), lambda depth=depth: str(root.joinpath(*names[:depth])), group,
+                              directory=True)
     except BaseException:
         os.close(fd)
         raise
     if reason:
         os.close(fd)
-        raise UntrustedEntry(str(root / relative), reason)
+        raise UntrustedEntry(str(root.joinpath(*names)), reason)
     return fd
 
 
-def check_file(fd: int, where: str, group: int | None) -> os.stat_result:
+def check_file(fd: int, where: Where, group: int | None) -> os.stat_result:
     """fstat of an opened entry file, raising UntrustedEntry unless it is trusted."""
     info = os.fstat(fd)
     reason = distrust(info, where, group, directory=False)
     if reason:
-        raise UntrustedEntry(where, reason)
+        raise UntrustedEntry(where if isinstance(where, str) else where(), reason)
     return info
 
 

@@ -18,6 +18,9 @@ from tvm.tirx import PrimFunc
 from kcache.keys import canonical_json  # noqa: F401 - part of the backend interface
 from kcache.store import layout
 from kcache.store.components import COMPONENTS  # noqa: F401 - part of the backend interface
+from kcache.tilelang.callbacks import watch_registrations
+from kcache.tilelang.context import capture as capture_context  # noqa: F401
+from kcache.tilelang.context import token as context_token  # noqa: F401
 from kcache.tilelang.fingerprint import toolchain_fingerprint  # noqa: F401
 from kcache.tilelang.identity import (  # noqa: F401
     fast_structural_equal,
@@ -30,6 +33,9 @@ from kcache.tilelang.identity import (  # noqa: F401
 )
 from kcache.tilelang.loader import load_kernel  # noqa: F401
 from kcache.tilelang.target import ResolvedTarget, fast_backend_context, resolve_target, target_memo_key  # noqa: F401
+
+# Callbacks registered from now on are seen with their Python functions (kcache.tilelang.callbacks).
+watch_registrations()
 
 # What a compile worker imports before its first job.
 COMPILE_PRELOAD = ("tilelang", "kcache.tilelang.compiler")
@@ -50,19 +56,21 @@ def write_entry(*args: Any, **kwargs: Any) -> None:
 def compile_entry(
     func: PrimFunc, resolved: ResolvedTarget, out_idx: list[int] | None, pass_configs: dict[str, Any],
     compile_flags: list[str] | None, log_dir: Path, *, pool: Any, out_dir: Path, key: str, toolchain: dict,
+    context: Any = None,
 ) -> None:
     """Compile in a worker of `pool`, which writes every component of the entry into `out_dir`.
 
     The target travels as its canonical JSON (arch included), so the worker
     never looks for a GPU; the PrimFunc travels pickled (TVM's serialized
-    IR: exact, and ~1 ms for a matmul).
+    IR: exact, and ~1 ms for a matmul); the caller's compile context
+    (environment, callbacks) travels and is applied around the compile.
     """
     from kcache.compile.protocol import CallByName
 
     pool.run(
         CallByName("kcache.tilelang.compiler", "compile_job"),
         func, resolved.canonical, resolved.context.execution_backend.name, out_idx, pass_configs,
-        compile_flags, str(log_dir), str(out_dir), key, toolchain,
+        compile_flags, str(log_dir), str(out_dir), key, toolchain, context,
         name=kernel_name(func),
     )
 

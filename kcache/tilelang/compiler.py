@@ -37,6 +37,7 @@ from kcache.errors import CompileError
 from kcache.store import sharing
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
 from kcache.store.fsutil import ensure_dir, fsync_path, write_durable
+from kcache.tilelang.context import CompileContext, applied
 from kcache.tilelang.identity import kernel_name
 from kcache.tilelang.target import ResolvedTarget, resolve_target
 
@@ -102,8 +103,24 @@ def compile_kernel(
     pass_configs: dict[str, Any],
     compile_flags: list[str] | None,
     log_dir: Path,
+    context: CompileContext | None = None,
+    *,
+    in_worker: bool = False,
 ) -> CompiledKernel:
-    """Compile with TileLang, bypassing its caches. Raises CompileError."""
+    """Compile with TileLang, bypassing its caches, under the caller's compile context (in a worker,
+    its callbacks registered for the compile). Raises CompileError."""
+    with applied(context, register_callbacks=in_worker):
+        return _compile(func, resolved, out_idx, pass_configs, compile_flags, log_dir)
+
+
+def _compile(
+    func: PrimFunc,
+    resolved: ResolvedTarget,
+    out_idx: list[int] | None,
+    pass_configs: dict[str, Any],
+    compile_flags: list[str] | None,
+    log_dir: Path,
+) -> CompiledKernel:
     _install_hooks()
     name = kernel_name(func)
     context = resolved.context
@@ -135,15 +152,17 @@ def compile_kernel(
 def compile_job(
     func: PrimFunc, target_json: str, execution_backend: str, out_idx: list[int] | None, pass_configs: dict[str, Any],
     compile_flags: list[str] | None, log_dir: str, out_dir: str, key: str, toolchain: dict,
+    context: CompileContext | None = None,
 ) -> float:
     """A compile worker's job (see `kcache.tilelang.backend.compile_entry`): compile, write the entry; the seconds it took."""
     resolved = resolve_target(json.loads(target_json), execution_backend)
-    compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir))
+    compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir), context,
+                              in_worker=True)
     write_entry(Path(out_dir), compiled, key, resolved, toolchain)
     return compiled.seconds
 
 
-_ERROR_LINE = re.compile(r"\berror\b|\bfatal\b", re.IGNORECASE)
+_ERROR_LINE = re.compile(r"\berror\b|\bfatal\b|\btimed out\b", re.IGNORECASE)
 
 
 def summarize_compiler_error(message: str, max_lines: int = 8) -> str:

@@ -9,6 +9,7 @@ from tilelang.transform.pass_config import normalize_pass_configs  # noqa: F401 
 from tvm.runtime import _ffi_node_api
 from tvm.tirx import PrimFunc
 
+from kcache.tilelang.context import CompileContext
 from kcache.tilelang.target import ResolvedTarget
 
 
@@ -50,8 +51,9 @@ def key_fields(
     pass_configs: dict[str, Any],
     compile_flags: list[str] | None,
     toolchain: dict[str, object],
+    context: CompileContext | None = None,
 ) -> dict[str, object]:
-    return {
+    fields: dict[str, object] = {
         "kind": "tilelang-kernel",
         "script": func.script(show_meta=True),
         "target": resolved.canonical,
@@ -61,3 +63,7 @@ def key_fields(
         "execution_backend": resolved.context.execution_backend.name,
         "toolchain": toolchain,
     }
+    extra = context.key_part() if context is not None else None
+    if extra is not None:  # absent for the plain context: keys made before it existed stay valid
+        fields["context"] = extra
+    return fields

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import tilelang  # noqa: F401 - puts TileLang's tvm on the path
 from tilelang.backend.module import BackendContext, create_backend_context
 from tvm import runtime
@@ -28,14 +31,64 @@ class ResolvedTarget:
 # ---------------------------------------------------------------- targets
 
 _target_memo: dict[tuple[str, str], ResolvedTarget] = {}
+# Handle -> (the Target, its text): str(Target) costs ~1 us, and the memory tier asks on every hit.
+# The Target is kept so that its handle is never reused for another one.
+_target_text: dict[int, tuple[Target, str]] = {}
+# Sorted items of a flat target dict -> its memo key text (canonical_json costs ~2.5 us a call).
+_dict_text: dict[tuple[tuple[object, type, object], ...], str] = {}
+# Raw TILELANG_DEFAULT_TARGET -> what TileLang parses it to.
+_default_targets: dict[object, object] = {}
+
+
+def requested_target(target: object) -> object:
+    """What TileLang resolves `target` from at this call (tilelang.cache._resolve_cache_dispatch and
+    determine_target): None means TILELANG_DEFAULT_TARGET (default "auto"); "auto" means the enclosing
+    `with Target(...)` scope when there is one, else the device. An explicit target ignores any scope
+    (TileLang compiles inside `with target:`)."""
+    if target is None:
+        target = _default_target()
+    if isinstance(target, str) and target == "auto":
+        current = Target.current(allow_none=True)
+        if current is not None:
+            return current
+    return target
+
+
+def _default_target() -> object:
+    from tilelang import env
+
+    variable = type(env).__dict__.get("TILELANG_DEFAULT_TARGET")
+    forced = getattr(variable, "_forced_value", None)
+    raw = forced if forced is not None else os.environ.get("TILELANG_DEFAULT_TARGET")
+    if isinstance(raw, dict):
+        return env.get_default_target()
+    found = _default_targets.get(raw)
+    if found is None:
+        found = _default_targets[raw] = env.get_default_target()
+    return found
 
 
 def target_memo_key(target: object) -> str:
-    """A cheap, hashable stand-in for a target argument (dicts are unhashable)."""
+    """A cheap, hashable stand-in for a target argument as resolved at this call (dicts are
+    unhashable; None and "auto" depend on the environment and the enclosing Target scope)."""
+    if target is None or (isinstance(target, str) and target == "auto"):
+        target = requested_target(target)
     if isinstance(target, dict):
-        return "d:" + canonical_json(target)
+        try:  # a flat dict of plain values (the usual {"kind": ..., "arch": ...}): memoized by its items
+            # With each value's type: True == 1 and 1 == 1.0, but they are different targets.
+            items = tuple([(name, value.__class__, value) for name, value in sorted(target.items())])
+            text = _dict_text.get(items)
+        except TypeError:  # nested or unhashable values
+            return "d:" + canonical_json(target)
+        if text is None:
+            text = _dict_text[items] = "d:" + canonical_json(target)
+        return text
     if isinstance(target, Target):
-        return "t:" + str(target)
+        handle = target.__chandle__()
+        known = _target_text.get(handle)
+        if known is None:
+            known = _target_text[handle] = (target, "t:" + str(target))
+        return known[1]
     return "s:" + repr(target)
 
 
@@ -62,9 +115,14 @@ def resolve_target(target: object, execution_backend: str, memo_key_str: str | N
         raise ValueError(
             f"execution_backend={execution_backend!r} is not supported by kcache; use one of {SUPPORTED_EXECUTION_BACKENDS}"
         )
-    request = "cuda" if target is None else target
+    request = requested_target(target)
     if not _names_arch(request) and not _gpu_present():
-        raise TargetError(target, "no GPU is visible and the target names no arch", _ARCH_FIX)
+        where = "" if request is target else f" (resolved to {request!r})"
+        raise TargetError(target, f"no GPU is visible and the target names no arch{where}", _ARCH_FIX)
+    if isinstance(request, Target):
+        # A Target scope's target, made as the same target given as a dict is: TileLang's "auto" path
+        # leaves it printing without its host, so the same target would get two keys.
+        request = json.loads(str(request))
     try:
         context = fast_backend_context(request, execution_backend)
         if context is None:

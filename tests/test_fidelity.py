@@ -1,0 +1,165 @@
+"""A kcache compile is TileLang's compile: the differential table of tests/fidelity_driver.py.
+
+Each mode runs the whole table in one fresh process: plain TileLang (its cache off), kcache
+compiling in the caller (`inprocess`) and in a pool worker started before the context was set up
+(`pool`). For every step, kcache's kernel has the target, device source, host source and machine
+code that TileLang produced in that context; kcache's key differs wherever the output differs and
+is the same where the context only looks different (the same target asked for another way, an
+unrelated variable); a second run of the table in fresh processes against the same roots compiles
+nothing. On the GPU machine the table runs with the device's arch and each kernel of that arch is
+run and checked against torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stress.gpu import gpu_missing, gpu_target
+from stress.nvcc_counter import real_cuda_home
+
+# Also run by the GPU check (`-m gpu`), where it uses the device's arch and runs the kernels; on a CPU
+# machine it runs too, with sm_90a, comparing everything but results.
+pytestmark = [pytest.mark.tilelang, pytest.mark.gpu]
+
+DRIVER = Path(__file__).with_name("fidelity_driver.py")
+OUTPUT = ("target", "device_source", "host_source", "machine_code", "marks", "host_mark")
+# Steps that ask for one context in different words: one key each group.
+SAME_KEY = [
+    {"baseline", "auto_in_own_scope", "none_in_own_scope", "explicit_target_ignores_scope", "unrelated_env",
+     "baseline_again"},
+    {"auto_in_other_scope", "auto_in_other_scope_again", "none_in_other_scope", "default_target_env",
+     "default_target_env_beats_scope"},
+    {"postproc_a", "postproc_a_again"},
+]
+def run_driver(mode: str, root: Path, out: Path, arch: str, extra_env: dict[str, str] | None = None) -> list[dict]:
+    env = {**os.environ, **(extra_env or {})}
+    env.pop("TILELANG_DEFAULT_TARGET", None)  # the table sets it where a step asks for it
+    done = subprocess.run([sys.executable, str(DRIVER), mode, str(root), str(out), arch], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for row in rows:
+        row["stderr"] = done.stderr
+    return rows
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("fidelity")
+    arch = gpu_target()["arch"] if gpu_missing() is None else "sm_90a"
+    runs = {"tilelang": run_driver("tilelang", work / "tilelang-root", work / "tilelang.jsonl", arch)}
+    for mode in ("inprocess", "pool"):
+        runs[mode] = run_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch)
+        runs[f"{mode}-again"] = run_driver(mode, work / f"{mode}-root", work / f"{mode}-again.jsonl", arch)
+    return {"runs": runs, "arch": arch}
+
+
+def by_step(rows: list[dict]) -> dict[str, dict]:
+    return {row["step"]: row for row in rows}
+
+
+def test_the_table_exercises_what_it_claims(table: dict) -> None:
+    """Plain TileLang's own outputs differ where the table says the context matters (the faults fired)."""
+    tilelang = by_step(table["runs"]["tilelang"])
+    base = tilelang["baseline"]
+    assert f'"arch":"{table["arch"]}"' in base["target"].replace(" ", "")
+    assert '"arch":"sm_80"' in tilelang["auto_in_other_scope"]["target"].replace(" ", "")
+    assert '"arch":"sm_80"' in tilelang["default_target_env_beats_scope"]["target"].replace(" ", "")
+    assert tilelang["postproc_a"]["marks"] == ["fidelity-mark-a"]
+    assert tilelang["postproc_b"]["marks"] == ["fidelity-mark-b"]
+    assert tilelang["postproc_global_changed"]["marks"] == ["fidelity-mark-c"]
+    assert tilelang["host_postproc"]["host_mark"]
+    for step in ("nvcc_append_flags", "nvcc_prepend_flags"):  # -G: device debug code
+        assert tilelang[step]["machine_code"] != base["machine_code"]
+        assert ".debug_info" in tilelang[step]["sections"] and ".debug_info" not in base["sections"]
+
+
+@pytest.mark.parametrize("mode", ["inprocess", "pool", "inprocess-again", "pool-again"])
+def test_kcache_gives_tilelangs_kernel_in_every_context(table: dict, mode: str) -> None:
+    tilelang = by_step(table["runs"]["tilelang"])
+    ours = by_step(table["runs"][mode])
+    assert ours.keys() == tilelang.keys()
+    for step, expected in tilelang.items():
+        got = {field: ours[step][field] for field in OUTPUT}
+        assert got == {field: expected[field] for field in OUTPUT}, step
+        if expected["result"] is not None:  # the GPU machine: the kernels ran, and agree
+            assert ours[step]["result"] == expected["result"], step
+
+
+@pytest.mark.parametrize("mode", ["inprocess", "pool"])
+def test_the_key_differs_exactly_where_the_output_does(table: dict, mode: str) -> None:
+    rows = by_step(table["runs"][mode])
+    for (a, row_a), (b, row_b) in itertools.combinations(rows.items(), 2):
+        if any(row_a[field] != row_b[field] for field in OUTPUT):
+            assert row_a["key"] != row_b["key"], f"{a} and {b} differ in output but share a key"
+    for group in SAME_KEY:
+        assert len({rows[step]["key"] for step in group}) == 1, sorted(group)
+    # A pass config set through its variable is in the key, whether or not this kernel's code changes.
+    assert rows["layout_cost_model_env"]["key"] != rows["baseline"]["key"]
+
+
+@pytest.mark.parametrize("mode", ["inprocess", "pool"])
+def test_each_key_compiles_once_and_a_second_run_compiles_nothing(table: dict, mode: str) -> None:
+    seen: set[str] = set()
+    for row in table["runs"][mode]:  # in the table's order
+        assert row["compiled"] == (row["key"] not in seen), row["step"]
+        seen.add(row["key"])
+    assert len(seen) == 9  # the table's distinct kernels (the scopes' two targets, 3 callbacks, ...)
+    again = by_step(table["runs"][f"{mode}-again"])
+    assert {step: row["compiled"] for step, row in again.items() if row["compiled"]} == {}
+    assert all(row["disk_hit"] or row["memory_hit"] for row in again.values())
+
+
+def test_callbacks_that_cannot_travel_compile_in_the_caller_with_their_edit(tmp_path: Path) -> None:
+    """Registered before kcache was imported (its Python function is out of reach), or a closure over a
+    lock (unpicklable): the compile runs in the caller, the edit is in the kernel, nothing is stored
+    on disk, and one warning says why."""
+    rows = by_step(run_driver("opaque", tmp_path / "root", tmp_path / "opaque.jsonl", "sm_90a"))
+    assert rows["registered_before_kcache"]["marks"] == ["fidelity-mark-a"]
+    assert rows["unpicklable_closure"]["marks"] == ["fidelity-mark-b"]
+    assert rows["unpicklable_closure"]["compiles"] == 2
+    assert rows["registered_before_kcache"]["entries"] == 0 and rows["unpicklable_closure"]["entries"] == 0
+    stderr = rows["unpicklable_closure"]["stderr"]
+    assert "registered before kcache started watching" in stderr
+    assert "cannot be pickled" in stderr
+
+
+HANGING_NVCC = """#!/bin/sh
+case " $* " in
+  *" --version "*) ;;
+  *) [ -e "{marker}" ] && exec sleep 600 ;;
+esac
+exec "{real}" "$@"
+"""
+
+
+def test_the_callers_nvcc_timeout_applies_when_set_after_the_first_compile(tmp_path: Path) -> None:
+    """The pool's worker started without TILELANG_COMPILE_TIMEOUT_SECONDS; the caller sets it (3 s)
+    later, and nvcc then never returns: TileLang's "timed out" error, as a CompileError, within
+    seconds, not the worker's own (absent) limit."""
+    real = real_cuda_home()
+    home = tmp_path / "cuda-home"
+    (home / "bin").mkdir(parents=True)
+    for item in real.iterdir():
+        if item.name != "bin":
+            (home / item.name).symlink_to(item)
+    for tool in (real / "bin").iterdir():
+        if tool.name != "nvcc":
+            (home / "bin" / tool.name).symlink_to(tool)
+    marker = tmp_path / "hang"
+    (home / "bin" / "nvcc").write_text(HANGING_NVCC.format(marker=marker, real=real / "bin" / "nvcc"))
+    (home / "bin" / "nvcc").chmod(0o755)
+    extra = {"CUDA_HOME": str(home), "CUDA_PATH": str(home), "FIDELITY_NVCC_HANG_MARKER": str(marker)}
+    (row,) = run_driver("timeout", tmp_path / "root", tmp_path / "timeout.jsonl", "sm_90a", extra)
+    assert marker.exists()  # the fault was armed
+    assert row["error"] == "CompileError" and row["runtime_error"], row
+    assert "timed out" in row["message"], row["message"]
+    assert row["seconds"] < 30, row
