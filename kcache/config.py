@@ -17,7 +17,7 @@ DEFAULT_STAGING_TTL_S = 3600.0
 DEFAULT_GC_INTERVAL_S = 600.0
 # Below the lock timeout, so that a stuck compile fails its own caller before its waiters give up.
 DEFAULT_COMPILE_TIMEOUT_S = 600.0
-ISOLATION_MODES = ("pool", "inprocess")
+ISOLATION_MODES = ("pool", "inprocess", "server")
 UNWRITABLE_POLICIES = ("fallback", "readonly", "error")
 DEFAULT_MAX_SIZE = 10 << 30
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
@@ -75,8 +75,11 @@ class Settings:
     staging_ttl_s: float = DEFAULT_STAGING_TTL_S
     # Opening a cache runs gc at most this often per root.
     gc_interval_s: float = DEFAULT_GC_INTERVAL_S
-    # "pool": compile in long-lived worker processes (a crash kills a worker); "inprocess": in the caller.
+    # "pool": compile in long-lived worker processes (a crash kills a worker); "inprocess": in the caller;
+    # "server": in this user's compile service, shared by every process (the pool when it is not there).
     compile_isolation: str = "pool"
+    # The compile service exits after this long without a job.
+    server_idle_s: float = 600.0
     # At most this many compiles at once in the pool (None: the usable CPU count).
     compile_workers: int | None = None
     # One compile's time limit in the pool (None: no limit).
@@ -111,6 +114,7 @@ class Settings:
             compile_isolation=_env_choice("KCACHE_COMPILE_ISOLATION", ISOLATION_MODES),
             compile_workers=_env_count("KCACHE_COMPILE_WORKERS"),
             compile_timeout_s=_env_seconds("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S) or None,
+            server_idle_s=_env_seconds("KCACHE_SERVER_IDLE", 600.0) or 600.0,
             max_size_bytes=_env_parsed("KCACHE_MAX_SIZE", parse_size, DEFAULT_MAX_SIZE),
             max_age_s=_env_parsed("KCACHE_MAX_AGE", parse_age, None),
             remote_url=os.environ.get("KCACHE_REMOTE") or None,

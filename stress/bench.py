@@ -11,6 +11,8 @@ Scenarios (each measured for both caches on the same kernels):
   on a structurally equal fresh one.
 - cli: `kcache stats`, `ls` and `verify` on 10,000 entries, each in a fresh
   interpreter (TileLang has no such tool: no baseline).
+- cold: a fresh process's first compile on an empty cache, TileLang in-process against kcache with
+  its per-process pool, with the compile service running, and with none yet (stress/bench_cold.py).
 - remote: with a real redis-server, remote-hit latency against a local disk hit and a compile;
   a cold cluster (16 processes over 4 roots) compiling one kernel, with and without the remote tier.
 - compile: kcache's isolated compile pool against compiling in-process,
@@ -43,7 +45,7 @@ from .nvcc_counter import NvccCounter
 from .procs import PROJECT, Barrier, worker_env
 
 BACKENDS = ("kcache", "tilelang")
-SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote")
+SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote", "cold")
 CUDA_HINT = "install the CUDA toolkit, or set CUDA_HOME to one"
 
 
@@ -90,7 +92,7 @@ def unavailable(scenario: str) -> str | None:
         return _remote_missing()
     if scenario == "herd":
         return _nvcc_counter_missing()
-    if scenario in ("disk", "memory", "compile"):
+    if scenario in ("disk", "memory", "compile", "cold"):
         return _compiler_missing()
     return None  # cli: synthetic entries, no compiler
 
@@ -263,6 +265,15 @@ def memory_worker(work: Path, calls: int = 2000) -> None:
     print("result " + json.dumps(out), flush=True)
 
 
+def bench_cold_rows(repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    from .bench_cold import KERNELS, MODES, measure
+
+    medians = measure(repeats, env)
+    return [row("cold (fresh process)", f"{kernel}: first compile, {mode} (p50 of {repeats})",
+                medians[(mode, kernel)], medians[("tilelang", kernel)], "s")
+            for kernel in KERNELS for mode in MODES[1:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m stress.bench", description=__doc__.splitlines()[0])
     p.add_argument("--procs", type=int, default=4, help="herd size (use 16 on a 16-core machine)")
@@ -273,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=16, help="configs compiled at once (compile scenario)")
     p.add_argument("--cli-entries", type=int, default=10_000, help="entries for the cli scenario")
     p.add_argument("--compile-workers", default="auto", help="pool size for the compile scenario (default: CPU count)")
+    p.add_argument("--cold-repeats", type=int, default=5, help="fresh processes per mode (cold scenario)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -304,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_cli(work, args.cli_entries, 5, env)
     if "compile" in only:
         rows += bench_compile(args.sequential, args.parallel, args.compile_workers, env)
+    if "cold" in only:
+        rows += bench_cold_rows(args.cold_repeats, env)
 
     print(f"{'scenario':<26} {'metric':<44} {'kcache':>10} {'baseline':>10} {'ratio':>7} unit  baseline")
     for r in rows:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kcache.keys import ENTRY_FORMAT, canonical_json  # noqa: F401 - canonical_json is part of the backend interface
-from kcache.store.fsutil import write_durable
+from kcache.store.fsutil import empty_staging, write_durable
 
 DEVICE_SOURCE, HOST_SOURCE, DEVICE_BINARY, LIBRARY, PARAMS, META = (
     "device.cu", "host.cu", "kernel.cubin", "kernel.so", "params.json", "meta.json")
@@ -120,6 +120,7 @@ def compile_entry(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs
 
 
 def compile_job(func: SyntheticFunc, out_dir: str, key: str, toolchain: dict) -> None:
+    empty_staging(Path(out_dir))  # as kcache's own compile job: a run again starts clean
     write_entry(Path(out_dir), compile_kernel(func, None, None, None, None, Path(out_dir)), key, _Resolved(), toolchain)
 
 

@@ -3,7 +3,7 @@
     python tests/fidelity_driver.py MODE ROOT OUT [ARCH]
 
 MODE is `tilelang` (plain TileLang, its cache off, so every step compiles what TileLang compiles
-in that context), `inprocess` or `pool` (kcache in that isolation mode, on the cache ROOT), or one of
+in that context), `inprocess`, `pool` or `server` (kcache in that isolation mode, on the cache ROOT), or one of
 the special rows `opaque` and `timeout`. Every step of the table sets up a compile context (a Target
 scope, the environment, a callback), compiles the same PrimFunc, and writes one JSON line to OUT:
 the resolved target, sha256 of the device and host sources, the device binary's machine code
@@ -28,8 +28,8 @@ MODE, ROOT, OUT = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 ARCH = sys.argv[4] if len(sys.argv) > 4 else "sm_90a"  # the GPU machine passes its own
 OTHER_ARCH = "sm_80"
 os.environ["KCACHE_DIR"] = str(ROOT)
-if MODE in ("inprocess", "pool", "opaque", "timeout"):
-    os.environ["KCACHE_COMPILE_ISOLATION"] = "inprocess" if MODE == "inprocess" else "pool"
+if MODE in ("inprocess", "pool", "server", "opaque", "timeout"):
+    os.environ["KCACHE_COMPILE_ISOLATION"] = MODE if MODE in ("inprocess", "server") else "pool"
     os.environ["KCACHE_COMPILE_WORKERS"] = "1"
 
 import tilelang  # noqa: E402
@@ -274,7 +274,7 @@ def main() -> None:
         capture_tilelang_binaries()
         for name, make_context, target_arg in STEPS:
             rows.append({"step": name, **run_tilelang(name, make_context, target_arg)})
-    elif MODE in ("inprocess", "pool"):
+    elif MODE in ("inprocess", "pool", "server"):
         import kcache  # noqa: F401 - before any callback is registered, as the docs ask
 
         for name, make_context, target_arg in STEPS:

@@ -30,6 +30,12 @@ def hang() -> None:
     threading.Event().wait()  # never set: the job outlives any timeout
 
 
+def read_fifo(path: str) -> str:
+    """Blocks until the test writes to the FIFO at `path`: a job that is running, held by the test."""
+    with open(path) as fifo:
+        return fifo.read()
+
+
 def raise_value_error() -> None:
     raise ValueError("a bad config")
 

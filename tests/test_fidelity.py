@@ -15,13 +15,17 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kcache.compile import service_client as client
 from stress.gpu import gpu_missing, gpu_target
 from stress.nvcc_counter import real_cuda_home
 
@@ -51,15 +55,41 @@ def run_driver(mode: str, root: Path, out: Path, arch: str, extra_env: dict[str,
     return rows
 
 
+MODES = ("inprocess", "pool", "server")
+
+
 @pytest.fixture(scope="module")
-def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("fidelity")
     arch = gpu_target()["arch"] if gpu_missing() is None else "sm_90a"
+    # The server mode's compile service: started by the first run's first miss (in its environment as
+    # it was then: no context set up), reused by the second run, stopped at the end.
+    runtime = Path(tempfile.mkdtemp(prefix="kf-", dir="/tmp"))
+    service_env = {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "120"}
     runs = {"tilelang": run_driver("tilelang", work / "tilelang-root", work / "tilelang.jsonl", arch)}
-    for mode in ("inprocess", "pool"):
-        runs[mode] = run_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch)
-        runs[f"{mode}-again"] = run_driver(mode, work / f"{mode}-root", work / f"{mode}-again.jsonl", arch)
-    return {"runs": runs, "arch": arch}
+    try:
+        for mode in MODES:
+            extra = service_env if mode == "server" else None
+            runs[mode] = run_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch, extra)
+            runs[f"{mode}-again"] = run_driver(mode, work / f"{mode}-root", work / f"{mode}-again.jsonl", arch, extra)
+        yield {"runs": runs, "arch": arch, "runtime": runtime}
+    finally:
+        for socket_file in runtime.glob("kcache/*.sock"):
+            os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+            try:
+                client.request(socket_file.name.removeprefix("compile-").removesuffix(".sock"), ("stop",))
+            except (OSError, EOFError):
+                pass
+            finally:
+                os.environ.pop("XDG_RUNTIME_DIR", None)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_the_server_mode_compiled_in_the_service(table: dict) -> None:
+    """The server rows were compiled by the compile service, not by a fallback pool."""
+    logs = list(table["runtime"].glob("kcache/*.log"))
+    assert table["runs"]["server"][0]["stderr"].count("compile service is unavailable") == 0
+    assert len(list(table["runtime"].glob("kcache/*.sock"))) == 1 and len(logs) == 1
 
 
 def by_step(rows: list[dict]) -> dict[str, dict]:
@@ -82,7 +112,7 @@ def test_the_table_exercises_what_it_claims(table: dict) -> None:
         assert ".debug_info" in tilelang[step]["sections"] and ".debug_info" not in base["sections"]
 
 
-@pytest.mark.parametrize("mode", ["inprocess", "pool", "inprocess-again", "pool-again"])
+@pytest.mark.parametrize("mode", [*MODES, *(f"{mode}-again" for mode in MODES)])
 def test_kcache_gives_tilelangs_kernel_in_every_context(table: dict, mode: str) -> None:
     tilelang = by_step(table["runs"]["tilelang"])
     ours = by_step(table["runs"][mode])
@@ -94,7 +124,7 @@ def test_kcache_gives_tilelangs_kernel_in_every_context(table: dict, mode: str) 
             assert ours[step]["result"] == expected["result"], step
 
 
-@pytest.mark.parametrize("mode", ["inprocess", "pool"])
+@pytest.mark.parametrize("mode", MODES)
 def test_the_key_differs_exactly_where_the_output_does(table: dict, mode: str) -> None:
     rows = by_step(table["runs"][mode])
     for (a, row_a), (b, row_b) in itertools.combinations(rows.items(), 2):
@@ -106,7 +136,7 @@ def test_the_key_differs_exactly_where_the_output_does(table: dict, mode: str) -
     assert rows["layout_cost_model_env"]["key"] != rows["baseline"]["key"]
 
 
-@pytest.mark.parametrize("mode", ["inprocess", "pool"])
+@pytest.mark.parametrize("mode", MODES)
 def test_each_key_compiles_once_and_a_second_run_compiles_nothing(table: dict, mode: str) -> None:
     seen: set[str] = set()
     for row in table["runs"][mode]:  # in the table's order

@@ -151,13 +151,19 @@ class KernelCache:
 
     @property
     def compile_pool(self) -> CompilePool:
-        """The worker pool this cache compiles in: the one given, else the process's shared pool."""
+        """The worker pool this cache compiles in: the one given, else (KCACHE_COMPILE_ISOLATION=server)
+        this user's compile service, else the process's shared pool."""
         if self._pool is not None:
             return self._pool
         from kcache.compile.pool import shared_pool  # not on the hit path: ~5 ms of imports
 
-        return shared_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
-                           self._tilelang().COMPILE_PRELOAD)
+        settings, preload = self.settings, self._tilelang().COMPILE_PRELOAD
+        if settings.compile_isolation == "server":
+            from kcache.compile.service_client import shared_service_pool
+
+            return shared_service_pool(settings.compile_workers, settings.compile_timeout_s, preload,
+                                       settings.server_idle_s)  # type: ignore[return-value]
+        return shared_pool(settings.compile_workers, settings.compile_timeout_s, preload)
 
     @property
     def store(self) -> EntryStore:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,3 +39,23 @@ class JobResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+class JobRunner:
+    """`run` and `compile_many` for anything that has `submit(fn, *args, name=, timeout_s=)`: the
+    compile pool and the compile service's client."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
+               timeout_s: float | None = UNSET) -> Future[Any]:
+        raise NotImplementedError
+
+    def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET) -> Any:
+        """`submit(...).result()`."""
+        return self.submit(fn, *args, name=name, timeout_s=timeout_s).result()
+
+    def compile_many(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        """Run every job, up to `max_workers` at once, and yield their results as they finish."""
+        futures = {self.submit(job.fn, *job.args, name=job.name, timeout_s=job.timeout_s): job for job in jobs}
+        for future in as_completed(futures):
+            error = future.exception()
+            yield JobResult(futures[future], None if error is not None else future.result(), error)

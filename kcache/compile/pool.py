@@ -26,15 +26,15 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, as_completed
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
 from kcache.compile import protocol as wire
-from kcache.compile.jobs import UNSET, Job, JobResult, usable_cpu_count
+from kcache.compile.jobs import UNSET, Job, JobResult, JobRunner, usable_cpu_count
 
 __all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "shared_pool", "usable_cpu_count"]
 from kcache.compile.worker_process import EXIT_GRACE_S, WorkerDied, WorkerProcess
@@ -63,7 +63,7 @@ class _Slot:
     ready: threading.Event = field(default_factory=threading.Event)
 
 
-class CompilePool:
+class CompilePool(JobRunner):
     """Long-lived compile workers. `submit(fn, *args)` runs fn(*args) in one and returns a Future.
 
     `workers`: at most this many jobs run at once (default: the usable CPU
@@ -100,28 +100,22 @@ class CompilePool:
         died, `CompileTimeout` past the time limit, `CompilePoolError` if no
         worker could start.
         """
+        label = name or getattr(fn, "__qualname__", None) or repr(fn)
+        return self.submit_payload(cloudpickle.dumps((fn, args)), label, timeout_s)
+
+    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET) -> Future[Any]:
+        """`submit` of a job already pickled as `(fn, args)` (the compile service passes its clients'
+        jobs on without unpickling them)."""
         self._check_usable()
         future: Future[Any] = Future()
-        label = name or getattr(fn, "__qualname__", None) or repr(fn)
+        label = name
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
-        payload = cloudpickle.dumps((fn, args))
         with self._lock:
             self._outstanding += 1
             if self._outstanding > len(self._slots) and len(self._slots) < self.max_workers:
                 self._add_slot()
         self._jobs.put(_Pending(future, payload, label, limit))
         return future
-
-    def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET) -> Any:
-        """`submit(...).result()`."""
-        return self.submit(fn, *args, name=name, timeout_s=timeout_s).result()
-
-    def compile_many(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
-        """Run every job, up to `max_workers` at once, and yield their results as they finish."""
-        futures = {self.submit(job.fn, *job.args, name=job.name, timeout_s=job.timeout_s): job for job in jobs}
-        for future in as_completed(futures):
-            error = future.exception()
-            yield JobResult(futures[future], None if error is not None else future.result(), error)
 
     def warm(self, count: int | None = None) -> float:
         """Start `count` workers (default: all) and wait until every worker is ready, replacements of

@@ -41,6 +41,18 @@ def _die_with_parent(parent: int) -> None:
         threading.Thread(target=watch, name="kcache-parent-watch", daemon=True).start()
 
 
+def call_with_path(path: list[str], payload: bytes) -> object:
+    """Run a compile-service job: `payload` is `(fn, args)` pickled by a client whose sys.path was
+    `path`. The service's workers serve every process of the environment, whatever its script's
+    directory, so the client's entries are added (at the end: never shadowing the worker's own)
+    before the job's functions are unpickled, which imports their modules."""
+    for entry in path:
+        if entry not in sys.path:
+            sys.path.append(entry)
+    fn, args = wire.cloudpickle.loads(payload)
+    return fn(*args)
+
+
 def main() -> int:
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)

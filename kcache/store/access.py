@@ -227,3 +227,8 @@ def _warn_once(root: Path, message: str) -> None:
             return
         _warned.add(str(root))
     log.warning("%s", message)
+
+
+def is_private_and_ours(directory: Path) -> bool:
+    """A real directory (not a link) owned by this user that nobody else may enter or write."""
+    return _private_and_ours(directory)

@@ -234,3 +234,16 @@ def _read_chunks(fd: int, limit: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+def empty_staging(directory: Path) -> None:
+    """Remove what an earlier, interrupted run of the same compile job left in its staging directory
+    (the compile service died mid-job and the job runs again in the process's own pool): files only,
+    by descriptor, never through a link."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(fd):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+                os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)

@@ -36,7 +36,7 @@ from tvm.tirx import PrimFunc
 from kcache.errors import CompileError
 from kcache.store import sharing
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
-from kcache.store.fsutil import ensure_dir, fsync_path, write_durable
+from kcache.store.fsutil import empty_staging, ensure_dir, fsync_path, write_durable
 from kcache.tilelang.context import CompileContext, applied
 from kcache.tilelang.identity import kernel_name
 from kcache.tilelang.target import ResolvedTarget, resolve_target
@@ -155,6 +155,7 @@ def compile_job(
     context: CompileContext | None = None,
 ) -> float:
     """A compile worker's job (see `kcache.tilelang.backend.compile_entry`): compile, write the entry; the seconds it took."""
+    empty_staging(Path(out_dir))  # a run again after the compile service died mid-job starts clean
     resolved = resolve_target(json.loads(target_json), execution_backend)
     compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir), context,
                               in_worker=True)

@@ -24,6 +24,7 @@ from kcache.store.locks import KeyLock
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.tools.cli_format import format_table, human_age, human_size
 from kcache.tools.doctor import doctor, installed_tilelang
+from kcache.tools.server_cli import cmd_server
 
 AUTOTUNER = "autotuner"
 OTHER_VERSION_UNUSED_S = 7 * 86400
@@ -71,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("gc", "staging, trash, stale locks, old quarantine, unused entries of other TileLang versions")
     check = command("doctor", "permissions, ownership, noexec, free space, toolchain, remote")
     check.add_argument("--fix", action="store_true", help="fix what can be fixed safely")
+    server = command("server", "this user's compile service (KCACHE_COMPILE_ISOLATION=server): start, stop, status")
+    server.add_argument("action", choices=("start", "stop", "status"))
     program = command("run", "run a Python program with kcache installed into TileLang "
                       "(tilelang.compile, @tilelang.jit, the AutoTuner's results)",
                       usage="%(prog)s [-h] [--dir ROOT] [--json] (SCRIPT | -m MODULE) [ARGS ...]",
@@ -236,7 +239,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
 
 
 COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
-            "clear": cmd_clear, "gc": cmd_gc, "doctor": cmd_doctor}
+            "clear": cmd_clear, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,0 +1,86 @@
+"""Where this user's compile service for this environment listens, and what makes two environments one.
+
+One service per (user, machine, Python environment and toolchain): the socket's name holds a digest
+of the interpreter, kcache's own location, the worker preload, the worker count and the import-time
+settings of TileLang (the toolkit and header directories). Not sys.path: each job carries its
+client's (`kcache.compile.worker.call_with_path`), so programs in different directories share one
+service, and `kcache server start` names the same one. A process of another environment
+computes another name and starts its own service; it never talks to this one.
+
+The socket lives in a directory only this user can enter: `$XDG_RUNTIME_DIR/kcache` where that is
+ours and private, else `<tmp>/kcache-<uid>`, created 0700 and checked (a real directory, ours, no
+access for others) every time. A predictable name in a shared tmp is safe here only because of that
+check: another user who made it first fails it, and then there is no service (the per-process pool
+compiles), never a connection to their socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from kcache.store import access
+
+# Import-time settings of TileLang that a compile depends on: a service started with other values
+# would compile something else (docs/design.md, "The compile context").
+IMPORT_TIME_ENV = ("CUDA_HOME", "CUDA_PATH", "PATH", "TL_TEMPLATE_PATH", "TL_CUTLASS_PATH", "TVM_LIBRARY_PATH",
+                   "KCACHE_UMASK", "KCACHE_GROUP")
+
+
+class NoServiceDirectory(OSError):
+    """No private directory for the service's socket: the directory another user made, say."""
+
+
+def identity(preload: Iterable[str], workers: int) -> str:
+    """The digest naming this environment's service."""
+    document = {
+        "python": sys.executable,
+        "version": sys.version,
+        "kcache": str(Path(__file__).resolve().parents[1]),
+        "preload": list(preload),
+        "workers": workers,
+        "env": {name: os.environ.get(name) for name in IMPORT_TIME_ENV},
+    }
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def service_directory() -> Path:
+    """This user's private directory for service sockets (created if missing). Raises
+    NoServiceDirectory when there is none that is ours alone."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and access.is_private_and_ours(Path(runtime)):
+        candidate = Path(runtime) / "kcache"
+    else:
+        candidate = Path(tempfile.gettempdir()) / f"kcache-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(candidate, 0o700)
+    if not access.is_private_and_ours(candidate):
+        raise NoServiceDirectory(f"{candidate} is not a private directory of uid {os.geteuid()} (a link, another "
+                                 "user's, or open to others): no compile service; remove it or set XDG_RUNTIME_DIR")
+    return candidate
+
+
+# sockaddr_un's sun_path: 108 bytes, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
+
+def socket_path(name: str) -> Path:
+    path = service_directory() / f"compile-{name}.sock"
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise NoServiceDirectory(f"{path} is longer than a Unix socket's path may be ({MAX_SOCKET_PATH} bytes): "
+                                 "set XDG_RUNTIME_DIR to a shorter private directory")
+    return path
+
+
+def lock_path(name: str) -> Path:
+    return service_directory() / f"compile-{name}.lock"
+
+
+def log_path(name: str) -> Path:
+    return service_directory() / f"compile-{name}.log"

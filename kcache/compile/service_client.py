@@ -1,0 +1,292 @@
+"""A process's side of the compile service: the CompilePool interface, served by this user's server.
+
+`ServicePool.submit(fn, *args)` sends the pickled job to the service of this environment
+(`service_address`), starting it when none listens, and returns a Future. Whatever goes wrong with
+the service (it cannot start, its directory is not private, it is unreachable, it dies mid-job)
+costs one warning and nothing else: the job, and every later one for a while, runs in this
+process's own pool, as with `KCACHE_COMPILE_ISOLATION=pool`. A job the service lost mid-way is run
+again there; a compile job first empties its staging directory, so a second run starts clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import json
+import logging
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from typing import Any
+
+import cloudpickle
+
+from kcache.compile import protocol as wire
+from kcache.compile import service_address as address
+from kcache.compile.jobs import UNSET, JobRunner, usable_cpu_count
+from kcache.compile.protocol import CallByName
+
+log = logging.getLogger("kcache")
+
+START_TIMEOUT_S = 20.0  # the server binds its socket before it imports anything heavy
+RETRY_AFTER_S = 30.0  # after a failure, the own pool serves this long before the service is tried again
+PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class ServiceUnavailable(OSError):
+    """No compile service could be reached or started (the reason is the message)."""
+
+
+class ServicePool(JobRunner):
+    """The CompilePool interface (`submit`, `run`, `compile_many`, `warm`, `max_workers`) over the
+    compile service, with the process's own pool (`fallback()`) when the service is not there."""
+
+    def __init__(self, workers: int | None, timeout_s: float | None, preload: Iterable[str], idle_s: float,
+                 fallback: Callable[[], Any]) -> None:
+        self.max_workers = workers or usable_cpu_count()
+        self.timeout_s = timeout_s
+        self.preload = tuple(preload)
+        self.idle_s = idle_s
+        self.name = address.identity(self.preload, self.max_workers)
+        self._fallback = fallback
+        self._lock = threading.Lock()
+        self._conn: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, tuple[Future[Any], bytes, str, float | None]] = {}
+        self._ids = itertools.count()
+        self._down_until = 0.0
+        self._warned = False
+        self.server_pid: int | None = None
+        self.owner_pid = os.getpid()
+
+    # ------------------------------------------------------------ the CompilePool interface
+
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
+               timeout_s: float | None = UNSET) -> Future[Any]:
+        label = name or getattr(fn, "__qualname__", None) or repr(fn)
+        limit = self.timeout_s if timeout_s is UNSET else timeout_s
+        return self.submit_payload(cloudpickle.dumps((fn, args)), label, limit)
+
+    def _wrapped(self, payload: bytes) -> bytes:
+        """The job as the service runs it: with this process's sys.path (worker.call_with_path)."""
+        return cloudpickle.dumps((CallByName("kcache.compile.worker", "call_with_path"), (list(sys.path), payload)))
+
+    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET) -> Future[Any]:
+        limit = self.timeout_s if timeout_s is UNSET else timeout_s
+        conn = self._connection()
+        if conn is None:
+            return self._fallback().submit_payload(payload, name, limit)
+        future: Future[Any] = Future()
+        job_id = next(self._ids)
+        with self._lock:
+            self._pending[job_id] = (future, payload, name, limit)
+        try:
+            self._send(conn, ("job", job_id, self._wrapped(payload), name, limit))
+        except OSError as err:
+            self._lost(conn, f"sending a job failed: {err}")
+        return future
+
+    def warm(self, count: int | None = None) -> float:
+        """Reach (or start) the service and ask it to start `count` workers (default 1), without waiting
+        for them; the own pool's `warm` when there is no service."""
+        started = time.monotonic()
+        conn = self._connection()
+        if conn is None:
+            return float(self._fallback().warm(count))
+        self._send(conn, ("warm", count or 1))
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    # ------------------------------------------------------------ the connection
+
+    def _connection(self) -> socket.socket | None:
+        with self._lock:
+            if self._conn is not None:
+                return self._conn
+            if time.monotonic() < self._down_until:
+                return None
+            try:
+                conn, self.server_pid = connect_or_start(self.name, self.max_workers, self.preload, self.idle_s)
+            except ServiceUnavailable as err:
+                self._down_until = time.monotonic() + RETRY_AFTER_S
+                self._warn(f"the compile service is unavailable ({err}); compiling in this process's own pool")
+                return None
+            self._conn = conn
+        threading.Thread(target=self._read, args=(conn,), name="kcache-service-reader", daemon=True).start()
+        return conn
+
+    def _send(self, conn: socket.socket, message: Any) -> None:
+        with self._send_lock:
+            wire.send(conn.fileno(), message)
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                message = cloudpickle.loads(wire.recv_bytes(conn.fileno()))
+                if message[0] not in ("ok", "err"):
+                    continue
+                with self._lock:
+                    entry = self._pending.pop(message[1], None)
+                if entry is None:
+                    continue
+                if message[0] == "ok":
+                    entry[0].set_result(message[2])
+                else:
+                    entry[0].set_exception(message[2])
+        except (EOFError, OSError) as err:
+            self._lost(conn, f"the connection closed ({err})" if str(err) else "the connection closed")
+
+    def _lost(self, conn: socket.socket, why: str) -> None:
+        """The service went away: its unfinished jobs run again in the own pool."""
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+            orphans, self._pending = self._pending, {}
+        with contextlib.suppress(OSError):
+            conn.close()
+        if not orphans:
+            return  # an idle service that exited: the next job reconnects (or starts a new one)
+        self._down_until = time.monotonic() + RETRY_AFTER_S
+        self._warn(f"the compile service (pid {self.server_pid}) went away with {len(orphans)} job(s) running: "
+                   f"{why}; running them in this process's own pool")
+        for future, payload, name, limit in orphans.values():
+            _chain(self._fallback().submit_payload(payload, name, limit), future)
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("kcache: %s", message)
+
+
+def _chain(source: Future[Any], target: Future[Any]) -> None:
+    def copy(done: Future[Any]) -> None:
+        error = done.exception()
+        if error is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)
+
+
+_shared: dict[tuple[object, ...], ServicePool] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_service_pool(workers: int | None, timeout_s: float | None, preload: Iterable[str],
+                        idle_s: float) -> ServicePool:
+    """The process's ServicePool for these settings; its fallback is the process's shared pool."""
+    from kcache.compile.pool import shared_pool
+
+    preload = tuple(preload)
+    key = (workers, timeout_s, preload, idle_s, os.getpid())
+    with _shared_lock:
+        found = _shared.get(key)
+        if found is None:
+            found = _shared[key] = ServicePool(workers, timeout_s, preload, idle_s,
+                                               lambda: shared_pool(workers, timeout_s, preload))
+        return found
+
+
+# ---------------------------------------------------------------- reaching the server
+
+
+def connect(name: str) -> tuple[socket.socket, int]:
+    """A connection to the running service `name` and its pid. Raises OSError when none listens."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(START_TIMEOUT_S)
+        conn.connect(str(address.socket_path(name)))
+        _pid, uid, _gid = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+        if uid != os.geteuid():
+            raise ServiceUnavailable(f"the socket of {name} is served by uid {uid}, not {os.geteuid()}")
+        conn.settimeout(None)  # the wire reads the descriptor, which must block
+        wire.send(conn.fileno(), ("hello", name))
+        if not select.select([conn], [], [], START_TIMEOUT_S)[0]:
+            raise ServiceUnavailable(f"the compile service at {address.socket_path(name)} does not answer")
+        _kind, pid = cloudpickle.loads(wire.recv_bytes(conn.fileno()))
+        return conn, pid
+    except BaseException:
+        conn.close()
+        raise
+
+
+def connect_or_start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> tuple[socket.socket, int]:
+    """Connect to the service `name`, starting it when none listens. Raises ServiceUnavailable."""
+    try:
+        return connect(name)
+    except ServiceUnavailable:
+        raise
+    except address.NoServiceDirectory as err:
+        raise ServiceUnavailable(str(err)) from err
+    except (OSError, EOFError) as err:
+        if isinstance(err, OSError) and err.errno not in (errno.ENOENT, errno.ECONNREFUSED, None):
+            raise ServiceUnavailable(f"{address.socket_path(name)}: {err}") from err
+    start(name, workers, preload, idle_s)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:  # a server that lost the start race to another client is binding its socket
+        try:
+            return connect(name)
+        except ServiceUnavailable:
+            raise
+        except (OSError, EOFError) as err:
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(f"no compile service listens at {address.socket_path(name)}: {err}") from err
+            select.select([], [], [], 0.05)
+
+
+def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> None:
+    """Start the service `name` and wait until it listens (or says another server has the name)."""
+    try:
+        log_file = os.open(address.log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           0o600)
+    except OSError as err:
+        raise ServiceUnavailable(str(err)) from err
+    read_end, write_end = os.pipe()
+    try:
+        starter = subprocess.Popen(
+            [sys.executable, "-m", "kcache.compile.service", "--name", name, "--workers", str(workers),
+             "--idle", str(idle_s), "--preload", json.dumps(list(preload)), "--ready-fd", str(write_end),
+             "--sys-path", json.dumps(sys.path)],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, pass_fds=(write_end,),
+            start_new_session=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        )
+    except OSError as err:
+        os.close(read_end)
+        raise ServiceUnavailable(f"{sys.executable} could not start the compile service: {err}") from err
+    finally:
+        os.close(write_end)
+        os.close(log_file)
+    try:
+        starter.wait(START_TIMEOUT_S)  # the server forks and this parent exits at once
+        readable, _, _ = select.select([read_end], [], [], START_TIMEOUT_S)
+        word = os.read(read_end, 16) if readable else b""
+    except subprocess.TimeoutExpired as err:
+        raise ServiceUnavailable("the compile service did not start in time") from err
+    finally:
+        os.close(read_end)
+    if word not in (b"ready", b"busy"):
+        raise ServiceUnavailable(f"the compile service did not start (see {address.log_path(name)})")
+
+
+def request(name: str, message: tuple[Any, ...]) -> Any:
+    """One request to the running service `name` (status, stop). Raises OSError when none listens."""
+    conn, _pid = connect(name)
+    with conn:
+        wire.send(conn.fileno(), message)
+        return cloudpickle.loads(wire.recv_bytes(conn.fileno()))[1]
+

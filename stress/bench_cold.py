@@ -1,0 +1,120 @@
+"""The cold-path benchmark of `python -m stress.bench --only cold`: a fresh process's first compile.
+
+Each sample is a fresh interpreter that imports TileLang, builds the kernel, and times one call until
+the kernel is usable, on an empty cache:
+- `tilelang`: `tilelang.compile` in the process (its own cache empty): the baseline;
+- `pool`: kcache with its per-process pool (the worker's start and TileLang import included);
+- `server, running`: kcache with the compile service already running and warm;
+- `server, cold`: kcache with no service running: the first miss starts it.
+The modes alternate sample by sample, so that drift in the machine hits them alike. Medians.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MODES = ("tilelang", "pool", "server, running", "server, cold")
+KERNELS = ("add", "matmul")
+
+
+def child(mode: str, kernel: str, root: str) -> None:
+    import tilelang
+
+    from .kernels import CPU_TARGET, matmul, pool
+
+    func = pool(1)[0].build() if kernel == "add" else matmul(1024, 1024, 1024, 128, 128, 32)
+    cache = None
+    if mode != "tilelang":
+        import kcache
+
+        cache = kcache.KernelCache(root)
+    started = time.perf_counter()
+    if cache is None:
+        tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
+    else:
+        cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
+    print("result " + json.dumps({"seconds": time.perf_counter() - started}), flush=True)
+
+
+def _sample(mode: str, kernel: str, work: Path, env: dict[str, str]) -> float:
+    root = Path(tempfile.mkdtemp(prefix="cold-", dir=work))
+    extra = {"TILELANG_CACHE_DIR": str(root / "tilelang"),
+             "KCACHE_COMPILE_ISOLATION": "pool" if mode == "pool" else "server"}
+    done = subprocess.run([sys.executable, "-m", "stress.bench_cold", "--child", mode, kernel, str(root)],
+                          env={**os.environ, **env, **extra}, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"cold sample {mode}/{kernel} failed: {done.stderr[-2000:]}")
+    shutil.rmtree(root, ignore_errors=True)
+    return float(json.loads(lines[-1][7:])["seconds"])
+
+
+def _service(env: dict[str, str]) -> tuple[Any, str]:
+    """The service the children of this run use: its module and name (same settings as theirs)."""
+    os.environ.update(env)
+    from kcache.compile import service_client
+    from kcache.compile.jobs import usable_cpu_count
+    from kcache.compile.pool import TILELANG_PRELOAD
+    from kcache.compile.service_address import identity
+
+    workers = int(os.environ.get("KCACHE_COMPILE_WORKERS") or usable_cpu_count())
+    return service_client, identity(TILELANG_PRELOAD, workers)
+
+
+def _stop(client: Any, name: str) -> None:
+    import select
+
+    try:
+        pid = client.request(name, ("stop",))
+    except (OSError, EOFError):
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([fd], [], [], 60)
+    finally:
+        os.close(fd)
+
+
+def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
+    """(mode, kernel) -> the median seconds of `repeats` fresh processes."""
+    work = Path(tempfile.mkdtemp(prefix="kcache-bench-cold-"))
+    runtime = Path(tempfile.mkdtemp(prefix="kb-", dir="/tmp"))  # the run's own services
+    env = {**env, "XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "600"}
+    client, name = _service(env)
+    from kcache.compile.pool import TILELANG_PRELOAD
+
+    samples: dict[tuple[str, str], list[float]] = {(m, k): [] for m in MODES for k in KERNELS}
+    try:
+        for _ in range(repeats):
+            for kernel in KERNELS:
+                for mode in MODES:
+                    if mode == "server, cold":
+                        _stop(client, name)
+                    elif mode == "server, running":
+                        service = client.ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)
+                        service.run(abs, -1)  # started, and one worker warm (TileLang imported)
+                        service.close()
+                    samples[(mode, kernel)].append(_sample(mode, kernel, work, env))
+    finally:
+        _stop(client, name)
+        shutil.rmtree(runtime, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    medians: dict[tuple[str, str], float] = {}
+    for key, values in samples.items():
+        medians[key] = sorted(values)[len(values) // 2]
+    return medians
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(*sys.argv[2:5])

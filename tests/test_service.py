@@ -1,0 +1,214 @@
+"""The compile service (KCACHE_COMPILE_ISOLATION=server): real server processes, real clients, real
+users. Jobs are tests/pool_jobs.py's; the services here preload nothing heavy, and each test has its
+own private runtime directory (XDG_RUNTIME_DIR), so its services are its own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kcache.compile import service_address as address
+from kcache.compile import service_client as client
+from kcache.compile.pool import CompilePool
+from kcache.errors import CompilerCrashed, CompileTimeout
+
+from . import pool_jobs
+from .faults import needs_root
+from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
+
+PROJECT = Path(__file__).resolve().parent.parent
+PRELOAD = ("tests.pool_jobs",)
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: a socket's path has 107 bytes
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
+    yield directory
+    for socket_file in (directory / "kcache").glob("*.sock"):  # stop what the test left running
+        name = socket_file.name.removeprefix("compile-").removesuffix(".sock")
+        try:
+            client.request(name, ("stop",))
+        except (OSError, EOFError):
+            pass
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def service_pool(idle_s: float = 60.0, workers: int = 2, fallback: CompilePool | None = None) -> client.ServicePool:
+    own = fallback or CompilePool(workers, None, preload=PRELOAD)
+    return client.ServicePool(workers, None, PRELOAD, idle_s, lambda: own)
+
+
+def status(pool: client.ServicePool) -> dict:
+    return client.request(pool.name, ("status",))
+
+
+def wait_for_exit(pid: int, timeout: float) -> bool:
+    """Wait for a process that is not our child to end (pidfd: no polling)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+CLIENT = """
+import json, sys
+sys.path.insert(0, {project!r})
+from kcache.compile import service_client as client
+from kcache.compile.pool import CompilePool
+from tests import pool_jobs
+pool = client.ServicePool(2, None, ("tests.pool_jobs",), 60.0, lambda: CompilePool(1, None, preload=()))
+print(json.dumps({{"worker": pool.run(pool_jobs.worker_pid), "server": pool.server_pid}}))
+"""
+
+
+def test_processes_share_one_service_and_its_warm_workers(runtime: Path) -> None:
+    code = CLIENT.format(project=str(PROJECT))
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                      check=True).stdout) for _ in range(2)]
+    assert runs[0]["server"] == runs[1]["server"]  # the second process found the first one's service
+    pool = service_pool()
+    assert pool.run(pool_jobs.double, 21) == 42 and pool.server_pid == runs[0]["server"]
+    served = status(pool)
+    assert served["jobs"] == 3 and served["refused"] == 0
+    assert {runs[0]["worker"], runs[1]["worker"]} <= set(range(1, 1 << 22))  # real pids of the service's workers
+    assert (runtime / "kcache").stat().st_mode & 0o777 == 0o700
+
+
+def test_crashes_and_hangs_kill_a_worker_of_the_service_not_the_service(runtime: Path) -> None:
+    pool = service_pool()
+    with pytest.raises(CompilerCrashed) as crashed:
+        pool.run(pool_jobs.segfault, name="segv_kernel")
+    assert "segv_kernel" in str(crashed.value) and "SIGSEGV" in str(crashed.value)
+    with pytest.raises(CompileTimeout):
+        pool.run(pool_jobs.hang, name="hung_kernel", timeout_s=1.0)
+    server = pool.server_pid
+    assert pool.run(pool_jobs.double, 2) == 4 and pool.server_pid == server
+    assert status(pool)["failed"] == 2
+
+
+def test_a_client_killed_mid_job_leaves_the_service_serving(runtime: Path) -> None:
+    code = CLIENT.format(project=str(PROJECT)).replace("pool.run(pool_jobs.worker_pid)",
+                                                       "(print('submitted', flush=True), pool.run(pool_jobs.hang))")
+    victim = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert victim.stdout is not None and victim.stdout.readline().strip() == "submitted"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    pool = service_pool()
+    assert pool.run(pool_jobs.double, 5) == 10  # the service lives on; its other worker serves
+    assert status(pool)["pid"] == pool.server_pid
+
+
+def test_the_service_killed_mid_job_falls_back_to_the_own_pool(runtime: Path, tmp_path: Path, caplog) -> None:
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    own = CompilePool(1, None, preload=PRELOAD)
+    pool = service_pool(fallback=own)
+    assert pool.run(pool_jobs.double, 1) == 2
+    server = pool.server_pid
+    assert server is not None
+    with caplog.at_level(logging.WARNING, logger="kcache"):
+        future = pool.submit(pool_jobs.read_fifo, str(fifo))
+        os.kill(server, signal.SIGKILL)
+        assert wait_for_exit(server, 30)
+        released = threading.Thread(target=lambda: fifo.write_text("done"))
+        released.start()  # the job runs again in the own pool, whose worker opens the FIFO
+        assert future.result(timeout=60) == "done"
+        released.join(30)
+    assert any("went away" in r.getMessage() for r in caplog.records)
+    own.close()
+
+
+def test_a_stale_socket_file_of_a_dead_server_is_replaced(runtime: Path) -> None:
+    pool = service_pool()
+    path = address.socket_path(pool.name)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))  # bound, never listening, then closed: what a SIGKILLed server leaves
+    stale.close()
+    assert path.exists()
+    assert pool.run(pool_jobs.double, 3) == 6
+    assert status(pool)["pid"] == pool.server_pid
+
+
+def test_the_service_exits_when_idle(runtime: Path) -> None:
+    pool = service_pool(idle_s=1.0)
+    assert pool.run(pool_jobs.double, 4) == 8
+    server = pool.server_pid
+    assert server is not None and wait_for_exit(server, 30)
+    assert not address.socket_path(pool.name).exists()
+    assert pool.run(pool_jobs.double, 4) == 8  # the next job starts a new one
+    assert pool.server_pid != server
+
+
+def test_another_environment_gets_another_service(runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = service_pool()
+    assert first.run(pool_jobs.double, 1) == 2
+    monkeypatch.setenv("TL_TEMPLATE_PATH", "/elsewhere/templates")  # an import-time setting of TileLang
+    second = service_pool()
+    assert second.name != first.name
+    assert second.run(pool_jobs.double, 1) == 2 and second.server_pid != first.server_pid
+
+
+@needs_root
+def test_another_user_can_neither_reach_nor_use_the_service(runtime: Path, unprivileged_env: UnprivilegedEnv) -> None:  # noqa: F811
+    """kcache-a's service: kcache-b cannot even connect (a 0700 directory), and root, whom permissions do
+    not stop, is refused by the server's SO_PEERCRED check."""
+    env = unprivileged_env
+    a_runtime = env.homes["kcache-a"] / "runtime"
+    started = env.run("kcache-a", textwrap.dedent(f"""
+        import os, json
+        os.makedirs({str(a_runtime)!r}, mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = {str(a_runtime)!r}
+        from kcache.compile import service_client as client
+        from kcache.compile.pool import CompilePool
+        pool = client.ServicePool(1, None, (), 60.0, lambda: CompilePool(1, None, preload=()))
+        print(json.dumps({{"value": pool.run(abs, -3), "name": pool.name, "pid": pool.server_pid}}))
+    """))
+    assert started.returncode == 0, started.stderr
+    info = json.loads(started.stdout)
+    try:
+        check_refusals(env, a_runtime, info)
+    finally:
+        os.kill(info["pid"], signal.SIGKILL)
+
+
+def check_refusals(env: UnprivilegedEnv, a_runtime: Path, info: dict) -> None:  # noqa: F811
+    assert info["value"] == 3
+    path = a_runtime / "kcache" / f"compile-{info['name']}.sock"
+    probe = env.run("kcache-b", textwrap.dedent(f"""
+        import socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect({str(path)!r})
+            print("connected")
+        except PermissionError:
+            print("refused")
+    """))
+    assert probe.stdout.strip() == "refused", probe.stderr
+    intruder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    intruder.connect(str(path))  # root passes the directory's mode
+    from kcache.compile import protocol as wire
+
+    # Closed without a word: at once (the hello meets a closed socket), or after it (a reset: unread).
+    with pytest.raises((EOFError, ConnectionResetError, BrokenPipeError)):
+        wire.send(intruder.fileno(), ("hello", info["name"]))
+        wire.recv_bytes(intruder.fileno())
+    intruder.close()
