@@ -212,3 +212,16 @@ def check_refusals(env: UnprivilegedEnv, a_runtime: Path, info: dict) -> None:  
         wire.send(intruder.fileno(), ("hello", info["name"]))
         wire.recv_bytes(intruder.fileno())
     intruder.close()
+
+
+def test_a_service_directory_open_to_others_means_no_service_and_the_own_pool(runtime: Path, caplog) -> None:
+    (runtime / "kcache").mkdir(mode=0o755)  # as another user could have prepared it: not private
+    (runtime / "kcache").chmod(0o755)
+    own = CompilePool(1, None, preload=PRELOAD)
+    pool = service_pool(fallback=own)
+    with caplog.at_level(logging.WARNING, logger="kcache"):
+        assert pool.run(pool_jobs.double, 6) == 12  # compiled all the same
+    assert pool.server_pid is None and own.worker_pids()  # in the own pool: no service was started
+    assert any("not a private directory" in r.getMessage() for r in caplog.records)
+    assert not list((runtime / "kcache").iterdir())
+    own.close()

@@ -63,7 +63,7 @@ class ServicePool(JobRunner):
         self._pending: dict[int, tuple[Future[Any], bytes, str, float | None]] = {}
         self._ids = itertools.count()
         self._down_until = 0.0
-        self._warned = False
+        self._warned: set[str] = set()
         self.server_pid: int | None = None
         self.owner_pid = os.getpid()
 
@@ -121,9 +121,10 @@ class ServicePool(JobRunner):
                 return None
             try:
                 conn, self.server_pid = connect_or_start(self.name, self.max_workers, self.preload, self.idle_s)
-            except ServiceUnavailable as err:
+            except Exception as err:  # whatever it is, the compile goes on in the own pool
                 self._down_until = time.monotonic() + RETRY_AFTER_S
-                self._warn(f"the compile service is unavailable ({err}); compiling in this process's own pool")
+                self._warn("unavailable", f"the compile service is unavailable ({err}); compiling in this "
+                           "process's own pool")
                 return None
             self._conn = conn
         threading.Thread(target=self._read, args=(conn,), name="kcache-service-reader", daemon=True).start()
@@ -161,14 +162,14 @@ class ServicePool(JobRunner):
         if not orphans:
             return  # an idle service that exited: the next job reconnects (or starts a new one)
         self._down_until = time.monotonic() + RETRY_AFTER_S
-        self._warn(f"the compile service (pid {self.server_pid}) went away with {len(orphans)} job(s) running: "
+        self._warn("lost", f"the compile service (pid {self.server_pid}) went away with {len(orphans)} job(s) running: "
                    f"{why}; running them in this process's own pool")
         for future, payload, name, limit in orphans.values():
             _chain(self._fallback().submit_payload(payload, name, limit), future)
 
-    def _warn(self, message: str) -> None:
-        if not self._warned:
-            self._warned = True
+    def _warn(self, topic: str, message: str) -> None:
+        if topic not in self._warned:  # once per kind of trouble and process
+            self._warned.add(topic)
             log.warning("kcache: %s", message)
 
 
