@@ -225,3 +225,28 @@ def test_a_service_directory_open_to_others_means_no_service_and_the_own_pool(ru
     assert any("not a private directory" in r.getMessage() for r in caplog.records)
     assert not list((runtime / "kcache").iterdir())
     own.close()
+
+
+def test_the_warm_up_names_the_service_the_tilelang_backend_uses() -> None:
+    """KernelCache's warm-up names the service by the pool's TILELANG_PRELOAD without importing the
+    backend: it must be the backend's own preload, or the warm-up would start a service nobody uses."""
+    from kcache.compile.pool import TILELANG_PRELOAD
+    from kcache.tilelang.backend import COMPILE_PRELOAD
+
+    assert TILELANG_PRELOAD == COMPILE_PRELOAD
+
+
+def test_opening_a_cache_in_server_mode_starts_the_service_in_the_background(runtime: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", "server")
+    import kcache
+    from kcache.compile.pool import TILELANG_PRELOAD
+
+    kcache.KernelCache(tmp_path / "root")  # returns at once; the warm-up runs on its own thread
+    (warming,) = [t for t in threading.enumerate() if t.name == "kcache-service-warm"]
+    warming.join(60)
+    assert not warming.is_alive()
+    service = client.shared_service_pool(None, kcache.Settings.from_env(tmp_path / "root").compile_timeout_s,
+                                         TILELANG_PRELOAD, 600.0)
+    served = client.request(service.name, ("status",))
+    assert served["pid"] == service.server_pid and served["jobs"] == 0  # started, nothing compiled yet

@@ -99,7 +99,19 @@ class KernelCache:
             # TileLang's own cache, which does its setup at import). A process
             # that only inspects the cache never imports TileLang.
             self._toolchain = self._tilelang().toolchain_fingerprint(self.root, persist=not self.readonly)
+        if self.settings.compile_isolation == "server" and not self.readonly and backend is None and compile_pool is None:
+            self._warm_service()
 
+    def _warm_service(self) -> None:
+        """Reach (or start) the compile service in the background, with one warm worker: a cold
+        machine's first compile then overlaps what the program does next (its own `import tilelang`,
+        when the cache opens first) instead of following it. Never blocks, never raises."""
+        from kcache.compile.pool import TILELANG_PRELOAD  # the TileLang backend's preload, without importing it
+        from kcache.compile.service_client import shared_service_pool
+
+        service = shared_service_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
+                                      TILELANG_PRELOAD, self.settings.server_idle_s)
+        threading.Thread(target=service.warm, args=(1,), name="kcache-service-warm", daemon=True).start()
 
     # ------------------------------------------------------------ public
 
