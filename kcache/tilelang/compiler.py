@@ -109,35 +109,24 @@ def compile_kernel(
 ) -> CompiledKernel:
     """Compile with TileLang, bypassing its caches, under the caller's compile context (in a worker,
     its callbacks registered for the compile). Raises CompileError."""
-    with applied(context, register_callbacks=in_worker):
-        return _compile(func, resolved, out_idx, pass_configs, compile_flags, log_dir)
-
-
-def _compile(
-    func: PrimFunc,
-    resolved: ResolvedTarget,
-    out_idx: list[int] | None,
-    pass_configs: dict[str, Any],
-    compile_flags: list[str] | None,
-    log_dir: Path,
-) -> CompiledKernel:
     _install_hooks()
     name = kernel_name(func)
-    context = resolved.context
+    backend_context = resolved.context
     binaries: list[bytes] = []
     _compiling.binaries = binaries
     start = time.perf_counter()
     try:
-        kernel = JITKernel(
-            func,
-            out_idx=out_idx,
-            execution_backend=context.execution_backend.name,
-            target=context.target,
-            target_host=context.target_host,
-            pass_configs=pass_configs,
-            compile_flags=compile_flags,
-            backend_context=context,
-        )
+        with applied(context, register_callbacks=in_worker):
+            kernel = JITKernel(
+                func,
+                out_idx=out_idx,
+                execution_backend=backend_context.execution_backend.name,
+                target=backend_context.target,
+                target_host=backend_context.target_host,
+                pass_configs=pass_configs,
+                compile_flags=compile_flags,
+                backend_context=backend_context,
+            )
     except Exception as err:  # TileLang, TVM and nvcc raise many types; all mean "this kernel did not compile"
         raise CompileError(name, summarize_compiler_error(str(err)), _write_log(log_dir, name, err)) from err
     finally:
