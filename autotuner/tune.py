@@ -79,6 +79,8 @@ def tune(
             return saved
 
     tuning = _tuning_cache(base, compile_workers, timeout_s)
+    # In server mode: the service's workers for this tune start (forked) while the configs are built.
+    tuning.warm_compiles(len(configs))
     started = time.perf_counter()
     with _progress(len(configs), f"compiling {name}", verbose) as bar:
         compiled = t.compile_configs(kernel_factory, configs, target=target, cache=tuning, tune_identity=identity,

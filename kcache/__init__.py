@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcache.errors import (
     CacheLockTimeout,
+    CompileAborted,
     CompileError,
     CompilePoolError,
     CompilerCrashed,
@@ -58,7 +59,7 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "CacheLockTimeout", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
+    "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
     "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
     "Settings", "TargetError", "UnwritableCache", "default_cache", "default_root", "doctor", "get_or_compile",
     "install", "is_installed", "uninstall",

@@ -66,6 +66,10 @@ def _env_seconds(name: str, default: float) -> float:
     return seconds
 
 
+# The compile service's workers may use this share of the machine's memory unless KCACHE_COMPILE_MEMORY says.
+DEFAULT_COMPILE_MEMORY_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class Settings:
     root: Path
@@ -84,6 +88,8 @@ class Settings:
     compile_workers: int | None = None
     # One compile's time limit in the pool (None: no limit).
     compile_timeout_s: float | None = DEFAULT_COMPILE_TIMEOUT_S
+    # The compile service's workers together stay under this (None: no budget); see compile_memory_budget.
+    compile_memory_bytes: int | None = None
     # Least-recently-used kernel entries are evicted above this total (None: unbounded).
     max_size_bytes: int | None = DEFAULT_MAX_SIZE
     # Entries unused for longer than this are evicted (None: no age limit).
@@ -115,6 +121,7 @@ class Settings:
             compile_workers=_env_count("KCACHE_COMPILE_WORKERS"),
             compile_timeout_s=_env_seconds("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S) or None,
             server_idle_s=_env_seconds("KCACHE_SERVER_IDLE", 600.0) or 600.0,
+            compile_memory_bytes=compile_memory_budget(),
             max_size_bytes=_env_parsed("KCACHE_MAX_SIZE", parse_size, DEFAULT_MAX_SIZE),
             max_age_s=_env_parsed("KCACHE_MAX_AGE", parse_age, None),
             remote_url=os.environ.get("KCACHE_REMOTE") or None,
@@ -146,6 +153,27 @@ def parse_size(text: str) -> int | None:
     if text.strip().lower() in ("0", "none", "unlimited"):
         return None
     return int(_number_and_unit(text, _SIZE_UNITS, "size"))
+
+
+def parse_memory(text: str) -> int | None:
+    """A size ("24G", see parse_size) or a share of this machine's memory ("50%")."""
+    if text.strip().endswith("%"):
+        share = float(text.strip()[:-1])
+        if not 0 < share <= 100:
+            raise ValueError(f"{text!r} is not a share of memory between 0% and 100%")
+        return int(_total_memory() * share / 100)
+    return parse_size(text)
+
+
+def compile_memory_budget() -> int | None:
+    """KCACHE_COMPILE_MEMORY, default half of this machine's memory: the compile service starts no
+    more workers than fit (docs/operations.md)."""
+    budget: int | None = _env_parsed("KCACHE_COMPILE_MEMORY", parse_memory, int(_total_memory() * DEFAULT_COMPILE_MEMORY_SHARE))
+    return budget
+
+
+def _total_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def parse_age(text: str) -> float | None:

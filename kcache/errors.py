@@ -125,6 +125,17 @@ class CompilerCrashed(KCacheError, RuntimeError):
         )
 
 
+class CompileAborted(KCacheError, RuntimeError):
+    """A compile was stopped before it finished, its worker killed (by the compile service, when the
+    process that asked for it went away)."""
+
+    def __init__(self, kernel_name: str, why: str) -> None:
+        self.kernel_name = kernel_name
+        self.why = why
+        self._init_args = (kernel_name, why)
+        super().__init__(f"the compile of {kernel_name!r} was stopped: {why}")
+
+
 class CompileTimeout(KCacheError, TimeoutError):
     """A compile outlived its time limit; its worker (and the worker's compiler processes) were killed."""
 

@@ -28,6 +28,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="use a new empty root in a temporary directory")
     p.add_argument("--kill-rate", type=float, default=0.05, help="SIGKILLs of random workers per second (default 0.05)")
     p.add_argument("--corrupt-rate", type=float, default=0.2, help="corrupted published files per second (default 0.2)")
+    p.add_argument("--isolation", choices=["pool", "inprocess", "server"],
+                   help="KCACHE_COMPILE_ISOLATION of the workers (default: as set in the environment)")
+    p.add_argument("--server-kill-rate", type=float, default=0.0,
+                   help="SIGKILLs of the run's compile service per second (with --isolation server)")
     p.add_argument("--synthetic", action="store_true", help="a fake compiler with realistic artifacts: store stress without TileLang")
     p.add_argument("--backend", choices=["kcache", "tilelang"], default="kcache", help="the cache under load")
     p.add_argument("--remote", help="a Redis URL: every worker uses it as its remote tier (KCACHE_REMOTE)")
@@ -44,6 +48,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         os.environ["KCACHE_REMOTE"] = args.remote  # the workers inherit it
     if args.synthetic and args.backend == "tilelang":
         p.error("--synthetic replaces the compiler of kcache; TileLang's own cache has no such mode")
+    if args.server_kill_rate and args.isolation != "server":
+        p.error("--server-kill-rate kills the compile service: use it with --isolation server")
     if args.duration is None and args.ops is None:
         args.duration = 40.0
     if args.kernels is None:
@@ -63,7 +69,7 @@ def print_report(summary: dict) -> None:
     print(f"compiles {summary['compiles']} (nvcc saw {summary.get('nvcc_compiles', '-')}; "
           f"{summary['compiles_interrupted']} interrupted by kills); lost races {summary['lost_races']}; "
           f"lock waits {summary['lock_waits']}")
-    print(f"kills {summary['kills']}; crashes {summary['crashes']}; corruptions injected {c['injected']}, "
+    print(f"kills {summary['kills']} (compile service: {summary.get('server_kills', 0)}); crashes {summary['crashes']}; corruptions injected {c['injected']}, "
           f"detected {c['detected']} ({c['by_workers']} by workers, {c['at_final_check']} at the final check); "
           f"wrong results {summary['wrong_results']}")
     for violation in summary["invariants"]["violations"]:

@@ -13,6 +13,9 @@ Scenarios (each measured for both caches on the same kernels):
   interpreter (TileLang has no such tool: no baseline).
 - cold: a fresh process's first compile on an empty cache, TileLang in-process against kcache with
   its per-process pool, with the compile service running, and with none yet (stress/bench_cold.py).
+- many: 8 fresh processes that each `compile_many` the same 16 matmul configs at once, with
+  per-process pools and with the compile service: wall, peak compile workers machine-wide and
+  their memory (stress/bench_many.py).
 - remote: with a real redis-server, remote-hit latency against a local disk hit and a compile;
   a cold cluster (16 processes over 4 roots) compiling one kernel, with and without the remote tier.
 - compile: kcache's isolated compile pool against compiling in-process,
@@ -45,7 +48,7 @@ from .nvcc_counter import NvccCounter
 from .procs import PROJECT, Barrier, worker_env
 
 BACKENDS = ("kcache", "tilelang")
-SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote", "cold")
+SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote", "cold", "many")
 CUDA_HINT = "install the CUDA toolkit, or set CUDA_HOME to one"
 
 
@@ -92,7 +95,7 @@ def unavailable(scenario: str) -> str | None:
         return _remote_missing()
     if scenario == "herd":
         return _nvcc_counter_missing()
-    if scenario in ("disk", "memory", "compile", "cold"):
+    if scenario in ("disk", "memory", "compile", "cold", "many"):
         return _compiler_missing()
     return None  # cli: synthetic entries, no compiler
 
@@ -128,27 +131,68 @@ def get_seconds(results: list[Any]) -> list[float]:
     return [op["end"] - op["start"] for r in results for op in r.result["ops"]]
 
 
+HERD_VARIANTS = ("kcache", "kcache, server", "tilelang")
+
+
 def bench_herd(work: Path, procs: int, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
-    """Medians over `repeats` cold herds (and as many uncontended cold compiles)."""
-    compiles: dict[str, list[int]] = {b: [] for b in BACKENDS}
-    walls: dict[str, list[float]] = {b: [] for b in BACKENDS}
+    """Medians over `repeats` cold herds (and as many uncontended cold compiles).
+
+    "kcache, server": the herd's processes compile through the compile service, which none of them
+    finds running: each process's cache open asks for it in the background before the barrier (a
+    fresh runtime directory per herd, so nothing is left from the last one)."""
+    from .service_runtime import fresh_runtime, stop_services
+
+    compiles: dict[str, list[int]] = {v: [] for v in HERD_VARIANTS}
+    walls: dict[str, list[float]] = {v: [] for v in HERD_VARIANTS}
     singles: dict[str, list[float]] = {b: [] for b in BACKENDS}
     for attempt in range(repeats):
-        for backend in BACKENDS:
-            counter = NvccCounter(work / f"nvcc-herd-{backend}-{attempt}")
-            wall, _ = run_workers(backend, work / f"herd-{backend}-{attempt}", procs, 1, {**env, **counter.env()})
-            compiles[backend].append(counter.count())
-            walls[backend].append(wall)
-            _, results = run_workers(backend, work / f"single-{backend}-{attempt}", 1, 1, env)
-            singles[backend].append(get_seconds(results)[0])
-    med = {name: {b: statistics.median(v[b]) for b in BACKENDS} for name, v in
-           (("walls", walls), ("singles", singles))}
-    return [
+        for variant in HERD_VARIANTS:
+            backend = variant.split(",")[0]
+            counter = NvccCounter(work / f"nvcc-herd-{variant}-{attempt}")
+            runtime = fresh_runtime("kh-")
+            extra = {"KCACHE_COMPILE_ISOLATION": "server", "XDG_RUNTIME_DIR": str(runtime)} if "server" in variant else {}
+            try:
+                wall, _ = run_workers(backend, work / f"herd-{variant}-{attempt}", procs, 1,
+                                      {**env, **counter.env(), **extra})
+            finally:
+                stop_services(runtime)
+            compiles[variant].append(counter.count())
+            walls[variant].append(wall)
+            if variant in BACKENDS:
+                _, results = run_workers(backend, work / f"single-{backend}-{attempt}", 1, 1, env)
+                singles[backend].append(get_seconds(results)[0])
+    wall = {v: statistics.median(walls[v]) for v in HERD_VARIANTS}
+    single = {b: statistics.median(singles[b]) for b in BACKENDS}
+    rows = [
         row("herd", f"compiler runs ({procs} procs, max of {repeats})", max(compiles["kcache"]), max(compiles["tilelang"]), "runs"),
-        row("herd", f"barrier to all ready, median of {repeats}", med["walls"]["kcache"], med["walls"]["tilelang"], "s"),
-        row("herd", "one uncontended cold compile+load", med["singles"]["kcache"], med["singles"]["tilelang"], "s"),
-        row("herd", "all ready / one cold compile", med["walls"]["kcache"] / med["singles"]["kcache"],
-            med["walls"]["tilelang"] / med["singles"]["tilelang"], "x"),
+        row("herd", "  with the service: compiler runs", max(compiles["kcache, server"]), max(compiles["tilelang"]), "runs"),
+        row("herd", f"barrier to all ready, median of {repeats}", wall["kcache"], wall["tilelang"], "s"),
+        row("herd", f"  with the service, median of {repeats}", wall["kcache, server"], wall["tilelang"], "s"),
+        row("herd", "one uncontended cold compile+load", single["kcache"], single["tilelang"], "s"),
+        row("herd", "all ready / one cold compile", wall["kcache"] / single["kcache"],
+            wall["tilelang"] / single["tilelang"], "x"),
+        row("herd", "all ready, service / TileLang's one compile", wall["kcache, server"], single["tilelang"], "s",
+            baseline="one uncontended TileLang compile+load"),
+    ]
+    return rows
+
+
+def bench_many(procs: int, configs: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    from kcache.compile.jobs import usable_cpu_count
+
+    from .bench_many import measure
+
+    m = measure(procs, configs, env)
+    scenario = f"many ({procs} procs x {configs})"
+    server, pool = m["server"], m["pool"]
+    return [
+        row(scenario, "barrier to all compiled", server["wall_s"], pool["wall_s"], "s", baseline="per-process pools"),
+        row(scenario, f"peak compile workers (usable cores: {usable_cpu_count()})", server["peak_workers"],
+            pool["peak_workers"], "procs", baseline="per-process pools"),
+        row(scenario, "peak workers' RSS summed", server["peak_rss_bytes"] / 2**30, pool["peak_rss_bytes"] / 2**30,
+            "GiB", baseline="per-process pools"),
+        row(scenario, "peak workers' PSS summed", server["peak_pss_bytes"] / 2**30, pool["peak_pss_bytes"] / 2**30,
+            "GiB", baseline="per-process pools"),
     ]
 
 
@@ -266,12 +310,15 @@ def memory_worker(work: Path, calls: int = 2000) -> None:
 
 
 def bench_cold_rows(repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
-    from .bench_cold import KERNELS, MODES, measure
+    from .bench_cold import KERNELS, MODES, measure, replacement_seconds
 
     medians = measure(repeats, env)
-    return [row("cold (fresh process)", f"{kernel}: first compile, {mode} (p50 of {repeats})",
-                medians[(mode, kernel)], medians[("tilelang", kernel)], "s")
-            for kernel in KERNELS for mode in MODES[1:]]
+    replaced = replacement_seconds(repeats, env)
+    return [*(row("cold (fresh process)", f"{kernel}: first compile, {mode} (p50 of {repeats})",
+                  medians[(mode, kernel)], medians[("tilelang", kernel)], "s")
+              for kernel in KERNELS for mode in MODES[1:]),
+            row("cold (fresh process)", f"crashed worker replaced, p50 of {repeats}", replaced["server (fork)"],
+                replaced["pool (exec)"], "s", baseline="per-process pool (exec)")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cli-entries", type=int, default=10_000, help="entries for the cli scenario")
     p.add_argument("--compile-workers", default="auto", help="pool size for the compile scenario (default: CPU count)")
     p.add_argument("--cold-repeats", type=int, default=5, help="fresh processes per mode (cold scenario)")
+    p.add_argument("--many-procs", type=int, default=8, help="processes (many scenario)")
+    p.add_argument("--many-configs", type=int, default=16, help="configs each process compiles (many scenario)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -318,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_compile(args.sequential, args.parallel, args.compile_workers, env)
     if "cold" in only:
         rows += bench_cold_rows(args.cold_repeats, env)
+    if "many" in only:
+        rows += bench_many(args.many_procs, args.many_configs, env)
 
     print(f"{'scenario':<26} {'metric':<44} {'kcache':>10} {'baseline':>10} {'ratio':>7} unit  baseline")
     for r in rows:

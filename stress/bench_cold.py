@@ -122,6 +122,47 @@ def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
         medians[key] = sorted(values)[len(values) // 2]
     return medians
 
+def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
+    """How long a crashed worker takes to be replaced, median of `repeats` crashes: in the compile
+    service (forked from its template) and in a per-process pool (a fresh interpreter that imports
+    TileLang). Each crash is a segfault in the worker; the time runs from the crash's reply to the
+    replacement's ready (the pool's `warm`, which waits for it)."""
+    from kcache.compile.pool import TILELANG_PRELOAD, CompilePool
+    from kcache.compile.protocol import CallByName
+
+    runtime = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))
+    saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", *env)}
+    os.environ.update({**env, "XDG_RUNTIME_DIR": str(runtime)})
+    segfault = CallByName("ctypes", "string_at")  # of address 0: the worker dies of SIGSEGV
+    out: dict[str, list[float]] = {"server (fork)": [], "pool (exec)": []}
+    try:
+        client, name = _service(env)
+        service = client.ServicePool(1, None, TILELANG_PRELOAD, 600.0, lambda: None)
+        own = CompilePool(1, None, preload=TILELANG_PRELOAD)
+        for runner, label, warm in ((service, "server (fork)", lambda: service.warm(1, wait=True)),
+                                    (own, "pool (exec)", lambda: own.warm(1))):
+            warm()
+            for _ in range(repeats):
+                try:
+                    runner.run(segfault, 0, name="segfault")
+                except Exception:  # noqa: BLE001 - the crash is the point
+                    pass
+                started = time.perf_counter()
+                warm()
+                out[label].append(time.perf_counter() - started)
+        own.close()
+        service.close()
+        _stop(client, name)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(runtime, ignore_errors=True)
+    return {label: sorted(values)[len(values) // 2] for label, values in out.items()}
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(*sys.argv[2:5])

@@ -36,19 +36,24 @@ class Injection:
 @dataclass
 class ChaosLog:
     kills: list[dict] = field(default_factory=list)
+    server_kills: list[dict] = field(default_factory=list)
     injections: list[Injection] = field(default_factory=list)
 
 
 class Chaos(threading.Thread):
     def __init__(self, kernels_dir: Path, workers: dict[int, subprocess.Popen], restart: Callable[[int], subprocess.Popen],
                  kill_rate: float, corrupt_rate: float, seed: int, lock: threading.Lock,
-                 own_kernels: set[str] | None = None) -> None:
+                 own_kernels: set[str] | None = None, server_kill_rate: float = 0.0,
+                 service_runtime: Path | None = None) -> None:
         super().__init__(daemon=True, name="chaos")
         self.kernels_dir = kernels_dir
         self.workers = workers
         self.restart = restart
         self.kill_rate = kill_rate
         self.corrupt_rate = corrupt_rate
+        # SIGKILLs of the run's compile service (its runtime directory finds it); clients fall back.
+        self.server_kill_rate = server_kill_rate if service_runtime is not None else 0.0
+        self.service_runtime = service_runtime
         self.rng = random.Random(seed)
         self.lock = lock
         # Only entries of these kernels (the run's own) are corrupted: the root may be a real cache.
@@ -57,15 +62,32 @@ class Chaos(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        total = self.kill_rate + self.corrupt_rate
+        total = self.kill_rate + self.corrupt_rate + self.server_kill_rate
         if total <= 0:
             return
         # Event.wait paces the faults (a Poisson process); it synchronizes nothing.
         while not self.stopping.wait(self.rng.expovariate(total)):
-            if self.rng.random() < self.kill_rate / total:
+            pick = self.rng.random() * total
+            if pick < self.kill_rate:
                 self.kill_one()
+            elif pick < self.kill_rate + self.server_kill_rate:
+                self.kill_server()
             else:
                 self.corrupt_one()
+
+    def kill_server(self) -> None:
+        from .service_runtime import service_pids
+
+        assert self.service_runtime is not None
+        pids = service_pids(self.service_runtime)
+        if not pids:
+            return  # none running now (killed, idle, or not started again yet)
+        pid = self.rng.choice(pids)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        self.log.server_kills.append({"pid": pid, "time": time.time()})
 
     def stop(self) -> None:
         self.stopping.set()

@@ -72,6 +72,14 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
     until = time.time() + args.duration if args.duration else None
     per_worker_ops = -(-args.ops // args.procs) if args.ops else None
     env = {"KCACHE_LOCK_TIMEOUT": str(LOCK_TIMEOUT_S)}
+    service_runtime = None
+    if args.isolation:
+        env["KCACHE_COMPILE_ISOLATION"] = args.isolation
+    if args.isolation == "server":
+        from .service_runtime import fresh_runtime
+
+        service_runtime = fresh_runtime()  # the run's own compile service, found and stopped by the run
+        env["XDG_RUNTIME_DIR"] = str(service_runtime)
     counter = None
     if not args.synthetic:
         from .nvcc_counter import NvccCounter
@@ -115,7 +123,8 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
     workers = {i: p for i, p in enumerate(barrier.procs)}
     lock = threading.Lock()
     chaos = Chaos(entries_dir(args, root), workers, restart, args.kill_rate, args.corrupt_rate, args.seed, lock,
-                  own_kernels=own_kernel_names(args) if args.backend == "kcache" else None)
+                  own_kernels=own_kernel_names(args) if args.backend == "kcache" else None,
+                  server_kill_rate=args.server_kill_rate, service_runtime=service_runtime)
     chaos.start()
 
     deadline = (until or float("inf")) + args.hang_grace
@@ -151,6 +160,10 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
         # Polling the workers' exits paces this loop; nothing waits on it.
         chaos.stopping.wait(0.2)
     chaos.stop()
+    if service_runtime is not None:
+        from .service_runtime import stop_services
+
+        stop_services(service_runtime)
     hung = []
     with lock:
         for index, proc in workers.items():
@@ -269,7 +282,7 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
         "hits": {"memory": outcome["memory_hits"], "disk": outcome["disk_hits"]},
         "misses": outcome["misses"], "compiles": compiles, "compiles_interrupted": interrupted,
         "lost_races": outcome["lost_races"], "lock_waits": outcome["lock_waits"],
-        "kills": len(chaos.log.kills), "crashes": len(crashes),
+        "kills": len(chaos.log.kills), "server_kills": len(chaos.log.server_kills), "crashes": len(crashes),
         "corruptions": {"injected": len(chaos.log.injections), "detected": detected,
                         "by_workers": len(quarantined_by_workers), "at_final_check": len(found_at_sweep)},
         "wrong_results": wrong,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,3 +35,21 @@ def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tilelang-cache"))
     monkeypatch.delenv("KCACHE_LOCK_TIMEOUT", raising=False)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private runtime directory (XDG_RUNTIME_DIR) of this test's own: the compile services it
+    starts are its own, and stopped at its end."""
+    from kcache.compile import service_client as client
+
+    directory = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: a socket's path has 107 bytes
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
+    yield directory
+    for socket_file in (directory / "kcache").glob("*.sock"):  # stop what the test left running
+        name = socket_file.name.removeprefix("compile-").removesuffix(".sock")
+        try:
+            client.request(name, ("stop",))
+        except (OSError, EOFError):
+            pass
+    shutil.rmtree(directory, ignore_errors=True)

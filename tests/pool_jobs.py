@@ -60,3 +60,32 @@ def install_faulty_compiler() -> None:
         return original(func, *args, **kwargs)
 
     tilelang_compile.compile_kernel = faulty
+
+
+def tell_pid_and_hang(fifo: str) -> None:
+    """Writes this worker's pid into the FIFO at `fifo` (the test reads it: the job is running), then hangs."""
+    with open(fifo, "w") as out:
+        out.write(str(os.getpid()))
+    hang()
+
+
+def parent_pid() -> int:
+    return os.getppid()
+
+
+def write_output(directory: str, fifo: str, runs: str, started: str | None = None) -> int:
+    """A job with an output: tells its pid (into the FIFO `started`, if given), waits for the test (the
+    FIFO `fifo`), counts its run in the file `runs`, writes two files into `directory` (what a compile
+    job does with its staging directory); its pid."""
+    if started is not None:
+        with open(started, "w") as tell:
+            tell.write(str(os.getpid()))
+    with open(fifo) as gate:
+        gate.read()
+    with open(runs, "a") as count:
+        count.write("run\n")
+    for name, data in (("kernel.so", b"\x7fELF library"), ("meta.json", b'{"key": 1}')):
+        with open(os.path.join(directory, name), "wb") as out:
+            out.write(data)
+        os.chmod(os.path.join(directory, name), 0o444)
+    return os.getpid()

@@ -1,4 +1,8 @@
-"""The compile pool: crashes, hangs and errors stay in their worker; the parent stays whole."""
+"""The compile pool: crashes, hangs and errors stay in their worker; the parent stays whole.
+
+The crash, segfault, timeout and orphan tests run twice: against a process's own `CompilePool`, and
+through the compile service (`make_pool` "service": a real server process whose workers are forked
+from its worker template), where the client must see the same outcomes."""
 
 from __future__ import annotations
 
@@ -18,8 +22,44 @@ from . import pool_jobs
 from .helpers import spawn
 
 
-def test_bad_jobs_report_their_class_and_the_pool_keeps_serving() -> None:
-    with CompilePool(2, preload=()) as pool:
+class WaitingServicePool:
+    """The compile service's client, with CompilePool's `warm` (it waits) and closing."""
+
+    def __init__(self, workers: int, preload: tuple[str, ...], timeout_s: float | None) -> None:
+        from kcache.compile.service_client import ServicePool
+
+        self.own = CompilePool(workers, timeout_s, preload=preload)
+        self.fallback_expected = False
+        self.client = ServicePool(workers, timeout_s, preload, 60.0, lambda: self.own)
+
+    def warm(self, count: int | None = None) -> float:
+        return self.client.warm(count, wait=True)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.client, name)
+
+    def __enter__(self) -> WaitingServicePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fell_back = self.own.worker_pids()
+        self.client.close()
+        self.own.close()
+        assert self.fallback_expected or not fell_back, "the service fell back to the own pool"
+
+
+@pytest.fixture(params=["pool", "service"])
+def make_pool(request: pytest.FixtureRequest) -> object:
+    """`make_pool(workers, preload=, timeout_s=)`: a CompilePool, or the compile service's client (in a
+    private runtime directory of this test's)."""
+    if request.param == "pool":
+        return lambda workers, preload=(), timeout_s=None: CompilePool(workers, timeout_s, preload=preload)
+    request.getfixturevalue("runtime")
+    return lambda workers, preload=(), timeout_s=None: WaitingServicePool(workers, tuple(preload), timeout_s)
+
+
+def test_bad_jobs_report_their_class_and_the_pool_keeps_serving(make_pool) -> None:
+    with make_pool(2, preload=("tests.pool_jobs",)) as pool:
         pool.warm()
         first_pids = set(pool.worker_pids())
         jobs = [
@@ -61,11 +101,11 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_200_jobs_with_crashes_leave_the_parents_memory_and_fds_flat() -> None:
+def test_200_jobs_with_crashes_leave_the_parents_memory_and_fds_flat(make_pool) -> None:
     def batch(count: int) -> list[Job]:
         return [Job(pool_jobs.abort) if i % 20 == 19 else Job(pool_jobs.double, (i,)) for i in range(count)]
 
-    with CompilePool(2, preload=()) as pool:
+    with make_pool(2, preload=("tests.pool_jobs",)) as pool:
         list(pool.compile_many(batch(40)))  # warm: threads, worker replacement, allocator
         pool.warm()  # the last crash's replacement is up
         fds, rss = _open_fds(), _rss_bytes()
@@ -110,8 +150,25 @@ def test_killing_the_parent_leaves_no_orphan_workers() -> None:
     assert all(_wait_for_exit(pid, 10.0) for pid in workers)
 
 
-def test_a_worker_that_cannot_start_is_a_clear_error_not_a_hang() -> None:
-    with CompilePool(1, preload=("kcache_no_such_module",)) as pool:
+def test_killing_the_service_leaves_no_orphan_workers(runtime: Path) -> None:
+    """The service's side of the test above: its workers (forked from its template) and the template
+    die with it, busy or idle."""
+    from kcache.compile import service_client as client
+
+    with WaitingServicePool(2, ("tests.pool_jobs",), None) as pool:
+        pool.warm()
+        served = client.request(pool.name, ("status",))
+        workers, template = served["worker_pids"], served["template_pid"]
+        pool.submit(pool_jobs.hang)  # one worker busy, one idle
+        assert len(workers) == 2 and template is not None
+        assert all(not _wait_for_exit(pid, 0) for pid in [*workers, template])
+        os.kill(served["pid"], signal.SIGKILL)
+        assert all(_wait_for_exit(pid, 10.0) for pid in [*workers, template])
+        pool.fallback_expected = True  # the lost hang went to the own pool: not what this test is about
+
+
+def test_a_worker_that_cannot_start_is_a_clear_error_not_a_hang(make_pool) -> None:
+    with make_pool(1, preload=("kcache_no_such_module",)) as pool:
         with pytest.raises(kcache.CompilePoolError, match="kcache_no_such_module") as caught:
             pool.run(pool_jobs.double, 1)
         assert "KCACHE_COMPILE_ISOLATION=inprocess" in str(caught.value)
@@ -136,7 +193,7 @@ def test_compile_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPa
 @pytest.mark.tilelang
 @pytest.mark.parametrize("fault", ["abort", "hang"])
 def test_a_compile_that_crashes_or_hangs_raises_and_the_next_call_works(
-    cache_root: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch, fault: str, make_pool
 ) -> None:
     pytest.importorskip("tilelang")
     from kcache.compile.pool import TILELANG_PRELOAD
@@ -145,7 +202,7 @@ def test_a_compile_that_crashes_or_hangs_raises_and_the_next_call_works(
     faulty, good = elementwise_add(n=1024), elementwise_add(n=2048)
     name = str(faulty.attrs["global_symbol"])
     monkeypatch.setenv(f"KCACHE_TEST_{fault.upper()}_KERNEL", name)
-    with CompilePool(1, timeout_s=10.0, preload=(*TILELANG_PRELOAD, "tests.pool_jobs_faulty")) as pool:
+    with make_pool(1, timeout_s=10.0, preload=(*TILELANG_PRELOAD, "tests.pool_jobs_faulty")) as pool:
         cache = kcache.KernelCache(cache_root, compile_pool=pool)
         expected = kcache.CompilerCrashed if fault == "abort" else kcache.CompileTimeout
         for _attempt in range(2):  # the second attempt proves the key's lock was released

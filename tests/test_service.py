@@ -8,15 +8,12 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,20 +29,6 @@ from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fi
 
 PROJECT = Path(__file__).resolve().parent.parent
 PRELOAD = ("tests.pool_jobs",)
-
-
-@pytest.fixture
-def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: a socket's path has 107 bytes
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
-    yield directory
-    for socket_file in (directory / "kcache").glob("*.sock"):  # stop what the test left running
-        name = socket_file.name.removeprefix("compile-").removesuffix(".sock")
-        try:
-            client.request(name, ("stop",))
-        except (OSError, EOFError):
-            pass
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def service_pool(idle_s: float = 60.0, workers: int = 2, fallback: CompilePool | None = None) -> client.ServicePool:
@@ -250,3 +233,104 @@ def test_opening_a_cache_in_server_mode_starts_the_service_in_the_background(run
                                          TILELANG_PRELOAD, 600.0)
     served = client.request(service.name, ("status",))
     assert served["pid"] == service.server_pid and served["jobs"] == 0  # started, nothing compiled yet
+
+
+def test_the_services_workers_are_forked_from_its_template_and_a_crashed_one_too(runtime: Path) -> None:
+    pool = service_pool()
+    pool.warm(2, wait=True)
+    template = status(pool)["template_pid"]
+    assert template is not None
+    assert {pool.run(pool_jobs.parent_pid) for _ in range(4)} == {template}
+    with pytest.raises(CompilerCrashed):
+        pool.run(pool_jobs.segfault)
+    pool.warm(2, wait=True)  # the replacement is up
+    assert pool.run(pool_jobs.parent_pid) == template and status(pool)["template_pid"] == template
+
+
+def test_a_template_that_holds_threads_does_not_fork_and_workers_start_by_exec(runtime: Path) -> None:
+    own = CompilePool(1, None, preload=())
+    pool = client.ServicePool(1, None, ("tests.pool_jobs_threaded",), 60.0, lambda: own)
+    assert pool.run(pool_jobs.parent_pid) == pool.server_pid  # the server's own child: exec'd
+    assert status(pool)["template_pid"] is None and not own.worker_pids()
+    assert "holds 2 threads" in address.log_path(pool.name).read_text()
+    own.close()
+
+
+def test_a_client_killed_mid_job_has_its_running_job_killed(runtime: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "pid"
+    os.mkfifo(fifo)
+    code = CLIENT.format(project=str(PROJECT)).replace(
+        "pool.run(pool_jobs.worker_pid)", f"pool.run(pool_jobs.tell_pid_and_hang, {str(fifo)!r})")
+    victim = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    worker = int(fifo.read_text())  # the job runs in this worker of the service
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert wait_for_exit(worker, 30)  # its hang does not hold the worker forever
+    pool = service_pool()
+    assert pool.run(pool_jobs.double, 5) == 10
+    served = status(pool)
+    assert served["cancelled"] == 1 and served["running"] == 0
+
+
+def test_the_doctor_shows_the_service(runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kcache
+    from kcache.compile.jobs import usable_cpu_count
+    from kcache.compile.pool import TILELANG_PRELOAD
+
+    monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", "server")
+    (before,) = [f for f in kcache.doctor(tmp_path / "root") if f.check == "compile service"]
+    assert not before.problem and "not running" in before.detail and "kcache server start" in before.detail
+    service = client.ServicePool(None, None, TILELANG_PRELOAD, 60.0, lambda: None)  # the service the doctor names
+    service.warm(1, wait=True)
+    (after,) = [f for f in kcache.doctor(tmp_path / "root") if f.check == "compile service"]
+    assert f"pid {service.server_pid}" in after.detail and f"of {usable_cpu_count()} workers" in after.detail
+    assert "forked from template" in after.detail and not after.problem
+
+
+def test_identical_jobs_in_flight_compile_once_and_each_gets_the_output(runtime: Path, tmp_path: Path) -> None:
+    from kcache.compile.jobs import JobOutput
+
+    gate, runs = tmp_path / "gate", tmp_path / "runs"
+    os.mkfifo(gate)
+    directories = [tmp_path / f"staging-{i}" for i in range(3)]
+    for directory in directories:
+        directory.mkdir()
+    clients = [service_pool(), service_pool(), service_pool()]
+    futures = [clients[0].submit(pool_jobs.write_output, str(directories[0]), str(gate), str(runs),
+                                 output=JobOutput("the-key", str(directories[0])))]
+    for index in (1, 2):  # other processes' jobs of the same key, while the first is in flight
+        futures.append(clients[index].submit(pool_jobs.write_output, str(directories[index]), str(gate), str(runs),
+                                             output=JobOutput("the-key", str(directories[index]))))
+        assert clients[index].ping()  # the service has taken it in
+    assert status(clients[0])["merged_jobs"] == 2
+    gate.write_text("go")  # the one running job goes on
+    assert len({future.result(timeout=60) for future in futures}) == 1  # one worker's pid, for all three
+    assert runs.read_text() == "run\n"  # it ran once
+    for directory in directories:
+        assert {p.name: (p.read_bytes(), p.stat().st_mode & 0o777) for p in directory.iterdir()} == {
+            "kernel.so": (b"\x7fELF library", 0o444), "meta.json": (b'{"key": 1}', 0o444)}
+
+
+def test_followers_of_a_job_whose_client_went_away_run_their_own(runtime: Path, tmp_path: Path) -> None:
+    from kcache.compile.jobs import JobOutput
+
+    gate, runs, started = tmp_path / "gate", tmp_path / "runs", tmp_path / "started"
+    os.mkfifo(gate)
+    os.mkfifo(started)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    leader, follower = service_pool(workers=1), service_pool(workers=1)
+    leader.submit(pool_jobs.write_output, str(first), str(gate), str(runs), str(started),
+                  output=JobOutput("k", str(first)))
+    busy = int(started.read_text())  # the leader's job runs in this worker
+    future = follower.submit(pool_jobs.write_output, str(second), str(gate), str(runs), output=JobOutput("k", str(second)))
+    assert follower.ping()
+    served = status(follower)
+    assert served["merged_jobs"] == 1 and served["running"] == 1 and served["queued"] == 0
+    leader.close()  # its client goes away: the leader's job is aborted with its worker...
+    assert wait_for_exit(busy, 30)
+    gate.write_text("go")  # ...and the follower's own job, in the replacement worker, opens the gate
+    assert future.result(timeout=60) != busy
+    assert runs.read_text() == "run\n" and not list(first.iterdir())  # the leader never got past the gate
+    assert (second / "kernel.so").read_bytes() == b"\x7fELF library"

@@ -89,6 +89,7 @@ class KernelCache:
         self._key_threads_guard = threading.Lock()
         self._toolchain: dict[str, object] | None = None
         self._pool = compile_pool
+        self._serves_through_service = False  # compiles go to the shared compile service
         self._remote_tier: RemoteTier | None = None
         self._warned: set[str] = set()
         if not self.readonly:
@@ -100,18 +101,22 @@ class KernelCache:
             # that only inspects the cache never imports TileLang.
             self._toolchain = self._tilelang().toolchain_fingerprint(self.root, persist=not self.readonly)
         if self.settings.compile_isolation == "server" and not self.readonly and backend is None and compile_pool is None:
-            self._warm_service()
+            self._serves_through_service = True
+            self.warm_compiles(1)
 
-    def _warm_service(self) -> None:
-        """Reach (or start) the compile service in the background, with one warm worker: a cold
-        machine's first compile then overlaps what the program does next (its own `import tilelang`,
-        when the cache opens first) instead of following it. Never blocks, never raises."""
+    def warm_compiles(self, count: int = 1) -> None:
+        """In server mode, reach (or start) the compile service in the background and ask it for
+        `count` warm workers: a cold machine's first compile then overlaps what the program does next
+        (its own `import tilelang`, when the cache opens first; a tuner's building of its configs)
+        instead of following it. Never blocks, never raises; nothing in the other modes."""
+        if not self._serves_through_service:
+            return
         from kcache.compile.pool import TILELANG_PRELOAD  # the TileLang backend's preload, without importing it
         from kcache.compile.service_client import shared_service_pool
 
         service = shared_service_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
                                       TILELANG_PRELOAD, self.settings.server_idle_s)
-        threading.Thread(target=service.warm, args=(1,), name="kcache-service-warm", daemon=True).start()
+        threading.Thread(target=service.warm, args=(count,), name="kcache-service-warm", daemon=True).start()
 
     # ------------------------------------------------------------ public
 

@@ -19,6 +19,16 @@ def usable_cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+@dataclass(frozen=True)
+class JobOutput:
+    """What a job writes: the regular files of `directory`, a function of `key` alone (a compile job
+    writing the entry of a cache key, say). The compile service runs one of the identical jobs in
+    flight and copies its directory for the others (`service_inflight`); a pool ignores it."""
+
+    key: str
+    directory: str
+
+
 @dataclass
 class Job:
     """One unit of work for `compile_many`: `fn(*args)` in a worker."""
@@ -46,12 +56,13 @@ class JobRunner:
     compile pool and the compile service's client."""
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET) -> Future[Any]:
+               timeout_s: float | None = UNSET, output: JobOutput | None = None) -> Future[Any]:
         raise NotImplementedError
 
-    def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET) -> Any:
+    def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
+            output: JobOutput | None = None) -> Any:
         """`submit(...).result()`."""
-        return self.submit(fn, *args, name=name, timeout_s=timeout_s).result()
+        return self.submit(fn, *args, name=name, timeout_s=timeout_s, output=output).result()
 
     def compile_many(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
         """Run every job, up to `max_workers` at once, and yield their results as they finish."""

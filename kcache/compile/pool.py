@@ -13,7 +13,12 @@ process drives each worker, so that:
   thread that started a worker ends, and that thread lives as long as the
   pool.
 
-Workers start lazily, one per job running at once, up to `workers`.
+Workers start lazily, one per job running at once, up to `workers`. With
+`start="fork"` (the compile service's), they are forked by a worker
+template (`template`) that imported TileLang once: a worker, and the
+replacement of a crashed one, then costs a fork (milliseconds) instead of an
+interpreter that imports TileLang (seconds). Where the template cannot fork
+safely (it would hold threads) or cannot start, workers start by exec.
 """
 
 from __future__ import annotations
@@ -34,23 +39,28 @@ from typing import Any
 import cloudpickle
 
 from kcache.compile import protocol as wire
-from kcache.compile.jobs import UNSET, Job, JobResult, JobRunner, usable_cpu_count
+from kcache.compile.jobs import UNSET, Job, JobOutput, JobResult, JobRunner, usable_cpu_count
 
 __all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "shared_pool", "usable_cpu_count"]
-from kcache.compile.worker_process import EXIT_GRACE_S, WorkerDied, WorkerProcess
-from kcache.errors import CompilePoolError, CompilerCrashed, CompileTimeout, KCacheError
+from kcache.compile.template_process import TemplateGone, WorkerTemplate
+from kcache.compile.worker_process import EXIT_GRACE_S, WorkerDied, WorkerProcess, anonymous_append_file
+from kcache.errors import CompileAborted, CompilePoolError, CompilerCrashed, CompileTimeout, KCacheError
 
 log = logging.getLogger("kcache")
 
 # What a worker imports before it says it is ready: a compile then starts warm.
 TILELANG_PRELOAD = ("tilelang", "kcache.tilelang.compiler")
 START_TIMEOUT_S = 300.0
+START_METHODS = ("exec", "fork")
+
+
 @dataclass
 class _Pending:
     future: Future[Any]
     payload: bytes
     name: str
     timeout_s: float | None
+    aborted: str | None = None  # why abort() killed its worker
 
 
 @dataclass
@@ -60,6 +70,7 @@ class _Slot:
     thread: threading.Thread | None = None
     worker: WorkerProcess | None = None
     busy: bool = False
+    pending: _Pending | None = None
     ready: threading.Event = field(default_factory=threading.Event)
 
 
@@ -68,15 +79,19 @@ class CompilePool(JobRunner):
 
     `workers`: at most this many jobs run at once (default: the usable CPU
     count). `timeout_s`: the default limit of one job (None: no limit).
-    `preload`: modules each worker imports before its first job.
+    `preload`: modules each worker imports before its first job. `start`:
+    "exec" (a fresh interpreter per worker) or "fork" (from a worker template).
     """
 
     def __init__(self, workers: int | None = None, timeout_s: float | None = None, *,
-                 preload: Iterable[str] = TILELANG_PRELOAD, start_timeout_s: float = START_TIMEOUT_S) -> None:
+                 preload: Iterable[str] = TILELANG_PRELOAD, start_timeout_s: float = START_TIMEOUT_S,
+                 start: str = "exec") -> None:
         if workers is not None and workers < 1:
             raise ValueError(f"workers={workers}: a compile pool needs at least one worker")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s}: use None for no limit")
+        if start not in START_METHODS:
+            raise ValueError(f"start={start!r}: one of {', '.join(START_METHODS)}")
         self.max_workers = workers or usable_cpu_count()
         self.timeout_s = timeout_s
         self.preload = tuple(preload)
@@ -88,13 +103,18 @@ class CompilePool(JobRunner):
         self.closed = False
         self.owner_pid = os.getpid()
         self._numbers = itertools.count()
+        self.start_method = start
+        self._template: WorkerTemplate | None = None
+        self._template_lock = threading.Lock()
+        self._template_unusable = start != "fork"
         _live_pools.add(self)
 
     # ------------------------------------------------------------ public
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET) -> Future[Any]:
-        """Run `fn(*args)` in a worker. fn, args and the result must pickle (cloudpickle).
+               timeout_s: float | None = UNSET, output: JobOutput | None = None) -> Future[Any]:
+        """Run `fn(*args)` in a worker. fn, args and the result must pickle (cloudpickle). `output`
+        matters to the compile service only.
 
         The future raises what fn raised, `CompilerCrashed` if the worker
         died, `CompileTimeout` past the time limit, `CompilePoolError` if no
@@ -130,9 +150,29 @@ class CompilePool(JobRunner):
             slot.ready.wait()
         return time.monotonic() - started
 
+    def abort(self, future: Future[Any], why: str) -> bool:
+        """Stop the job of `future`: cancelled if it waits, its worker killed if it runs (the future
+        then raises CompileAborted). Returns whether it was stopped."""
+        if future.cancel():
+            return True
+        with self._lock:
+            running = [slot for slot in self._slots if slot.pending is not None and slot.pending.future is future]
+        for slot in running:
+            pending, worker = slot.pending, slot.worker
+            if pending is not None and worker is not None:
+                pending.aborted = why
+                worker.kill_process()
+                return True
+        return False
+
     def worker_pids(self) -> list[int]:
         with self._lock:
             return [slot.worker.pid for slot in self._slots if slot.worker is not None]
+
+    def template_pid(self) -> int | None:
+        """The worker template's pid, if workers are forked from one now."""
+        template = self._template
+        return template.pid if template is not None and template.alive else None
 
     def close(self) -> None:
         """Stop the workers: idle ones exit, busy ones are killed (their futures fail)."""
@@ -150,6 +190,11 @@ class CompilePool(JobRunner):
         for slot in slots:
             if slot.thread is not None and slot.thread is not threading.current_thread():
                 slot.thread.join(EXIT_GRACE_S * 2)
+        with self._template_lock:
+            if self._template is not None:
+                self._template.close()
+                self._template = None
+            self._template_unusable = True
         _live_pools.discard(self)
 
     def __enter__(self) -> CompilePool:
@@ -201,7 +246,7 @@ class CompilePool(JobRunner):
                     except CompilePoolError as err:
                         pending.future.set_exception(err)
                         continue
-                slot.busy = True
+                slot.busy, slot.pending = True, pending
                 self._run_one(slot, pending)
                 if slot.worker is None and not self.closed:
                     # Replace a dead worker now, not when the next job is already waiting.
@@ -212,7 +257,7 @@ class CompilePool(JobRunner):
                         start_error = err
                     slot.ready.set()
             finally:
-                slot.busy = False
+                slot.busy, slot.pending = False, None
                 with self._lock:
                     self._outstanding -= 1
         if slot.worker is not None:
@@ -238,6 +283,9 @@ class CompilePool(JobRunner):
             if self.closed:
                 pending.future.set_exception(RuntimeError(f"the CompilePool closed while {pending.name!r} was compiling"))
                 return
+            if pending.aborted is not None:
+                pending.future.set_exception(CompileAborted(pending.name, pending.aborted))
+                return
             log.warning("kcache: the compile worker of %s died (%s)", pending.name, signal_name or f"exit {exit_code}")
             pending.future.set_exception(CompilerCrashed(pending.name, signal_name, exit_code, tail))
             return
@@ -251,7 +299,43 @@ class CompilePool(JobRunner):
             pending.future.set_exception(error)
 
     def _start_worker(self) -> WorkerProcess:
+        template = self._usable_template()
+        if template is not None:
+            try:
+                return WorkerProcess(self.preload, self.start_timeout_s, template)
+            except TemplateGone as err:  # the next start makes a new template
+                log.warning("kcache: the compile worker template is gone (%s); starting a new one", err)
         return WorkerProcess(self.preload, self.start_timeout_s)
+
+    def _usable_template(self) -> WorkerTemplate | None:
+        """The worker template, started on first use (the first worker waits for its imports, the
+        others fork from it); None where workers start by exec."""
+        with self._template_lock:
+            if self._template_unusable:
+                return None
+            if self._template is not None and self._template.alive:
+                return self._template
+            if self._template is not None:
+                self._template.close()
+            self._template = None
+            stderr = anonymous_append_file()
+            try:
+                template = WorkerTemplate(self.preload, self.start_timeout_s, stderr)
+            except (TemplateGone, CompilePoolError) as err:
+                self._template_unusable = True
+                log.warning("kcache: the compile worker template could not start (%s); workers start by exec", err)
+                return None
+            finally:
+                os.close(stderr)  # the template holds its own copy
+            if template.threads > 1:
+                # A fork would copy a process whose other threads may hold locks: not safe.
+                self._template_unusable = True
+                log.warning("kcache: the compile worker template holds %d threads after importing %s; "
+                            "workers start by exec", template.threads, ", ".join(self.preload) or "nothing")
+                template.close()
+                return None
+            self._template = template
+            return template
 
 
 _live_pools: weakref.WeakSet[CompilePool] = weakref.WeakSet()

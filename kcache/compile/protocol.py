@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import struct
+import time
 from typing import Any
 
 import cloudpickle
 
 _HEADER = struct.Struct(">Q")
+
+# The compile service's message format: part of the service's name (service_address.identity), so a
+# client never talks to a running server of another format (one started before kcache was upgraded
+# in place). Raise it with any change to the messages of service.py and service_client.py.
+SERVICE_PROTOCOL = 2
 
 # Worker -> parent replies.
 READY = "ready"
@@ -46,6 +53,27 @@ def _read_exactly(fd: int, size: int) -> bytes:
         chunks.append(chunk)
         size -= len(chunk)
     return b"".join(chunks)
+
+
+class WorkerDied(Exception):
+    """The worker process ended (its pipe closed) before it answered."""
+
+
+def receive_reply(fd: int, timeout_s: float | None, doing: str) -> tuple:
+    """The next message on `fd`. TimeoutError past timeout_s; WorkerDied if the writer closed or died."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if poller.poll(None if remaining is None else int(remaining * 1000) + 1):
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"no reply within {timeout_s:g} s while {doing}")
+    try:
+        return cloudpickle.loads(recv_bytes(fd))
+    except EOFError as err:
+        raise WorkerDied(f"the worker died while {doing}") from err
 
 
 class CallByName:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -46,22 +47,28 @@ def peer_uid(conn: socket.socket) -> int:
 
 
 class Server:
-    def __init__(self, listener: socket.socket, pool: Any, idle_s: float) -> None:
+    def __init__(self, listener: socket.socket, pool: Any, idle_s: float, memory_budget: int | None = None) -> None:
+        from kcache.compile.service_inflight import InflightOutputs
+        from kcache.compile.service_scheduler import FairScheduler
+
         self.listener = listener
         self.pool = pool
+        self.scheduler = FairScheduler(pool, memory_budget, lambda pids: [_memory(pid) for pid in pids])
+        self.inflight = InflightOutputs()
         self.idle_s = idle_s
         self.started = time.time()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self._running = 0
+        self._outstanding = 0
         self._last_activity = time.monotonic()
         self._clients = 0
+        self._client_ids = itertools.count()
         self.counts = {"jobs": 0, "failed": 0, "cancelled": 0, "clients_served": 0, "refused": 0}
 
     def serve(self) -> None:
         while not self.stopping.is_set():
             with self._lock:
-                idle_for = time.monotonic() - self._last_activity if self._running == 0 else 0.0
+                idle_for = time.monotonic() - self._last_activity if self._outstanding == 0 else 0.0
             if idle_for >= self.idle_s:
                 log.info("kcache service: idle for %.0f s, exiting", idle_for)
                 return
@@ -88,7 +95,7 @@ class Server:
                 self.counts["clients_served"] += 1
             fd = conn.fileno()
             send_lock = threading.Lock()
-            futures: dict[int, Future[Any]] = {}
+            client = next(self._client_ids)
 
             def send(message: Any) -> None:
                 with send_lock, contextlib.suppress(OSError):
@@ -100,50 +107,75 @@ class Server:
                         message = wire.cloudpickle.loads(wire.recv_bytes(fd))
                     except (EOFError, OSError):
                         return
-                    kind = message[0]
-                    if kind == "job":
-                        _, job_id, payload, name, timeout_s = message
-                        future = futures[job_id] = self._submit(job_id, payload, name, timeout_s, send)
-                        future.add_done_callback(lambda _done, finished=job_id: futures.pop(finished, None))
-                    elif kind == "hello":
-                        send(("hello", os.getpid()))
-                    elif kind == "status":
-                        send(("status", self.status()))
-                    elif kind == "warm":
-                        threading.Thread(target=self.pool.warm, args=(message[1],), daemon=True).start()
-                        send(("warm", True))
-                    elif kind == "stop":
-                        send(("stop", os.getpid()))
-                        self.stopping.set()
-                        with contextlib.suppress(OSError):
-                            self.listener.shutdown(socket.SHUT_RDWR)
+                    except Exception:  # noqa: BLE001 - a message this server cannot read: see below
+                        log.exception("kcache service: an unreadable message; closing the connection")
+                        return
+                    if not self._handle(message, client, send):
                         return
             finally:
-                cancelled = sum(future.cancel() for future in list(futures.values()))  # a gone client's queued jobs
+                cancelled = self.scheduler.drop_client(client)  # a gone client's jobs, queued or running
                 with self._lock:
                     self._clients -= 1
                     self.counts["cancelled"] += cancelled
 
-    def _submit(self, job_id: int, payload: bytes, name: str, timeout_s: float | None, send: Any) -> Future[Any]:
+    def _handle(self, message: Any, client: int, send: Any) -> bool:
+        """One message of a client; False when its connection should close. A message this server
+        does not understand (a client of another protocol) closes it: the client then runs its jobs
+        in its own pool, never waits for an answer that will not come."""
+        try:
+            kind = message[0]
+            if kind == "job":
+                _, job_id, payload, name, timeout_s, output = message
+                self._submit(client, job_id, payload, name, timeout_s, send, output)
+            elif kind == "hello":
+                send(("hello", os.getpid()))
+            elif kind == "ping":  # answered after every message before it on this connection
+                send(("pong", message[1]))
+            elif kind == "status":
+                send(("status", self.status()))
+            elif kind == "warm":  # ("warm", count, wait): wait=True answers once they are ready
+                count, wait = message[1], len(message) > 2 and message[2]
+                if wait:
+                    send(("warm", self.pool.warm(count)))
+                else:
+                    threading.Thread(target=self.pool.warm, args=(count,), daemon=True).start()
+                    send(("warm", None))
+            elif kind == "stop":
+                send(("stop", os.getpid()))
+                self.stopping.set()
+                with contextlib.suppress(OSError):
+                    self.listener.shutdown(socket.SHUT_RDWR)
+                return False
+            else:
+                raise ValueError(f"unknown message {kind!r}")
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.exception("kcache service: a message it cannot handle; closing the connection")
+            return False
+        return True
+
+    def _submit(self, client: int, job_id: int, payload: bytes, name: str, timeout_s: float | None,
+                send: Any, output: Any) -> None:
+        """Queue a client's job, or let it follow an identical one in flight (`service_inflight`)."""
         from kcache.compile import protocol as wire
+        from kcache.compile.service_inflight import Follower
+        from kcache.compile.service_scheduler import QueuedJob
+        from kcache.errors import CompileAborted
 
         with self._lock:
-            self._running += 1
+            self._outstanding += 1
             self._last_activity = time.monotonic()
-        future = self.pool.submit_payload(payload, name, timeout_s)
 
-        def done(finished: Future[Any]) -> None:
+        def answer(result: Any, error: BaseException | None, cancelled: bool = False) -> None:
             with self._lock:
-                self._running -= 1
+                self._outstanding -= 1
                 self._last_activity = time.monotonic()
                 self.counts["jobs"] += 1
-            if finished.cancelled():
+            if cancelled:
                 return
-            error = finished.exception()
             if error is None:
                 try:
-                    wire.cloudpickle.dumps(finished.result())
-                    send(("ok", job_id, finished.result()))
+                    wire.cloudpickle.dumps(result)
+                    send(("ok", job_id, result))
                     return
                 except Exception as err:  # an unpicklable result: say so
                     error = RuntimeError(f"the job's result could not be sent back: {err!r}")
@@ -151,8 +183,27 @@ class Server:
                 self.counts["failed"] += 1
             send(("err", job_id, error))
 
-        future.add_done_callback(done)
-        return future
+        def done(finished: Future[Any]) -> None:
+            cancelled = finished.cancelled()
+            error = None if cancelled else finished.exception()
+            result = None if cancelled or error is not None else finished.result()
+            answer_followers = (self.inflight.finish(output.key, result, error, cancelled or isinstance(error, CompileAborted))
+                                if output is not None else lambda: None)
+            answer(result, error, cancelled)  # the leader first: its directory was copied already
+            answer_followers()
+
+        def run_own() -> None:
+            self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done_alone))
+
+        def done_alone(finished: Future[Any]) -> None:
+            cancelled = finished.cancelled()
+            error = None if cancelled else finished.exception()
+            answer(None if cancelled or error is not None else finished.result(), error, cancelled)
+
+        if output is not None and not self.inflight.lead_or_follow(output.key, output.directory,
+                                                                   Follower(output.directory, answer, run_own)):
+            return
+        self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done))
 
     def status(self) -> dict[str, Any]:
         workers = self.pool.worker_pids()
@@ -162,19 +213,27 @@ class Server:
                 "uptime_s": round(time.time() - self.started, 1),
                 "max_workers": self.pool.max_workers,
                 "workers": len(workers),
-                "worker_rss_bytes": sum(_rss(pid) for pid in workers),
-                "running": self._running,
+                "worker_pids": workers,
+                "template_pid": self.pool.template_pid(),
+                "worker_memory_bytes": sum(_memory(pid) for pid in workers),
+                "memory_budget_bytes": self.scheduler.memory_budget,
+                "held_back_by_memory": self.scheduler.held_back,
+                "merged_jobs": self.inflight.merged,
+                **self.scheduler.counts(),
                 "clients": self._clients,
                 "idle_timeout_s": self.idle_s,
                 **self.counts,
             }
 
 
-def _rss(pid: int) -> int:
+def _memory(pid: int) -> int:
+    """A worker's proportional set size: pages it shares with the template and its siblings count
+    by their share, so the sum over workers is what they cost together (RSS would count the
+    template's TileLang once per worker)."""
     try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -225,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     identity = os.stat(path)
 
     from kcache.compile.pool import CompilePool
+    from kcache.config import compile_memory_budget
 
-    pool = CompilePool(args.workers, None, preload=json.loads(args.preload))
-    server = Server(listener, pool, args.idle)
+    pool = CompilePool(args.workers, None, preload=json.loads(args.preload), start="fork")
+    server = Server(listener, pool, args.idle, compile_memory_budget())
     threading.Thread(target=pool.warm, args=(1,), daemon=True).start()  # overlaps the first client's imports
     tell(b"ready")
     try:

@@ -1,7 +1,7 @@
 """Where this user's compile service for this environment listens, and what makes two environments one.
 
 One service per (user, machine, Python environment and toolchain): the socket's name holds a digest
-of the interpreter, kcache's own location, the worker preload, the worker count and the import-time
+of the interpreter, kcache's own location and message format, the worker preload, the worker count and the import-time
 settings of TileLang (the toolkit and header directories). Not sys.path: each job carries its
 client's (`kcache.compile.worker.call_with_path`), so programs in different directories share one
 service, and `kcache server start` names the same one. A process of another environment
@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from kcache.compile.protocol import SERVICE_PROTOCOL
 from kcache.store import access
 
 # Import-time settings of TileLang that a compile depends on: a service started with other values
@@ -43,6 +44,7 @@ def identity(preload: Iterable[str], workers: int) -> str:
         "python": sys.executable,
         "version": sys.version,
         "kcache": str(Path(__file__).resolve().parents[1]),
+        "protocol": SERVICE_PROTOCOL,
         "preload": list(preload),
         "workers": workers,
         "env": {name: os.environ.get(name) for name in IMPORT_TIME_ENV},

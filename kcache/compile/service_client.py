@@ -31,8 +31,9 @@ import cloudpickle
 
 from kcache.compile import protocol as wire
 from kcache.compile import service_address as address
-from kcache.compile.jobs import UNSET, JobRunner, usable_cpu_count
+from kcache.compile.jobs import UNSET, JobOutput, JobRunner, usable_cpu_count
 from kcache.compile.protocol import CallByName
+from kcache.errors import CompileAborted
 
 log = logging.getLogger("kcache")
 
@@ -61,6 +62,7 @@ class ServicePool(JobRunner):
         self._conn: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._pending: dict[int, tuple[Future[Any], bytes, str, float | None]] = {}
+        self._pongs: dict[int, threading.Event] = {}
         self._ids = itertools.count()
         self._down_until = 0.0
         self._warned: set[str] = set()
@@ -70,16 +72,17 @@ class ServicePool(JobRunner):
     # ------------------------------------------------------------ the CompilePool interface
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET) -> Future[Any]:
+               timeout_s: float | None = UNSET, output: JobOutput | None = None) -> Future[Any]:
         label = name or getattr(fn, "__qualname__", None) or repr(fn)
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
-        return self.submit_payload(cloudpickle.dumps((fn, args)), label, limit)
+        return self.submit_payload(cloudpickle.dumps((fn, args)), label, limit, output)
 
     def _wrapped(self, payload: bytes) -> bytes:
         """The job as the service runs it: with this process's sys.path (worker.call_with_path)."""
         return cloudpickle.dumps((CallByName("kcache.compile.worker", "call_with_path"), (list(sys.path), payload)))
 
-    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET) -> Future[Any]:
+    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET,
+                       output: JobOutput | None = None) -> Future[Any]:
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
         conn = self._connection()
         if conn is None:
@@ -89,25 +92,64 @@ class ServicePool(JobRunner):
         with self._lock:
             self._pending[job_id] = (future, payload, name, limit)
         try:
-            self._send(conn, ("job", job_id, self._wrapped(payload), name, limit))
+            self._send(conn, ("job", job_id, self._wrapped(payload), name, limit, output))
         except OSError as err:
             self._lost(conn, f"sending a job failed: {err}")
         return future
 
-    def warm(self, count: int | None = None) -> float:
-        """Reach (or start) the service and ask it to start `count` workers (default 1), without waiting
-        for them; the own pool's `warm` when there is no service."""
+    def warm(self, count: int | None = None, *, wait: bool = False) -> float:
+        """Reach (or start) the service and ask it to start `count` workers (default: 1 without `wait`,
+        all with it); `wait`: until every worker is ready, replacements of dead ones included, as
+        `CompilePool.warm`. The own pool's `warm` when there is no service."""
         started = time.monotonic()
         conn = self._connection()
         if conn is None:
             return float(self._fallback().warm(count))
-        self._send(conn, ("warm", count or 1))
+        if wait:
+            request(self.name, ("warm", count or self.max_workers, True))
+        else:
+            self._send(conn, ("warm", count or 1))
         return time.monotonic() - started
 
+    def ping(self, timeout_s: float = START_TIMEOUT_S) -> bool:
+        """Whether the service answered a ping on this process's connection: then it has taken in
+        every job submitted before (messages on one connection are handled in order)."""
+        conn = self._connection()
+        if conn is None:
+            return False
+        token = next(self._ids)
+        answered = self._pongs[token] = threading.Event()
+        try:
+            self._send(conn, ("ping", token))
+            return answered.wait(timeout_s)
+        finally:
+            self._pongs.pop(token, None)
+
+    def worker_pids(self) -> list[int]:
+        """The service's worker pids (the own pool's when there is no service)."""
+        if self._connection() is None:
+            return list(self._fallback().worker_pids())
+        return list(request(self.name, ("status",))["worker_pids"])
+
+    def __enter__(self) -> ServicePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Disconnect: the service drops this process's queued jobs and stops its running ones, whose
+        futures raise CompileAborted."""
         with self._lock:
             conn, self._conn = self._conn, None
+            unfinished, self._pending = self._pending, {}  # not run again anywhere: closing stops them
+        for future, _payload, name, _limit in unfinished.values():
+            future.set_exception(CompileAborted(name, "its ServicePool was closed"))
         if conn is not None:
+            with contextlib.suppress(OSError):
+                # shutdown, not only close: the reader thread blocked in recv on this socket keeps it
+                # open (no FIN reaches the server) until something wakes it.
+                conn.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 conn.close()
 
@@ -138,6 +180,11 @@ class ServicePool(JobRunner):
         try:
             while True:
                 message = cloudpickle.loads(wire.recv_bytes(conn.fileno()))
+                if message[0] == "pong":
+                    answered = self._pongs.get(message[1])
+                    if answered is not None:
+                        answered.set()
+                    continue
                 if message[0] not in ("ok", "err"):
                     continue
                 with self._lock:

@@ -23,7 +23,8 @@ PR_SET_PDEATHSIG = 1
 PARENT_ENV = "KCACHE_POOL_PARENT"
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when `parent` (the thread that started it) ends."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
@@ -54,19 +55,34 @@ def call_with_path(path: list[str], payload: bytes) -> object:
 
 
 def main() -> int:
+    proto_in, proto_out = claim_protocol_fds()
+    die_with_parent(int(os.environ[PARENT_ENV]))
+    faulthandler.enable()  # a segfault then leaves a Python traceback in the tail the parent reports
+    prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
+    wire.send(proto_out, (wire.READY, os.getpid()))
+    return serve(proto_in, proto_out)
+
+
+def claim_protocol_fds() -> tuple[int, int]:
+    """Move the protocol off fds 0 and 1 (returned), and point fd 1 at stderr: whatever TileLang, TVM
+    or nvcc print cannot corrupt the protocol."""
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     os.close(devnull)
-    _die_with_parent(int(os.environ[PARENT_ENV]))
-    faulthandler.enable()  # a segfault then leaves a Python traceback in the tail the parent reports
-    init = wire.recv_bytes(proto_in)
-    setup = wire.cloudpickle.loads(init)
+    return proto_in, proto_out
+
+
+def prepare(setup: dict) -> None:
+    """The parent's sys.path, then the modules a job should find imported."""
     sys.path[:] = setup["sys_path"]
     for module in setup["preload"]:
         importlib.import_module(module)
-    wire.send(proto_out, (wire.READY, os.getpid()))
+
+
+def serve(proto_in: int, proto_out: int) -> int:
+    """Run jobs until the parent closes the pipe."""
     while True:
         try:
             payload = wire.recv_bytes(proto_in)

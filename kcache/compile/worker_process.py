@@ -1,17 +1,17 @@
-"""One compile worker as the pool sees it: a fresh interpreter, its pipes and its stderr file."""
+"""One compile worker as the pool sees it: its process (exec'd or forked), its pipes and its stderr file."""
 
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from kcache.compile import protocol as wire
+from kcache.compile.protocol import WorkerDied, receive_reply
+from kcache.compile.template_process import TemplateGone, WorkerTemplate
 from kcache.compile.worker import PARENT_ENV
 from kcache.errors import CompilePoolError
 
@@ -22,33 +22,87 @@ STDERR_KEEP_BYTES = 1 << 20
 EXIT_GRACE_S = 5.0
 
 
-class WorkerDied(Exception):
-    """The worker process ended (its pipe closed) before it answered."""
+class ExecChild:
+    """A worker started by fork+exec: a child of the pool's process."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Its return code once it ended (negative: the signal), None if it runs on after timeout_s."""
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        kill_group(self.pid)
+        self.proc.wait()
+
+
+class ForkedChild:
+    """A worker forked by the worker template: the template's child, so the template reaps it."""
+
+    def __init__(self, template: WorkerTemplate, pid: int) -> None:
+        self.template = template
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self.returncode is None:
+            try:
+                status = self.template.reap(self.pid, timeout_s)
+            except TemplateGone:
+                return None  # it died with the template (PR_SET_PDEATHSIG), its status lost
+            if status is not None:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:  # once reaped, its pid may be another process's
+            kill_group(self.pid)
+            self.wait(EXIT_GRACE_S)
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL a worker's process group (it and its nvcc), and the worker itself in case it was
+    killed before it made its group."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class WorkerProcess:
-    """One worker interpreter and its pipes. Used by one pool thread only."""
+    """One worker process and its pipes. Used by one pool thread only.
 
-    def __init__(self, preload: tuple[str, ...], start_timeout_s: float) -> None:
+    Started by fork+exec of a fresh interpreter, or, given a `template`, forked by the worker
+    template (milliseconds instead of an import of TileLang).
+    """
+
+    def __init__(self, preload: tuple[str, ...], start_timeout_s: float, template: WorkerTemplate | None = None) -> None:
         self._stderr = anonymous_append_file()
-        package_parent = str(Path(__file__).resolve().parents[2])
-        bootstrap = f"import sys; sys.path.insert(0, {package_parent!r}); from kcache.compile.worker import main; sys.exit(main())"
+        job_read, self._to_worker = os.pipe2(os.O_CLOEXEC)
+        self._from_worker, reply_write = os.pipe2(os.O_CLOEXEC)
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", bootstrap],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                env={**os.environ, PARENT_ENV: str(os.getpid())},
-                start_new_session=True,  # its own process group: a kill takes its nvcc too, and Ctrl-C reaches only us
-            )
-        except OSError as err:
-            os.close(self._stderr)
-            raise CompilePoolError(f"{sys.executable} could not be started: {err}", "") from err
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._to_worker = self.proc.stdin.fileno()
-        self._from_worker = self.proc.stdout.fileno()
+            if template is None:
+                self._child: ExecChild | ForkedChild = ExecChild(self._exec(job_read, reply_write))
+            else:
+                self._child = ForkedChild(template, template.fork((job_read, reply_write, self._stderr)))
+        except BaseException:
+            for fd in (self._to_worker, self._from_worker, self._stderr):
+                os.close(fd)
+            raise
+        finally:
+            os.close(job_read)
+            os.close(reply_write)
+        self.pid: int = self._child.pid
         try:
-            wire.send(self._to_worker, {"sys_path": list(sys.path), "preload": list(preload)})
-            kind, pid = self._receive(start_timeout_s, "starting")
+            if template is None:
+                wire.send(self._to_worker, {"sys_path": list(sys.path), "preload": list(preload)})
+            kind, _pid = self._receive(start_timeout_s, "starting")
         except (WorkerDied, TimeoutError, OSError) as err:
             tail = self.stderr_tail(0)
             self.kill()
@@ -56,7 +110,19 @@ class WorkerProcess:
         if kind != wire.READY:
             self.kill()
             raise CompilePoolError(f"the worker answered {kind!r} instead of ready", "")
-        self.pid: int = pid
+
+    def _exec(self, job_read: int, reply_write: int) -> subprocess.Popen:
+        package_parent = str(Path(__file__).resolve().parents[2])
+        bootstrap = f"import sys; sys.path.insert(0, {package_parent!r}); from kcache.compile.worker import main; sys.exit(main())"
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-c", bootstrap],
+                stdin=job_read, stdout=reply_write, stderr=self._stderr,
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
+                start_new_session=True,  # its own process group: a kill takes its nvcc too, and Ctrl-C reaches only us
+            )
+        except OSError as err:
+            raise CompilePoolError(f"{sys.executable} could not be started: {err}", "") from err
 
     def run(self, payload: bytes, timeout_s: float | None) -> tuple:
         """Send one job, wait for its reply. Raises WorkerDied or TimeoutError (the worker is then unusable)."""
@@ -69,27 +135,14 @@ class WorkerProcess:
         return self._receive(timeout_s, "running a job")
 
     def _receive(self, timeout_s: float | None, doing: str) -> tuple:
-        poller = select.poll()
-        poller.register(self._from_worker, select.POLLIN | select.POLLHUP | select.POLLERR)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if poller.poll(None if remaining is None else int(remaining * 1000) + 1):
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"no reply within {timeout_s:g} s while {doing}")
-        try:
-            return wire.cloudpickle.loads(wire.recv_bytes(self._from_worker))
-        except EOFError as err:
-            raise WorkerDied(f"the worker died while {doing}") from err
+        return receive_reply(self._from_worker, timeout_s, doing)
 
     def death(self) -> tuple[str | None, int | None]:
         """(signal name, exit code) of a worker whose pipe closed."""
-        try:
-            code = self.proc.wait(EXIT_GRACE_S)
-        except subprocess.TimeoutExpired:  # it closed its stdout but lives on: make it dead
-            self.kill()
-            code = self.proc.returncode
+        code = self._child.wait(EXIT_GRACE_S)
+        if code is None:  # it closed its stdout but lives on: make it dead
+            self._child.kill()
+            code = self._child.wait(0)
         if code is not None and code < 0:
             try:
                 return signal.Signals(-code).name, None
@@ -115,34 +168,31 @@ class WorkerProcess:
             pass
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
+        self._child.kill()
         self._close_fds()
 
+    def kill_process(self) -> None:
+        """SIGKILL the worker from another thread: the thread driving it sees it die. Its pipes stay
+        that thread's to close."""
+        if self._child.wait(0) is None:
+            kill_group(self.pid)
+
     def close(self) -> None:
-        """Ask the worker to exit (its stdin closes), then make sure it did."""
-        try:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
-        try:
-            self.proc.wait(EXIT_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        self.kill()
+        """Ask the worker to exit (its job pipe closes), then make sure it did."""
+        self._close_fd("_to_worker")
+        if self._child.wait(EXIT_GRACE_S) is None:
+            self._child.kill()
+        self._close_fds()
+
+    def _close_fd(self, name: str) -> None:
+        fd = getattr(self, name)
+        if fd >= 0:
+            os.close(fd)
+            setattr(self, name, -1)
 
     def _close_fds(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-        if self._stderr >= 0:
-            os.close(self._stderr)
-            self._stderr = -1
+        for name in ("_to_worker", "_from_worker", "_stderr"):
+            self._close_fd(name)
 
 
 def anonymous_append_file() -> int:

@@ -65,6 +65,7 @@ def compile_entry(
     IR: exact, and ~1 ms for a matmul); the caller's compile context
     (environment, callbacks) travels and is applied around the compile.
     """
+    from kcache.compile.jobs import JobOutput
     from kcache.compile.protocol import CallByName
 
     pool.run(
@@ -72,6 +73,7 @@ def compile_entry(
         func, resolved.canonical, resolved.context.execution_backend.name, out_idx, pass_configs,
         compile_flags, str(log_dir), str(out_dir), key, toolchain, context,
         name=kernel_name(func),
+        output=JobOutput(key, str(out_dir)),  # the entry of `key`: one compile for identical jobs in flight
     )
 
 

@@ -30,7 +30,7 @@ class Finding:
 def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool = False) -> list[Finding]:
     """Every condition of a cache root that can hurt, each with its fix: existence, who can write it
     and what kcache then does, trust, group sharing, noexec, free space, size, leftovers, the
-    toolchain, the remote tier. `fix` repairs what is safe to repair (create the root, chmod o-w a
+    toolchain, the remote tier, the compile service. `fix` repairs what is safe to repair (create the root, chmod o-w a
     root you own, gc)."""
     settings = root if isinstance(root, Settings) else Settings.from_env(root)
     root = settings.root
@@ -42,7 +42,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
             finding.fixed = True
         findings.append(finding)
         if not finding.fixed:
-            return findings
+            return [*findings, _compile_service(settings)]  # the service does not depend on the root
     findings.append(_writable(root, settings))
     findings.append(_trusted(root))
     info = os.stat(root)
@@ -74,6 +74,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     findings += [finding, cleanup]
     findings.append(_toolchain())
     findings.append(_remote(settings.remote_url))
+    findings.append(_compile_service(settings))
     return findings
 
 
@@ -145,6 +146,34 @@ def _remote(url: str | None) -> Finding:
     except (redis.RedisError, OSError) as err:
         return Finding("remote", True, f"{url} is unreachable: {err}", "start Redis or fix KCACHE_REMOTE")
     return Finding("remote", False, f"{url} answers")
+
+
+def _compile_service(settings: Settings) -> Finding:
+    """The compile service of this environment: reachable, running, its workers and memory."""
+    from kcache.compile import service_address as address
+    from kcache.compile import service_client as client
+    from kcache.compile.jobs import usable_cpu_count
+    from kcache.compile.pool import TILELANG_PRELOAD
+
+    used = settings.compile_isolation == "server"
+    name = address.identity(TILELANG_PRELOAD, settings.compile_workers or usable_cpu_count())
+    try:
+        where = address.socket_path(name)
+    except address.NoServiceDirectory as err:
+        return Finding("compile service", used, str(err), "remove that directory, or set XDG_RUNTIME_DIR" if used else "")
+    try:
+        status = client.request(name, ("status",))
+    except (OSError, EOFError):
+        how = "starts on the first compile, or with `kcache server start`" if used else \
+            "not used (KCACHE_COMPILE_ISOLATION=server uses it)"
+        return Finding("compile service", False, f"not running ({where}); {how}")
+    budget = status.get("memory_budget_bytes")
+    memory = f"{status['worker_memory_bytes'] / (1 << 30):.2f} GiB" + (f" of {budget / (1 << 30):.1f} GiB" if budget else "")
+    forked = f", forked from template {status['template_pid']}" if status.get("template_pid") else ", started by exec"
+    return Finding("compile service", False,
+                   f"running: pid {status['pid']}, up {status['uptime_s']:.0f} s, {status['workers']} of "
+                   f"{status['max_workers']} workers{forked}, {memory}; {status['running']} running, "
+                   f"{status['queued']} queued, {status['jobs']} jobs served ({where})")
 
 
 def installed_tilelang() -> str | None:

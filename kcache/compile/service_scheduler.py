@@ -1,0 +1,112 @@
+"""Which client's job the compile service runs next: round-robin across clients, within bounds.
+
+The service's pool runs at most `max_workers` jobs at once. Were every client's jobs put straight
+into its queue, one process that asks for 64 autotuning configs would make a process asking for
+one kernel wait behind all 64. Here each client has its own queue and the pool is fed one job at a
+time, taking the clients in turn, so a client waits for at most one job of each other client per
+free worker.
+
+The memory budget (`KCACHE_COMPILE_MEMORY`) bounds the same dispatch: a job starts only while the
+workers' memory (proportional set size: pages shared with the template count once) plus one
+more worker's (the largest seen) fits the budget, or an idle worker can take it; one job always
+may run, so a budget below one worker slows compiles down but never stops them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class QueuedJob:
+    client: int
+    payload: bytes
+    name: str
+    timeout_s: float | None
+    done: Callable[[Future[Any]], None]  # called once, with the pool's finished future
+    future: Future[Any] | None = field(default=None, init=False)
+
+
+class FairScheduler:
+    """Feeds `pool` (a CompilePool) from per-client queues, round-robin."""
+
+    def __init__(self, pool: Any, memory_budget: int | None, rss_of: Callable[[list[int]], list[int]]) -> None:
+        self.pool = pool
+        self.memory_budget = memory_budget
+        self._rss_of = rss_of  # resident bytes of each of these pids
+        self._lock = threading.Lock()
+        self._queues: dict[int, deque[QueuedJob]] = {}
+        self._turns: deque[int] = deque()  # clients with queued jobs, in the order they are served
+        self._running: set[QueuedJob] = set()
+        self.largest_worker_rss = 0
+        self.held_back = 0  # dispatches the memory budget delayed
+
+    def add(self, job: QueuedJob) -> None:
+        with self._lock:
+            queue = self._queues.setdefault(job.client, deque())
+            if not queue:
+                self._turns.append(job.client)
+            queue.append(job)
+        self._dispatch()
+
+    def drop_client(self, client: int) -> int:
+        """A client went away: its queued jobs are dropped and its running ones killed with their
+        worker (a hang it left behind would hold a worker forever). Returns how many."""
+        with self._lock:
+            queued = self._queues.pop(client, deque())
+            if client in self._turns:
+                self._turns.remove(client)
+            running = [job for job in self._running if job.client == client]
+        for job in queued:
+            never_run: Future[Any] = Future()
+            never_run.cancel()
+            job.done(never_run)
+        for job in running:
+            assert job.future is not None
+            self.pool.abort(job.future, "its client went away")
+        return len(queued) + len(running)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {"queued": sum(len(q) for q in self._queues.values()), "running": len(self._running),
+                    "clients_waiting": len(self._turns)}
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._lock:
+                if not self._turns or len(self._running) >= self.pool.max_workers or not self._memory_allows():
+                    return
+                client = self._turns.popleft()
+                queue = self._queues[client]
+                job = queue.popleft()
+                if queue:
+                    self._turns.append(client)
+                else:
+                    del self._queues[client]
+                self._running.add(job)
+            job.future = self.pool.submit_payload(job.payload, job.name, job.timeout_s)
+            job.future.add_done_callback(lambda finished, job=job: self._finished(job, finished))
+
+    def _memory_allows(self) -> bool:
+        if self.memory_budget is None or not self._running:
+            return True
+        workers = self.pool.worker_pids()
+        sizes = self._rss_of(workers)
+        self.largest_worker_rss = max([self.largest_worker_rss, *sizes])
+        if len(self._running) < len(workers):
+            return True  # an idle worker takes it: no new memory
+        if sum(sizes) + self.largest_worker_rss <= self.memory_budget:
+            return True
+        self.held_back += 1
+        return False
+
+    def _finished(self, job: QueuedJob, finished: Future[Any]) -> None:
+        with self._lock:
+            self._running.discard(job)
+        self._dispatch()
+        job.done(finished)

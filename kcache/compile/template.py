@@ -1,0 +1,112 @@
+"""The worker template: an interpreter that imported TileLang once and forks compile workers.
+
+Started by a pool (`template_process.WorkerTemplate`) the way a worker is (fork+exec, its setup and
+ready on stdin/stdout), it then serves requests on a SOCK_SEQPACKET control socket:
+
+- `("fork",)` with three descriptors (the job pipe's read end, the reply pipe's write end, the
+  worker's stderr file): it forks a worker that runs `worker.serve` on them, and answers its pid.
+  A fork costs milliseconds where a fresh worker imports TileLang for seconds.
+- `("reap", pid, timeout_s)`: it waits up to timeout_s for that worker to end and answers its
+  wait status (None if it still runs). Workers are the template's children, so only it can.
+
+A fork is only safe from a process with one thread (a lock held by another thread stays locked in
+the child forever) and no CUDA context, so the template starts no thread, never touches CUDA, and
+sets the BLAS and OpenMP thread counts of what it imports to one before importing (numpy's OpenBLAS
+starts a thread server at import otherwise). It reports its thread count when ready; a pool that
+sees more than one starts its workers by exec instead (`template_process`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import select
+import socket
+import sys
+
+from kcache.compile import protocol as wire
+from kcache.compile.worker import PARENT_ENV, claim_protocol_fds, die_with_parent, prepare, serve
+
+CONTROL_ENV = "KCACHE_TEMPLATE_CONTROL"
+# The variables of SINGLE_THREAD_ENV that the pool set (the caller had not): taken out after the imports.
+UNSET_ENV = "KCACHE_TEMPLATE_UNSET"
+# Thread pools of imported libraries that would otherwise start threads at import (OpenBLAS does).
+SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+FORK_FDS = 3
+MESSAGE_BYTES = 4096
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def main() -> int:
+    proto_in, proto_out = claim_protocol_fds()
+    die_with_parent(int(os.environ[PARENT_ENV]))
+    faulthandler.enable()  # inherited by every worker: a segfault leaves a traceback in its stderr
+    control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
+    prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
+    for name in filter(None, os.environ.pop(UNSET_ENV, "").split(",")):
+        os.environ.pop(name, None)  # the libraries read them at import; the workers get the caller's environment
+    wire.send(proto_out, (wire.READY, os.getpid(), thread_count()))
+    os.close(proto_in)
+    os.close(proto_out)
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(control, MESSAGE_BYTES, FORK_FDS)
+        except ConnectionError:
+            return 0
+        if not data:  # the pool closed its end
+            return 0
+        request = wire.cloudpickle.loads(data)
+        if request[0] == "fork":
+            answer: object = ("forked", fork_worker(fds, control))
+        elif request[0] == "reap":
+            answer = ("reaped", reap(request[1], request[2]))
+        else:
+            answer = ("error", f"unknown request {request[0]!r}")
+        for fd in fds:
+            os.close(fd)
+        control.sendall(wire.cloudpickle.dumps(answer))
+
+
+def fork_worker(fds: list[int], control: socket.socket) -> int:
+    job_in, reply_out, stderr = fds
+    template = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the worker: it never returns into the template's loop
+        control.close()
+        os.setsid()  # its own process group: a kill takes its nvcc too
+        os.dup2(stderr, 2)
+        os.dup2(2, 1)
+        die_with_parent(template)  # and the template dies with the pool's owner
+        wire.send(reply_out, (wire.READY, os.getpid()))
+        code = serve(job_in, reply_out)
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must not run the template's loop
+        code = 1
+    os._exit(code)
+
+
+def reap(pid: int, timeout_s: float) -> int | None:
+    """Only on request, never on its own: until the pool has its status, a dead worker stays a
+    zombie, so its pid (and process group) cannot be reused by another process the pool might
+    then signal."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    try:
+        select.select([pidfd], [], [], timeout_s)
+    finally:
+        os.close(pidfd)
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return status if done else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

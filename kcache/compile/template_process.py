@@ -1,0 +1,101 @@
+"""A pool's handle on its worker template (`template`): start it, ask it to fork, ask it to reap.
+
+The template is one more interpreter started by fork+exec, like a worker, that imports what a
+worker would and then forks workers on request. Requests are serialized (one lock): the template
+is single-threaded by design. If it dies, `TemplateGone` tells the pool to start its workers
+another way; its workers die with it (PR_SET_PDEATHSIG), as an exec'd worker dies with the pool.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from kcache.compile import protocol as wire
+from kcache.compile.protocol import receive_reply
+from kcache.compile.template import CONTROL_ENV, MESSAGE_BYTES, SINGLE_THREAD_ENV, UNSET_ENV
+from kcache.compile.worker import PARENT_ENV
+from kcache.errors import CompilePoolError
+
+
+class TemplateGone(OSError):
+    """The worker template ended or stopped answering: start workers by exec."""
+
+
+class WorkerTemplate:
+    """The template process, as its pool sees it."""
+
+    def __init__(self, preload: tuple[str, ...], start_timeout_s: float, stderr: int) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        package_parent = str(Path(__file__).resolve().parents[2])
+        bootstrap = (f"import sys; sys.path.insert(0, {package_parent!r}); "
+                     "from kcache.compile.template import main; sys.exit(main())")
+        # Libraries' thread pools off while the template imports (see template.py); the variables
+        # are taken out again before the first fork, so workers see the caller's environment.
+        single_threaded = {k: v for k, v in SINGLE_THREAD_ENV.items() if k not in os.environ}
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", bootstrap],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, pass_fds=(theirs.fileno(),),
+                env={**os.environ, **single_threaded, PARENT_ENV: str(os.getpid()),
+                     CONTROL_ENV: str(theirs.fileno()), UNSET_ENV: ",".join(single_threaded)},
+                start_new_session=True,
+            )
+        except OSError as err:
+            ours.close()
+            raise CompilePoolError(f"{sys.executable} could not be started as the worker template: {err}", "") from err
+        finally:
+            theirs.close()
+        self._control = ours
+        self._lock = threading.Lock()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            wire.send(self.proc.stdin.fileno(), {"sys_path": list(sys.path), "preload": list(preload)})
+            reply = receive_reply(self.proc.stdout.fileno(), start_timeout_s, "starting the worker template")
+        except Exception as err:  # noqa: BLE001 - whatever it was, the template is not usable
+            self.close()
+            raise TemplateGone(f"the worker template did not get ready: {err}") from None
+        finally:
+            self.proc.stdin.close()
+            self.proc.stdout.close()
+        _ready, self.pid, self.threads = reply
+
+    def fork(self, fds: tuple[int, int, int]) -> int:
+        """A new worker on these descriptors (job in, reply out, stderr); its pid."""
+        answer = self._ask(("fork",), fds)
+        return int(answer[1])
+
+    def reap(self, pid: int, timeout_s: float) -> int | None:
+        """The wait status of worker `pid` once it ended (None if it runs on after timeout_s)."""
+        return self._ask(("reap", pid, timeout_s), ())[1]
+
+    def _ask(self, request: tuple, fds: tuple[int, ...]) -> tuple:
+        with self._lock:
+            try:
+                socket.send_fds(self._control, [wire.cloudpickle.dumps(request)], list(fds))
+                data = self._control.recv(MESSAGE_BYTES)
+            except OSError as err:
+                raise TemplateGone(f"the worker template is gone ({err})") from None
+        if not data:
+            raise TemplateGone("the worker template is gone")
+        answer = wire.cloudpickle.loads(data)
+        if answer[0] == "error":
+            raise TemplateGone(answer[1])
+        return answer
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """Its control socket closes, so it exits; killed if it does not."""
+        self._control.close()
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

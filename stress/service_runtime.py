@@ -1,0 +1,53 @@
+"""A private runtime directory for one run's compile services (XDG_RUNTIME_DIR): its services are the
+run's own, can be found (to kill them, in the chaos mix) and are stopped at its end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SERVICE_MARK = b"kcache.compile.service"
+
+
+def fresh_runtime(prefix: str = "ks-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: a socket's path has 107 bytes
+
+
+def service_pids(runtime: Path) -> list[int]:
+    """The compile servers started with this runtime directory (read from their environment)."""
+    wanted = b"XDG_RUNTIME_DIR=" + os.fsencode(runtime)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if SERVICE_MARK not in f.read():
+                    continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if wanted in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def stop_services(runtime: Path) -> None:
+    """Stop every service of this runtime directory and remove it."""
+    from kcache.compile import service_client as client
+
+    previous = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    try:
+        for socket_file in (runtime / "kcache").glob("*.sock"):
+            with contextlib.suppress(OSError, EOFError):
+                client.request(socket_file.name.removeprefix("compile-").removesuffix(".sock"), ("stop",))
+    finally:
+        if previous is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = previous
+        shutil.rmtree(runtime, ignore_errors=True)

@@ -1,0 +1,96 @@
+"""The compile service's dispatch (`FairScheduler`): clients in turn, within the worker and memory
+bounds. Driven by a recording pool whose futures the test finishes, so the order is exact."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+from kcache.compile.service_scheduler import FairScheduler, QueuedJob
+
+
+class RecordingPool:
+    def __init__(self, max_workers: int) -> None:
+        self.max_workers = max_workers
+        self.started: list[tuple[str, Future[Any]]] = []
+        self.workers: list[int] = []
+        self.aborted: list[str] = []
+
+    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()
+        self.started.append((name, future))
+        if len(self.workers) < len(self.started) - sum(f.done() for _, f in self.started):
+            self.workers.append(100 + len(self.workers))
+        return future
+
+    def worker_pids(self) -> list[int]:
+        return list(self.workers)
+
+    def abort(self, future: Future[Any], why: str) -> bool:
+        self.aborted.append(why)
+        future.set_exception(RuntimeError(why))
+        return True
+
+    def finish(self, name: str) -> None:
+        (future,) = [f for n, f in self.started if n == name and not f.done()]
+        future.set_result(name)
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.started]
+
+
+def job(client: int, name: str, done: list[str]) -> QueuedJob:
+    return QueuedJob(client, b"", name, None, lambda finished: done.append(name))
+
+
+def test_clients_are_served_in_turn_not_in_arrival_order() -> None:
+    pool, done = RecordingPool(1), []
+    scheduler = FairScheduler(pool, None, lambda pids: [0 for _ in pids])
+    for name in ("a1", "a2", "a3", "a4"):  # a tuner's batch arrives first
+        scheduler.add(job(1, name, done))
+    scheduler.add(job(2, "b1", done))  # one kernel of another process
+    scheduler.add(job(3, "c1", done))
+    assert pool.names() == ["a1"] and scheduler.counts() == {"queued": 5, "running": 1, "clients_waiting": 3}
+    for name in ("a1", "a2", "b1", "c1", "a3"):
+        pool.finish(name)
+    assert pool.names() == ["a1", "a2", "b1", "c1", "a3", "a4"]  # FIFO would run b1 after a4
+    assert done == ["a1", "a2", "b1", "c1", "a3"]
+
+
+def test_no_more_jobs_run_at_once_than_the_pool_has_workers() -> None:
+    pool, done = RecordingPool(2), []
+    scheduler = FairScheduler(pool, None, lambda pids: [0 for _ in pids])
+    for index in range(5):
+        scheduler.add(job(index, f"j{index}", done))
+    assert pool.names() == ["j0", "j1"]
+    pool.finish("j1")
+    assert pool.names() == ["j0", "j1", "j2"] and scheduler.counts()["running"] == 2
+
+
+def test_the_memory_budget_holds_back_a_new_worker_but_never_the_first_job() -> None:
+    pool, done = RecordingPool(4), []
+    gigabyte = 1 << 30
+    scheduler = FairScheduler(pool, 3 * gigabyte // 2, lambda pids: [gigabyte for _ in pids])
+    for index in range(3):
+        scheduler.add(job(index, f"j{index}", done))
+    # One worker of 1 GiB runs; a second would make 2 GiB, over the 1.5 GiB budget.
+    assert pool.names() == ["j0"] and scheduler.held_back >= 1
+    pool.finish("j0")  # its worker is idle now: the next job takes it, no new memory
+    assert pool.names() == ["j0", "j1"]
+    unbounded = FairScheduler(RecordingPool(4), None, lambda pids: [gigabyte for _ in pids])
+    for index in range(3):
+        unbounded.add(job(index, f"j{index}", done))
+    assert unbounded.counts()["running"] == 3
+
+
+def test_a_client_that_goes_away_has_its_queued_jobs_dropped_and_its_running_one_aborted() -> None:
+    pool, done = RecordingPool(1), []
+    scheduler = FairScheduler(pool, None, lambda pids: [0 for _ in pids])
+    for name in ("a1", "a2", "a3"):
+        scheduler.add(job(1, name, done))
+    scheduler.add(job(2, "b1", done))
+    assert scheduler.drop_client(1) == 3
+    assert pool.aborted == ["its client went away"]
+    assert pool.names() == ["a1", "b1"]  # b1 got the worker a1 held
+    assert sorted(done) == ["a1", "a2", "a3"]  # every dropped job was answered (as cancelled or failed)
