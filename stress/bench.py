@@ -183,6 +183,8 @@ def bench_many(procs: int, configs: int, env: dict[str, str]) -> list[dict[str, 
     from .bench_many import measure
 
     m = measure(procs, configs, env)
+    for mode, measured in m.items():  # where the peak's workers came from: in the log, not in a row
+        print(f"many: {mode}: workers at the peak by parent: {json.dumps(measured['peak_parents'])}", flush=True)
     scenario = f"many ({procs} procs x {configs})"
     server, pool = m["server"], m["pool"]
     return [

@@ -89,3 +89,7 @@ def write_output(directory: str, fifo: str, runs: str, started: str | None = Non
             out.write(data)
         os.chmod(os.path.join(directory, name), 0o444)
     return os.getpid()
+
+
+def environment(*names: str) -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in names}

@@ -217,3 +217,18 @@ def test_a_compile_that_crashes_or_hangs_raises_and_the_next_call_works(
         kernel = cache.get_or_compile(good, CPU_TARGET, out_idx=[2])
         assert kernel.adapter.libpath.startswith(str(cache_root))
         assert len(cache.store.keys()) == 1 and cache.stats()["compiles"] == 1
+
+
+def test_the_compile_memory_budget_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kcache.config import compile_memory_budget
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    monkeypatch.delenv("KCACHE_COMPILE_MEMORY", raising=False)
+    assert compile_memory_budget() == total // 2  # the default: half the machine's memory
+    for value, expected in (("25%", int(total * 0.25)), ("2G", 2 << 30), ("512MiB", 512 << 20), ("0", None)):
+        monkeypatch.setenv("KCACHE_COMPILE_MEMORY", value)
+        assert compile_memory_budget() == expected
+    for bad in ("150%", "lots"):
+        monkeypatch.setenv("KCACHE_COMPILE_MEMORY", bad)
+        with pytest.raises(ValueError, match=f"KCACHE_COMPILE_MEMORY='{bad}'"):
+            compile_memory_budget()

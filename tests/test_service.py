@@ -334,3 +334,20 @@ def test_followers_of_a_job_whose_client_went_away_run_their_own(runtime: Path, 
     assert future.result(timeout=60) != busy
     assert runs.read_text() == "run\n" and not list(first.iterdir())  # the leader never got past the gate
     assert (second / "kernel.so").read_bytes() == b"\x7fELF library"
+
+
+def test_forked_workers_see_the_callers_environment_not_the_templates_import_settings(
+        runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template imports with no visible GPU and single-threaded BLAS (template.FORK_SAFE_IMPORT_ENV);
+    its workers get the caller's values back, set or unset."""
+    from kcache.compile.template import FORK_SAFE_IMPORT_ENV
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    pool = service_pool()
+    seen = pool.run(pool_jobs.environment, *FORK_SAFE_IMPORT_ENV)
+    assert seen == {"CUDA_VISIBLE_DEVICES": "3", "OMP_NUM_THREADS": "8", "OPENBLAS_NUM_THREADS": None,
+                    "MKL_NUM_THREADS": None}
+    assert pool.run(pool_jobs.parent_pid) == status(pool)["template_pid"]  # and it was a forked worker

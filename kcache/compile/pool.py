@@ -42,8 +42,9 @@ from kcache.compile import protocol as wire
 from kcache.compile.jobs import UNSET, Job, JobOutput, JobResult, JobRunner, usable_cpu_count
 
 __all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "shared_pool", "usable_cpu_count"]
+from kcache.compile.protocol import WorkerDied
 from kcache.compile.template_process import TemplateGone, WorkerTemplate
-from kcache.compile.worker_process import EXIT_GRACE_S, WorkerDied, WorkerProcess, anonymous_append_file
+from kcache.compile.worker_process import EXIT_GRACE_S, WorkerProcess, anonymous_append_file
 from kcache.errors import CompileAborted, CompilePoolError, CompilerCrashed, CompileTimeout, KCacheError
 
 log = logging.getLogger("kcache")

@@ -3,9 +3,11 @@
     python -m kcache.compile.service --name NAME --workers N --idle SECONDS --preload JSON --ready-fd FD
 
 Started on demand by a client (`kcache.compile.service_client`), detached (it forks once and its
-parent exits, so it is nobody's child), it keeps a `CompilePool` of warm workers (TileLang imported)
-for all of this user's processes: a fresh process's first compile costs a compile, not an import.
-At most `N` compiles run machine-wide, whoever asks, in the order they were asked.
+parent exits, so it is nobody's child), it keeps a `CompilePool` of warm workers (TileLang imported;
+forked from a worker template) for all of this user's processes: a fresh process's first compile
+costs a compile, not an import. At most `N` compiles run machine-wide, whoever asks, taking the
+clients in turn within the memory budget (`service_scheduler`); identical jobs in flight run once
+(`service_inflight`).
 
 - Only one server per name: it holds `compile-NAME.lock` (flock) for its life. A stale socket file
   left by a dead server is removed under that lock, never one in use.
@@ -14,7 +16,7 @@ At most `N` compiles run machine-wide, whoever asks, in the order they were aske
 - A job is `(fn, args)` pickled by the client; it is passed to the pool as it came, and its result or
   exception goes back pickled. A crash, segfault or hang kills that job's worker only (the pool's
   isolation): the client gets `CompilerCrashed` or `CompileTimeout` as from its own pool.
-- A client that disconnects has its queued jobs cancelled.
+- A client that disconnects has its queued jobs dropped and its running ones stopped.
 - With no job for `--idle` seconds the server exits; the next miss starts a new one.
 """
 
@@ -96,10 +98,14 @@ class Server:
             fd = conn.fileno()
             send_lock = threading.Lock()
             client = next(self._client_ids)
+            connected = [True]
 
             def send(message: Any) -> None:
+                # Never after this connection closed: its descriptor number may then be another
+                # client's connection, which would get this client's answers (job ids overlap).
                 with send_lock, contextlib.suppress(OSError):
-                    wire.send(fd, message)
+                    if connected[0]:
+                        wire.send(fd, message)
 
             try:
                 while True:
@@ -113,6 +119,8 @@ class Server:
                     if not self._handle(message, client, send):
                         return
             finally:
+                with send_lock:
+                    connected[0] = False
                 cancelled = self.scheduler.drop_client(client)  # a gone client's jobs, queued or running
                 with self._lock:
                     self._clients -= 1

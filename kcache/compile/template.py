@@ -10,15 +10,15 @@ ready on stdin/stdout), it then serves requests on a SOCK_SEQPACKET control sock
   wait status (None if it still runs). Workers are the template's children, so only it can.
 
 A fork is only safe from a process with one thread (a lock held by another thread stays locked in
-the child forever) and no CUDA context, so the template starts no thread, never touches CUDA, and
-sets the BLAS and OpenMP thread counts of what it imports to one before importing (numpy's OpenBLAS
-starts a thread server at import otherwise). It reports its thread count when ready; a pool that
-sees more than one starts its workers by exec instead (`template_process`).
+the child forever) and no CUDA context (CUDA does not survive a fork), so the template starts no
+thread, never touches CUDA, and imports with FORK_SAFE_IMPORT_ENV. It reports its thread count when
+ready; a pool that sees more than one starts its workers by exec instead (`template_process`).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import select
 import socket
@@ -28,10 +28,16 @@ from kcache.compile import protocol as wire
 from kcache.compile.worker import PARENT_ENV, claim_protocol_fds, die_with_parent, prepare, serve
 
 CONTROL_ENV = "KCACHE_TEMPLATE_CONTROL"
-# The variables of SINGLE_THREAD_ENV that the pool set (the caller had not): taken out after the imports.
-UNSET_ENV = "KCACHE_TEMPLATE_UNSET"
-# Thread pools of imported libraries that would otherwise start threads at import (OpenBLAS does).
-SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# What the template imports with, so that the imports leave it with one thread and no CUDA context:
+# the thread pools of BLAS and OpenMP off (numpy's OpenBLAS and torch's OpenMP start their threads at
+# import), and no visible GPU (tvm_ffi and TileLang ask `torch.cuda.is_available()` at import, which
+# initializes CUDA, whose driver starts a thread: "cuda00001800007" on the H100; NVML-based checks
+# did not avoid it). The caller's values come back after the imports (RESTORE_ENV), so workers see
+# the caller's environment.
+FORK_SAFE_IMPORT_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                        "CUDA_VISIBLE_DEVICES": ""}
+# JSON {name: the caller's value, or null where it was not set}: put back after the imports.
+RESTORE_ENV = "KCACHE_TEMPLATE_RESTORE"
 FORK_FDS = 3
 MESSAGE_BYTES = 4096
 
@@ -46,8 +52,11 @@ def main() -> int:
     faulthandler.enable()  # inherited by every worker: a segfault leaves a traceback in its stderr
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
     prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
-    for name in filter(None, os.environ.pop(UNSET_ENV, "").split(",")):
-        os.environ.pop(name, None)  # the libraries read them at import; the workers get the caller's environment
+    for name, value in json.loads(os.environ.pop(RESTORE_ENV, "{}")).items():
+        if value is None:  # the libraries read them at import; the workers get the caller's environment
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     wire.send(proto_out, (wire.READY, os.getpid(), thread_count()))
     os.close(proto_in)
     os.close(proto_out)

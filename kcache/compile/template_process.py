@@ -8,6 +8,7 @@ another way; its workers die with it (PR_SET_PDEATHSIG), as an exec'd worker die
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from kcache.compile import protocol as wire
 from kcache.compile.protocol import receive_reply
-from kcache.compile.template import CONTROL_ENV, MESSAGE_BYTES, SINGLE_THREAD_ENV, UNSET_ENV
+from kcache.compile.template import CONTROL_ENV, FORK_SAFE_IMPORT_ENV, MESSAGE_BYTES, RESTORE_ENV
 from kcache.compile.worker import PARENT_ENV
 from kcache.errors import CompilePoolError
 
@@ -34,15 +35,15 @@ class WorkerTemplate:
         package_parent = str(Path(__file__).resolve().parents[2])
         bootstrap = (f"import sys; sys.path.insert(0, {package_parent!r}); "
                      "from kcache.compile.template import main; sys.exit(main())")
-        # Libraries' thread pools off while the template imports (see template.py); the variables
+        # No library threads and no CUDA while the template imports (see template.py); the variables
         # are taken out again before the first fork, so workers see the caller's environment.
-        single_threaded = {k: v for k, v in SINGLE_THREAD_ENV.items() if k not in os.environ}
+        restore = {name: os.environ.get(name) for name in FORK_SAFE_IMPORT_ENV}
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", bootstrap],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, pass_fds=(theirs.fileno(),),
-                env={**os.environ, **single_threaded, PARENT_ENV: str(os.getpid()),
-                     CONTROL_ENV: str(theirs.fileno()), UNSET_ENV: ",".join(single_threaded)},
+                env={**os.environ, **FORK_SAFE_IMPORT_ENV, PARENT_ENV: str(os.getpid()),
+                     CONTROL_ENV: str(theirs.fileno()), RESTORE_ENV: json.dumps(restore)},
                 start_new_session=True,
             )
         except OSError as err:
