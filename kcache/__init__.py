@@ -30,6 +30,7 @@ from kcache.errors import (
     PublishError,
     TargetError,
     UnwritableCache,
+    WorkerStartFailed,
 )
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ _PUBLIC = {
 __all__ = [
     "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
     "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
-    "Settings", "TargetError", "UnwritableCache", "default_cache", "default_root", "doctor", "get_or_compile",
+    "Settings", "TargetError", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
     "install", "is_installed", "uninstall",
 ]
 

@@ -162,6 +162,15 @@ class CompilePoolError(KCacheError, RuntimeError):
         )
 
 
+class WorkerStartFailed(CompilePoolError):
+    """A compile worker (or the worker template) did not get ready within its deadline, or died
+    starting; `output` holds what it printed."""
+
+    def __init__(self, reason: str, output: str) -> None:
+        super().__init__(reason, output)
+        self.output = output
+
+
 class UnwritableCache(_Explained, KCacheError, PermissionError):
     """The cache root cannot be written by this process, and KCACHE_ON_UNWRITABLE=error."""
 

@@ -93,3 +93,16 @@ def write_output(directory: str, fifo: str, runs: str, started: str | None = Non
 
 def environment(*names: str) -> dict[str, str | None]:
     return {name: os.environ.get(name) for name in names}
+
+
+class NeedsTwoArguments(Exception):
+    """An exception that pickles but cannot be rebuilt: its constructor wants two arguments and passes
+    one to Exception, so unpickling calls it with one."""
+
+    def __init__(self, first: str, second: str) -> None:
+        super().__init__(first)
+        self.second = second
+
+
+def raise_unrebuildable() -> None:
+    raise NeedsTwoArguments("the first", "the second")

@@ -10,6 +10,8 @@ import json
 import os
 import select
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -232,3 +234,99 @@ def test_the_compile_memory_budget_comes_from_the_environment(monkeypatch: pytes
         monkeypatch.setenv("KCACHE_COMPILE_MEMORY", bad)
         with pytest.raises(ValueError, match=f"KCACHE_COMPILE_MEMORY='{bad}'"):
             compile_memory_budget()
+
+
+# ---------------------------------------------------------------- faults of the environment (issue 22)
+
+
+SITE_HOOK = """
+import os, sys
+print("sitecustomize says hello on stdout", flush=True)
+print("and on stderr", file=sys.stderr, flush=True)
+os.write(1, b"\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x10 a raw frame-like write\\n")
+"""
+
+
+@pytest.mark.tilelang
+@pytest.mark.parametrize("mode", ["pool", "server", "inprocess"])
+def test_a_site_hook_that_prints_at_start_does_not_break_compiles(
+        mode: str, cache_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: Path) -> None:
+    """A sitecustomize.py that writes to stdout and stderr in every interpreter (as conda activations and
+    debug hooks do) reaches the workers' logs, never the protocol."""
+    pytest.importorskip("tilelang")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITE_HOOK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", mode)
+    code = f"""
+import json, kcache
+from stress.kernels import CPU_TARGET, elementwise_add
+cache = kcache.KernelCache({str(cache_root)!r})
+kernel = cache.get_or_compile(elementwise_add(n=1536), CPU_TARGET, out_idx=[2])
+print("RESULT", json.dumps({{"compiles": cache.stats()["compiles"], "entries": len(cache.store.keys()),
+                            "source": "C" in kernel.get_kernel_source()}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=str(Path(__file__).resolve().parent.parent))
+    assert "sitecustomize says hello" in done.stdout  # the hook fired, in the program itself at least
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result == {"compiles": 1, "entries": 1, "source": True}
+
+
+def test_a_worker_that_never_gets_ready_fails_within_its_deadline() -> None:
+    with CompilePool(1, preload=("tests.pool_jobs_hang_at_import",), start_timeout_s=2.0) as pool:
+        with pytest.raises(kcache.WorkerStartFailed, match="within 2 s") as caught:
+            pool.run(pool_jobs.double, 1)
+    assert isinstance(caught.value, kcache.CompilePoolError)
+
+
+def test_a_program_that_patches_popen_still_gets_its_workers(monkeypatch: pytest.MonkeyPatch, runtime: Path) -> None:
+    """TileLang's own tests patch subprocess.Popen to fake a hanging nvcc; kcache's workers and its
+    service start through the Popen bound when kcache was imported."""
+    from kcache.compile.service_client import ServicePool
+
+    def broken_popen(*args: object, **kwargs: object) -> object:
+        raise AttributeError("a test double of Popen without the attributes kcache would use")
+
+    monkeypatch.setattr(subprocess, "Popen", broken_popen)
+    with CompilePool(1, preload=("tests.pool_jobs",)) as pool:
+        assert pool.run(pool_jobs.double, 21) == 42
+    own = CompilePool(1, preload=("tests.pool_jobs",), start_timeout_s=60.0)
+    service = ServicePool(1, None, ("tests.pool_jobs",), 60.0, lambda: own)
+    assert service.run(pool_jobs.double, 4) == 8 and service.server_pid is not None
+    assert not own.worker_pids()  # the service ran it, not the fallback
+    service.close()
+    own.close()
+
+
+def test_an_answer_that_cannot_be_rebuilt_fails_its_job_and_the_pool_serves_on(make_pool) -> None:
+    with make_pool(1, preload=("tests.pool_jobs",)) as pool:
+        with pytest.raises(RuntimeError, match="cannot be rebuilt") as caught:
+            pool.run(pool_jobs.raise_unrebuildable, name="odd_exception")
+        assert "odd_exception" in str(caught.value)
+        assert pool.run(pool_jobs.double, 5) == 10  # same worker, still serving
+
+
+def test_a_failure_in_the_pools_own_thread_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever breaks inside the thread that drives a worker fails that job's future, never leaves
+    the caller waiting; the next job gets a fresh worker."""
+    from kcache.compile import worker_process
+
+    with CompilePool(1, preload=("tests.pool_jobs",)) as pool:
+        pool.warm()
+        original = worker_process.WorkerProcess.run
+        calls = []
+
+        def failing_once(self: object, payload: bytes, timeout_s: float | None) -> tuple:
+            calls.append(1)
+            if len(calls) == 1:
+                raise AttributeError("a bug in the pool's thread")
+            return original(self, payload, timeout_s)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(worker_process.WorkerProcess, "run", failing_once)
+        with pytest.raises(kcache.CompilePoolError, match="a bug in the pool's thread"):
+            pool.submit(pool_jobs.double, 1).result(timeout=60)
+        assert pool.submit(pool_jobs.double, 2).result(timeout=120) == 4

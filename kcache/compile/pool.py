@@ -42,7 +42,7 @@ from kcache.compile import protocol as wire
 from kcache.compile.jobs import UNSET, Job, JobOutput, JobResult, JobRunner, usable_cpu_count
 
 __all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "shared_pool", "usable_cpu_count"]
-from kcache.compile.protocol import WorkerDied
+from kcache.compile.protocol import ReplyUnreadable, WorkerDied
 from kcache.compile.template_process import TemplateGone, WorkerTemplate
 from kcache.compile.worker_process import EXIT_GRACE_S, WorkerProcess, anonymous_append_file
 from kcache.errors import CompileAborted, CompilePoolError, CompilerCrashed, CompileTimeout, KCacheError
@@ -222,7 +222,9 @@ class CompilePool(JobRunner):
         slot.thread.start()
 
     def _drive(self, slot: _Slot) -> None:
-        """The loop of one pool thread: start its worker, then run jobs until the pool closes."""
+        """The loop of one pool thread: start its worker, then run jobs until the pool closes. Nothing
+        that goes wrong here leaves a caller waiting: a job this thread took gets an error whatever
+        happens, and the thread goes on with a fresh worker."""
         start_error: CompilePoolError | None = None
         try:
             slot.worker = self._start_worker()
@@ -257,6 +259,14 @@ class CompilePool(JobRunner):
                     except CompilePoolError as err:
                         start_error = err
                     slot.ready.set()
+            except BaseException as err:  # noqa: BLE001 - a bug or a broken environment: see the docstring
+                log.warning("kcache: a compile pool thread failed on %s: %r", pending.name, err)
+                if not pending.future.done():
+                    pending.future.set_exception(CompilePoolError(f"the pool's thread failed: {err!r}", ""))
+                if slot.worker is not None:
+                    slot.worker.kill()  # in an unknown state: the next job gets a fresh one
+                    slot.worker = None
+                slot.ready.set()
             finally:
                 slot.busy, slot.pending = False, None
                 with self._lock:
@@ -270,6 +280,11 @@ class CompilePool(JobRunner):
         assert worker is not None
         try:
             reply = worker.run(pending.payload, pending.timeout_s)
+        except ReplyUnreadable as err:  # the worker answered in full and serves on
+            pending.future.set_exception(RuntimeError(
+                f"the answer of {pending.name!r} came back but cannot be rebuilt in this process ({err}): "
+                "an exception class whose constructor takes other arguments than it passes to Exception, say"))
+            return
         except TimeoutError:
             worker.kill()
             slot.worker = None

@@ -1,7 +1,8 @@
 """The compile pool's wire format, shared by the parent and its workers.
 
 A message is an 8-byte big-endian length and then that many bytes of
-cloudpickle. Pipes only: no sockets, no shared memory, nothing to clean up.
+cloudpickle. A worker's pipes are descriptors of their own (PROTOCOL_FDS_ENV),
+never its stdin or stdout; no shared memory, nothing to clean up.
 """
 
 from __future__ import annotations
@@ -59,21 +60,67 @@ class WorkerDied(Exception):
     """The worker process ended (its pipe closed) before it answered."""
 
 
+class ReplyUnreadable(Exception):
+    """A whole reply arrived but could not be unpickled here (an exception class whose constructor
+    wants other arguments, say). The worker is fine; the job's answer is lost."""
+
+
+# Once a message has begun, the rest must follow within this long: a worker writes a message in one
+# go, so a stall mid-message is a stopped or wedged worker, never a slow compile.
+MESSAGE_DEADLINE_S = 60.0
+# The environment variable naming a worker's protocol descriptors ("IN,OUT"): descriptors of their
+# own, never 0, 1 or 2, where a site hook, a conda activation or a debug print may write first.
+PROTOCOL_FDS_ENV = "KCACHE_PROTOCOL_FDS"
+
+
+def protocol_fds() -> tuple[int, int]:
+    """A worker's (in, out) protocol descriptors, from PROTOCOL_FDS_ENV (then removed, so that
+    nothing this worker starts inherits the name)."""
+    read_fd, write_fd = os.environ.pop(PROTOCOL_FDS_ENV).split(",")
+    return int(read_fd), int(write_fd)
+
+
 def receive_reply(fd: int, timeout_s: float | None, doing: str) -> tuple:
-    """The next message on `fd`. TimeoutError past timeout_s; WorkerDied if the writer closed or died."""
+    """The next message on `fd`. TimeoutError past timeout_s (for its first byte); WorkerDied if the
+    writer closed, died, or left a message unfinished for MESSAGE_DEADLINE_S; ReplyUnreadable if it
+    cannot be unpickled."""
+    _wait_readable(fd, timeout_s, doing)
+    try:
+        header = _read_by(fd, _HEADER.size, time.monotonic() + MESSAGE_DEADLINE_S, doing)
+        (size,) = _HEADER.unpack(header)
+        payload = _read_by(fd, size, time.monotonic() + MESSAGE_DEADLINE_S, doing)
+    except EOFError as err:
+        raise WorkerDied(f"the worker died while {doing}") from err
+    except TimeoutError as err:  # a message begun and not finished: the worker is stuck, not slow
+        raise WorkerDied(f"the worker stopped in the middle of a message while {doing}") from err
+    try:
+        return cloudpickle.loads(payload)
+    except Exception as err:  # noqa: BLE001 - whatever the payload's classes do when rebuilt
+        raise ReplyUnreadable(f"{type(err).__name__}: {err}") from err
+
+
+def _wait_readable(fd: int, timeout_s: float | None, doing: str) -> None:
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if poller.poll(None if remaining is None else int(remaining * 1000) + 1):
-            break
+            return
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"no reply within {timeout_s:g} s while {doing}")
-    try:
-        return cloudpickle.loads(recv_bytes(fd))
-    except EOFError as err:
-        raise WorkerDied(f"the worker died while {doing}") from err
+
+
+def _read_by(fd: int, size: int, deadline: float, doing: str) -> bytes:
+    chunks = []
+    while size:
+        _wait_readable(fd, max(0.0, deadline - time.monotonic()), f"{doing} (the rest of a message)")
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            raise EOFError("the pipe closed mid-message")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 class CallByName:

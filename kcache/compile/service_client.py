@@ -31,6 +31,7 @@ import cloudpickle
 
 from kcache.compile import protocol as wire
 from kcache.compile import service_address as address
+from kcache.compile.interpreter import POPEN
 from kcache.compile.jobs import UNSET, JobOutput, JobRunner, usable_cpu_count
 from kcache.compile.protocol import CallByName
 from kcache.errors import CompileAborted
@@ -306,7 +307,7 @@ def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> Non
         raise ServiceUnavailable(str(err)) from err
     read_end, write_end = os.pipe()
     try:
-        starter = subprocess.Popen(
+        starter = POPEN(  # bound at import, as the workers' (interpreter.start_interpreter)
             [sys.executable, "-m", "kcache.compile.service", "--name", name, "--workers", str(workers),
              "--idle", str(idle_s), "--preload", json.dumps(list(preload)), "--ready-fd", str(write_end),
              "--sys-path", json.dumps(sys.path)],

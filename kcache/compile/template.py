@@ -1,7 +1,7 @@
 """The worker template: an interpreter that imported TileLang once and forks compile workers.
 
 Started by a pool (`template_process.WorkerTemplate`) the way a worker is (fork+exec, its setup and
-ready on stdin/stdout), it then serves requests on a SOCK_SEQPACKET control socket:
+ready on protocol pipes of their own), it then serves requests on a SOCK_SEQPACKET control socket:
 
 - `("fork",)` with three descriptors (the job pipe's read end, the reply pipe's write end, the
   worker's stderr file): it forks a worker that runs `worker.serve` on them, and answers its pid.
@@ -25,7 +25,7 @@ import socket
 import sys
 
 from kcache.compile import protocol as wire
-from kcache.compile.worker import PARENT_ENV, claim_protocol_fds, die_with_parent, prepare, serve
+from kcache.compile.worker import PARENT_ENV, die_with_parent, prepare, serve
 
 CONTROL_ENV = "KCACHE_TEMPLATE_CONTROL"
 # What the template imports with, so that the imports leave it with one thread and no CUDA context:
@@ -47,7 +47,7 @@ def thread_count() -> int:
 
 
 def main() -> int:
-    proto_in, proto_out = claim_protocol_fds()
+    proto_in, proto_out = wire.protocol_fds()
     die_with_parent(int(os.environ[PARENT_ENV]))
     faulthandler.enable()  # inherited by every worker: a segfault leaves a traceback in its stderr
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))

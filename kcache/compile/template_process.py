@@ -14,12 +14,11 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 from kcache.compile import protocol as wire
+from kcache.compile.interpreter import start_interpreter
 from kcache.compile.protocol import receive_reply
 from kcache.compile.template import CONTROL_ENV, FORK_SAFE_IMPORT_ENV, MESSAGE_BYTES, RESTORE_ENV
-from kcache.compile.worker import PARENT_ENV
 from kcache.errors import CompilePoolError
 
 
@@ -32,37 +31,37 @@ class WorkerTemplate:
 
     def __init__(self, preload: tuple[str, ...], start_timeout_s: float, stderr: int) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        package_parent = str(Path(__file__).resolve().parents[2])
-        bootstrap = (f"import sys; sys.path.insert(0, {package_parent!r}); "
-                     "from kcache.compile.template import main; sys.exit(main())")
-        # No library threads and no CUDA while the template imports (see template.py); the variables
-        # are taken out again before the first fork, so workers see the caller's environment.
+        setup_read, setup_write = os.pipe2(os.O_CLOEXEC)
+        ready_read, ready_write = os.pipe2(os.O_CLOEXEC)
+        # No library threads and no CUDA while the template imports (see template.py); the caller's
+        # values come back before the first fork, so workers see the caller's environment.
         restore = {name: os.environ.get(name) for name in FORK_SAFE_IMPORT_ENV}
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", bootstrap],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, pass_fds=(theirs.fileno(),),
-                env={**os.environ, **FORK_SAFE_IMPORT_ENV, PARENT_ENV: str(os.getpid()),
-                     CONTROL_ENV: str(theirs.fileno()), RESTORE_ENV: json.dumps(restore)},
-                start_new_session=True,
+            self.proc = start_interpreter(
+                "kcache.compile.template", (setup_read, ready_write), stderr,
+                {**FORK_SAFE_IMPORT_ENV, CONTROL_ENV: str(theirs.fileno()), RESTORE_ENV: json.dumps(restore)},
+                extra_fds=(theirs.fileno(),),
             )
-        except OSError as err:
+        except CompilePoolError:
             ours.close()
-            raise CompilePoolError(f"{sys.executable} could not be started as the worker template: {err}", "") from err
+            for fd in (setup_write, ready_read):
+                os.close(fd)
+            raise
         finally:
             theirs.close()
+            os.close(setup_read)
+            os.close(ready_write)
         self._control = ours
         self._lock = threading.Lock()
-        assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            wire.send(self.proc.stdin.fileno(), {"sys_path": list(sys.path), "preload": list(preload)})
-            reply = receive_reply(self.proc.stdout.fileno(), start_timeout_s, "starting the worker template")
+            wire.send(setup_write, {"sys_path": list(sys.path), "preload": list(preload)})
+            reply = receive_reply(ready_read, start_timeout_s, "starting the worker template")
         except Exception as err:  # noqa: BLE001 - whatever it was, the template is not usable
             self.close()
             raise TemplateGone(f"the worker template did not get ready: {err}") from None
         finally:
-            self.proc.stdin.close()
-            self.proc.stdout.close()
+            os.close(setup_write)
+            os.close(ready_read)
         _ready, self.pid, self.threads = reply
 
     def fork(self, fds: tuple[int, int, int]) -> int:

@@ -1,9 +1,11 @@
 """A compile worker: the process `CompilePool` runs jobs in.
 
 Started by the pool with fork+exec (never a bare fork, so it inherits no
-CUDA context and no lock held by a parent thread). It talks to the parent
-over its original stdin and stdout only; fd 1 is pointed at stderr so that
-whatever TileLang, TVM or nvcc print cannot corrupt the protocol.
+CUDA context and no lock held by a parent thread), or forked by the worker
+template (`template`). It talks to the parent over two pipes of their own
+(`protocol.PROTOCOL_FDS_ENV`); its stdin is /dev/null and its stdout and
+stderr go to its log, so whatever a site hook, TileLang, TVM or nvcc print
+cannot corrupt the protocol.
 """
 
 from __future__ import annotations
@@ -55,23 +57,12 @@ def call_with_path(path: list[str], payload: bytes) -> object:
 
 
 def main() -> int:
-    proto_in, proto_out = claim_protocol_fds()
+    proto_in, proto_out = wire.protocol_fds()
     die_with_parent(int(os.environ[PARENT_ENV]))
     faulthandler.enable()  # a segfault then leaves a Python traceback in the tail the parent reports
     prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
     wire.send(proto_out, (wire.READY, os.getpid()))
     return serve(proto_in, proto_out)
-
-
-def claim_protocol_fds() -> tuple[int, int]:
-    """Move the protocol off fds 0 and 1 (returned), and point fd 1 at stderr: whatever TileLang, TVM
-    or nvcc print cannot corrupt the protocol."""
-    proto_in, proto_out = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(2, 1)
-    os.close(devnull)
-    return proto_in, proto_out
 
 
 def prepare(setup: dict) -> None:

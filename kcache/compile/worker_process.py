@@ -7,13 +7,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 from kcache.compile import protocol as wire
-from kcache.compile.protocol import WorkerDied, receive_reply
+from kcache.compile.interpreter import start_interpreter
+from kcache.compile.protocol import ReplyUnreadable, WorkerDied, receive_reply
 from kcache.compile.template_process import TemplateGone, WorkerTemplate
-from kcache.compile.worker import PARENT_ENV
-from kcache.errors import CompilePoolError
+from kcache.errors import WorkerStartFailed
 
 STDERR_TAIL_LINES = 25
 # A worker's stderr file is emptied between jobs once it is this big.
@@ -103,26 +102,18 @@ class WorkerProcess:
             if template is None:
                 wire.send(self._to_worker, {"sys_path": list(sys.path), "preload": list(preload)})
             kind, _pid = self._receive(start_timeout_s, "starting")
-        except (WorkerDied, TimeoutError, OSError) as err:
+        except (WorkerDied, TimeoutError, OSError, ReplyUnreadable) as err:
             tail = self.stderr_tail(0)
             self.kill()
-            raise CompilePoolError(f"the worker did not get ready ({err})", tail) from None
+            raise WorkerStartFailed(f"the worker did not get ready within {start_timeout_s:g} s ({err})"
+                                    if isinstance(err, TimeoutError) else f"the worker did not get ready ({err})",
+                                    tail) from None
         if kind != wire.READY:
             self.kill()
-            raise CompilePoolError(f"the worker answered {kind!r} instead of ready", "")
+            raise WorkerStartFailed(f"the worker answered {kind!r} instead of ready", self.stderr_tail(0))
 
     def _exec(self, job_read: int, reply_write: int) -> subprocess.Popen:
-        package_parent = str(Path(__file__).resolve().parents[2])
-        bootstrap = f"import sys; sys.path.insert(0, {package_parent!r}); from kcache.compile.worker import main; sys.exit(main())"
-        try:
-            return subprocess.Popen(
-                [sys.executable, "-c", bootstrap],
-                stdin=job_read, stdout=reply_write, stderr=self._stderr,
-                env={**os.environ, PARENT_ENV: str(os.getpid())},
-                start_new_session=True,  # its own process group: a kill takes its nvcc too, and Ctrl-C reaches only us
-            )
-        except OSError as err:
-            raise CompilePoolError(f"{sys.executable} could not be started: {err}", "") from err
+        return start_interpreter("kcache.compile.worker", (job_read, reply_write), self._stderr, {})
 
     def run(self, payload: bytes, timeout_s: float | None) -> tuple:
         """Send one job, wait for its reply. Raises WorkerDied or TimeoutError (the worker is then unusable)."""
