@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kcache.store.manifest import build_manifest
+
 
 @dataclass
 class Injection:
@@ -44,7 +46,7 @@ class Chaos(threading.Thread):
     def __init__(self, kernels_dir: Path, workers: dict[int, subprocess.Popen], restart: Callable[[int], subprocess.Popen],
                  kill_rate: float, corrupt_rate: float, seed: int, lock: threading.Lock,
                  own_kernels: set[str] | None = None, server_kill_rate: float = 0.0,
-                 service_runtime: Path | None = None) -> None:
+                 service_runtime: Path | None = None, library_cuts: bool = False) -> None:
         super().__init__(daemon=True, name="chaos")
         self.kernels_dir = kernels_dir
         self.workers = workers
@@ -54,6 +56,9 @@ class Chaos(threading.Thread):
         # SIGKILLs of the run's compile service (its runtime directory finds it); clients fall back.
         self.server_kill_rate = server_kill_rate if service_runtime is not None else 0.0
         self.service_runtime = service_runtime
+        # Also cut kernel.so short and rewrite the manifest to match (the hash then passes; only the
+        # loader's structure check sees it). Real TileLang entries only: a synthetic library is no ELF.
+        self.library_cuts = library_cuts
         self.rng = random.Random(seed)
         self.lock = lock
         # Only entries of these kernels (the run's own) are corrupted: the root may be a real cache.
@@ -116,9 +121,15 @@ class Chaos(threading.Thread):
                 return
             inode = os.stat(entry).st_ino
             name = self.rng.choice(sorted(os.listdir(entry)))
-            mode = self.rng.choice(["truncate", "flip", "delete"])
+            mode = self.rng.choice(["truncate", "flip", "delete", *(["library-cut"] if self.library_cuts else [])])
+            if mode == "library-cut":
+                name = "kernel.so"
             victim = entry / name
-            if mode == "delete":
+            if mode == "library-cut":
+                library = victim.read_bytes()
+                self._replace(entry, key, name, library[: len(library) // 2])
+                self._replace(entry, key, "manifest.json", build_manifest(entry))
+            elif mode == "delete":
                 os.unlink(victim)
             else:
                 data = bytearray(victim.read_bytes())
@@ -136,3 +147,13 @@ class Chaos(threading.Thread):
         except (FileNotFoundError, ValueError):
             return  # quarantined meanwhile, or its meta is damaged: nothing was injected
         self.log.injections.append(Injection(key, inode, name, mode, time.time()))
+
+    @staticmethod
+    def _replace(entry: Path, key: str, name: str, data: bytes) -> None:
+        damaged = entry.parent / f".chaos-{key}-{os.getpid()}"
+        damaged.write_bytes(data)
+        try:
+            os.rename(damaged, entry / name)
+        finally:
+            if damaged.exists():
+                damaged.unlink()

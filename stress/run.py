@@ -124,7 +124,8 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
     lock = threading.Lock()
     chaos = Chaos(entries_dir(args, root), workers, restart, args.kill_rate, args.corrupt_rate, args.seed, lock,
                   own_kernels=own_kernel_names(args) if args.backend == "kcache" else None,
-                  server_kill_rate=args.server_kill_rate, service_runtime=service_runtime)
+                  server_kill_rate=args.server_kill_rate, service_runtime=service_runtime,
+                  library_cuts=args.backend == "kcache" and not args.synthetic)
     chaos.start()
 
     deadline = (until or float("inf")) + args.hang_grace
@@ -187,6 +188,7 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
               generations: dict[int, int], hung: list[int], crashes: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     from kcache import KernelCache
     from kcache.errors import CorruptEntry
+    from kcache.store.elf import require_loadable
 
     violations: list[str] = []
     ops = [r for r in records if r["t"] == "op"]
@@ -220,7 +222,9 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
         entry = cache.store.entry_path(key)
         try:
             inode = os.stat(entry).st_ino
-            cache.store.read(key)
+            files = cache.store.read(key)
+            if files is not None and not args.synthetic:
+                require_loadable(str(entry), files)  # a library cut short with its manifest rewritten
         except FileNotFoundError:
             continue
         except CorruptEntry as corrupt:

@@ -78,7 +78,8 @@ class DiskTier:
     def load_verified(self, entry_dir: Path, files: dict[str, bytes], loader: Loader) -> Any:
         """Load verified files: in place, or from a copy where the filesystem forbids mapping code.
 
-        Raises CorruptEntry for a library that will not load (a wrong-arch object, a missing symbol),
+        Raises CorruptEntry for a library that will not load (cut short or another machine's: the
+        loader checks its structure before dlopen, store/elf.py; a missing symbol),
         and kcache's own errors for what this machine causes (noexec everywhere, a missing
         dependency), which must never get a good, shared entry quarantined.
         """

@@ -21,6 +21,7 @@ from tvm.tirx import PrimExpr, PrimFunc
 
 from kcache.store import exec_copy
 from kcache.store.components import DEVICE_SOURCE, HOST_SOURCE, LIBRARY, PARAMS
+from kcache.store.elf import require_loadable
 from kcache.tilelang.target import ResolvedTarget
 
 
@@ -37,7 +38,8 @@ def load_kernel(
 ) -> JITKernel:
     """Build a runnable kernel from an entry whose files were already verified.
 
-    The library is loaded from a copy of its verified bytes (kcache/store/exec_copy.py), on a noexec
+    Its structure is checked before anything maps it (store/elf.py). The library is loaded from a
+    copy of its verified bytes (kcache/store/exec_copy.py), on a noexec
     filesystem (`noexec_mount`) as everywhere; `libpath` still names the entry's file.
 
     Sets exactly the fields that `JITKernel.from_database` and
@@ -45,6 +47,9 @@ def load_kernel(
     redundant target normalizations and without `tvm_ffi.convert` on a list
     and an int (two first-time ABC walks, ~1-2 ms each).
     """
+    # A library cut short (its manifest rewritten to match) would be mapped past its end by dlopen,
+    # and the first touch of such a page is SIGBUS in this process: checked first, a corrupt entry.
+    require_loadable(str(entry_dir), files)
     context = resolved.context
     spec = context.execution_backend
     host_source = files[HOST_SOURCE].decode()

@@ -19,6 +19,7 @@ from kcache.maintenance.gc import collect_garbage, staging_dirs
 from kcache.maintenance.stats import read_persisted
 from kcache.store import layout
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META
+from kcache.store.elf import require_loadable
 from kcache.store.entries import EntryStore
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import MANIFEST_NAME
@@ -164,7 +165,9 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     keys = store.keys()
     for key in keys:
         try:
-            store.read(key)
+            files = store.read(key)
+            if files is not None:
+                require_loadable(str(store.entry_path(key)), files)  # the hash can match a library cut short
         except CorruptEntry as corrupt:
             entry = {"key": key, "reason": corrupt.reason, "quarantined": None}
             if args.repair:
