@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,3 +80,89 @@ def test_a_library_cut_short_or_wrong_with_a_matching_manifest_is_a_corrupt_entr
         assert fresh_get(root) == {"compiles": 0, "corrupt": 0}, name  # and the next process hits
         quarantined = sorted((root / ".quarantine").iterdir(), key=lambda p: p.stat().st_mtime)[-1]
         assert (quarantined / LIBRARY).read_bytes() == library, name
+
+
+def test_a_fifo_as_an_entrys_meta_never_blocks_the_command_line(tmp_path: Path) -> None:
+    """A FIFO where meta.json belongs would block any plain open for reading until a writer came:
+    `kcache ls`, `show`, `gc` and `clear` read through O_NONBLOCK|O_NOFOLLOW and finish."""
+    from .helpers import child_env
+    from .test_eviction import POPULATE
+
+    root = tmp_path / "root"
+    subprocess.run([sys.executable, "-c", POPULATE.format(root=str(root), names=["a", "b"])], env=child_env(),
+                   cwd=str(PROJECT), check=True, capture_output=True)
+    (key, *_) = sorted(os.listdir(root / "kernels"))
+    meta = root / "kernels" / key / "meta.json"
+    meta.unlink()
+    os.mkfifo(meta)
+    for command in (["ls"], ["show", key[:12]], ["gc"], ["clear", "--all-versions"]):
+        done = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), "--json", *command],
+                              capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=60)
+        assert done.returncode in (0, 1), (command, done.stderr[-2000:])  # finished, whatever it found
+        assert done.stdout, (command, done.stderr[-2000:])
+    assert not (root / "kernels").exists() or not os.listdir(root / "kernels")  # clear removed it all
+
+
+@pytest.mark.parametrize("planted", ["directory", "symlink"])
+def test_a_lock_file_replaced_by_a_directory_or_a_link_costs_a_warning_not_the_call(
+        tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    import kcache
+    from stress import synthetic
+
+    root = tmp_path / "root"
+    cache = kcache.KernelCache(root, backend=synthetic)
+    cache.get_or_compile(synthetic.SyntheticFunc("x"), "synthetic")
+    (key,) = cache.store.keys()
+    lock = root / ".locks" / f"{key}.lock"
+    assert lock.is_file()
+    lock.unlink()
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    if planted == "directory":
+        lock.mkdir()
+    else:
+        lock.symlink_to(victim)
+    shutil.rmtree(root / "kernels" / key)  # a miss: the compile has to take that lock
+    fresh = kcache.KernelCache(root, backend=synthetic)
+    with caplog.at_level(logging.WARNING, logger="kcache"):
+        kernel = fresh.get_or_compile(synthetic.SyntheticFunc("x"), "synthetic")
+        fresh.gc()
+    assert kernel.name == "x"
+    assert any("cannot take the compile lock" in r.getMessage() and str(lock) in r.getMessage()
+               for r in caplog.records)
+    assert victim.read_text() == "untouched"
+    assert lock.is_symlink() if planted == "symlink" else lock.is_dir()  # not ours to remove
+
+
+SAVE_TUNED = """
+import sys
+from autotuner import AutotuneResult
+from stress.kernels import elementwise_add
+result = AutotuneResult(config={"n": 1024}, latency=0.1, ref_latency=None, configs=[], kernel_key="cd" * 32,
+                        out_idx=[2], target={"kind": "cuda", "arch": "sm_90a"}, func=elementwise_add(n=1024),
+                        metadata={})
+print(result.save_to_disk(sys.argv[1]))
+"""
+
+LOAD_TUNED_FIRST = """
+import sys
+from kcache.results.autotune import AutotuneResult
+assert "tilelang" not in sys.modules and "tvm" not in sys.modules  # what a server that loads its configs first has
+result = AutotuneResult.load_from_disk(sys.argv[1])
+print("LOADED", result is not None and type(result.func).__name__, result is not None and result.func.attrs["global_symbol"])
+"""
+
+
+@pytest.mark.tilelang
+def test_a_tuned_result_loads_in_a_process_that_has_not_imported_tilelang(tmp_path: Path) -> None:
+    pytest.importorskip("tilelang")
+    path = tmp_path / "root" / "autotuner" / "add"
+    saved = subprocess.run([sys.executable, "-c", SAVE_TUNED, str(path)], capture_output=True, text=True,
+                           timeout=300, cwd=str(PROJECT))
+    assert saved.stdout.strip().endswith("True"), saved.stderr[-2000:]
+    loaded = subprocess.run([sys.executable, "-c", LOAD_TUNED_FIRST, str(path)], capture_output=True, text=True,
+                            timeout=300, cwd=str(PROJECT))
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert "LOADED PrimFunc" in loaded.stdout and "cannot be read back" not in loaded.stderr

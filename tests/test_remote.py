@@ -142,3 +142,52 @@ def test_doctor_checks_that_the_remote_answers(tmp_path: Path, redis_url: str) -
     assert not remote_finding(redis_url).problem
     dead = remote_finding("redis://127.0.0.1:1/0")
     assert dead.problem and "unreachable" in dead.detail
+
+
+FAULTY = Path(__file__).with_name("faulty_endpoints.py")
+
+
+def start_endpoint(*args: str):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, str(FAULTY), *args], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def test_a_redis_that_trickles_its_answers_costs_one_deadline_not_the_call(
+        tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Each byte arrives well within the socket timeout (0.5 s), so only a deadline on the whole
+    operation stops the wait; the kernel compiles locally and Redis is left alone for a while."""
+    import time
+    from urllib.parse import urlparse
+
+    upstream = urlparse(redis_url)
+    proxy, port = start_endpoint("trickle", upstream.hostname or "127.0.0.1", str(upstream.port), "0.3")
+    try:
+        cache = node(tmp_path / "a", f"redis://127.0.0.1:{port}/0")
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="kcache"):
+            kernel = get(cache)
+        took = time.monotonic() - started
+    finally:
+        proxy.kill()
+        proxy.wait()
+    assert kernel.name == "k0" and cache.stats()["compiles"] == 1
+    assert took < 30, f"the call waited {took:.1f} s on a trickling Redis"  # a deadline, not a speed goal
+    assert any("no whole answer within" in r.getMessage() for r in caplog.records)
+
+
+def test_an_endpoint_that_is_not_redis_is_a_remote_failure_not_a_crash(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    endpoint, port = start_endpoint("ok")
+    try:
+        cache = node(tmp_path / "a", f"redis://127.0.0.1:{port}/0")
+        with caplog.at_level(logging.WARNING, logger="kcache"):
+            kernel = get(cache)
+    finally:
+        endpoint.kill()
+        endpoint.wait()
+    assert kernel.name == "k0" and cache.stats()["compiles"] == 1
+    assert any("is unavailable" in r.getMessage() for r in caplog.records)

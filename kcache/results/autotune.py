@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -180,9 +181,29 @@ class AutotuneResult:
             kernel_key=kernel["key"],
             out_idx=kernel["out_idx"],
             target=kernel["target"],
-            func=cloudpickle.loads(files[FUNCTION]),
+            func=_unpickle_function(files[FUNCTION]),
             metadata=meta,
         )
+
+
+# Modules whose classes are whole only after `import tilelang`: TileLang ships its own TVM (put on
+# sys.path by that import) and registers its operators (tl.*) then; a PrimFunc rebuilt before that
+# either misses the module or fails on an unregistered operator.
+TILELANG_PROVIDED = ("tvm", "tvm_ffi", "tilelang")
+
+
+def _unpickle_function(data: bytes) -> Any:
+    """The result's function, in a process that may not have imported TileLang yet (a server that
+    loads its tuned configs first): a pickle that names TileLang's modules gets TileLang imported
+    first, or an error that says to install it."""
+    if "tilelang" not in sys.modules and any(name.encode() in data for name in TILELANG_PROVIDED):
+        try:
+            import tilelang  # noqa: F401 - for its side effects: TVM on sys.path, operators registered
+        except ImportError as missing:
+            raise ModuleNotFoundError(
+                f"this autotune result's function is a TileLang PrimFunc and TileLang cannot be imported "
+                f"here: {missing}. Install TileLang in this environment.", name="tilelang") from missing
+    return cloudpickle.loads(data)
 
 
 def result_path(root: str | os.PathLike[str], key: str) -> Path:

@@ -42,13 +42,14 @@ _LEN = struct.Struct(">I")
 DIGEST_SIZE = 32
 DEFAULT_TIMEOUT_S = 0.5
 DEFAULT_RETRY_AFTER_S = 30.0
+# One whole command, its reply included, within this long. The socket timeout bounds each read, not
+# the sum of them: a Redis (or a proxy) that trickles a byte every 0.3 s would otherwise hold the
+# caller, under the key's lock, and every local waiter with it. 64 MiB at 100 MB/s takes 0.7 s.
+DEFAULT_OPERATION_TIMEOUT_S = 5.0
 DEFAULT_LEASE_S = 30.0
 DEFAULT_MAX_ENTRY_BYTES = 64 << 20
 # Slack for clocks of different nodes when a lease's expiry (wall-clock time) is judged.
 LEASE_SKEW_S = 10.0
-
-# What a remote lookup can raise besides redis-py's own errors: sockets and DNS.
-_NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError,)
 
 
 DOWN = object()  # what a Redis command "returns" while Redis is unavailable
@@ -119,7 +120,7 @@ class RemoteTier:
     def __init__(self, url: str, namespace: str, required: frozenset[str], *, secret: str | None = None,
                  ttl_s: float | None = None, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
                  timeout_s: float = DEFAULT_TIMEOUT_S, retry_after_s: float = DEFAULT_RETRY_AFTER_S,
-                 client: Any = None) -> None:
+                 operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_S, client: Any = None) -> None:
         import redis
 
         self.url = url
@@ -129,7 +130,7 @@ class RemoteTier:
         self.ttl_ms = int(ttl_s * 1000) if ttl_s else None
         self.max_entry_bytes = max_entry_bytes
         self.retry_after_s = retry_after_s
-        self._errors = (redis.RedisError, *_NETWORK_ERRORS)
+        self.operation_timeout_s = operation_timeout_s
         self._client = client or redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._down_until = 0.0
         self._warned = False
@@ -241,24 +242,49 @@ class RemoteTier:
         return time.monotonic() >= self._down_until
 
     def _call(self, operation: Callable[[], Any], failed: Any = None) -> Any:
-        """Run one Redis command; on any failure mark Redis down for a while and return `failed`."""
+        """Run one Redis command within `operation_timeout_s`; on any failure (whatever the client
+        raised: a wrong endpoint makes redis-py raise AttributeError, say) or past the deadline, mark
+        Redis down for a while and return `failed`.
+
+        The command runs on a thread of its own so that the deadline holds whatever the socket does;
+        one that overruns is left to finish or fail there (its connection is not reused: it is not
+        back in the pool). A lease taken by such a late command is never renewed and lapses."""
         if not self.available():
             return failed
-        try:
-            result = operation()
-        except self._errors as err:
-            with self._guard:
-                self._down_until = time.monotonic() + self.retry_after_s
-                if not self._warned:
-                    self._warned = True
-                    log.warning("kcache: the remote cache %s is unavailable (%s: %s); working locally, retrying in "
-                                "%.0f s", self.url, type(err).__name__, err, self.retry_after_s)
+        outcome: dict[str, Any] = {}
+        finished = threading.Event()
+
+        def run() -> None:
+            try:
+                outcome["value"] = operation()
+            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread below
+                outcome["error"] = err
+            finally:
+                finished.set()
+
+        threading.Thread(target=run, name="kcache-remote", daemon=True).start()
+        if not finished.wait(self.operation_timeout_s):
+            self._mark_down(TimeoutError(f"no whole answer within {self.operation_timeout_s:g} s"))
+            return failed
+        error = outcome.get("error")
+        if error is not None:
+            if not isinstance(error, Exception):
+                raise error  # KeyboardInterrupt and friends are not Redis's
+            self._mark_down(error)
             return failed
         if self._warned:
             with self._guard:
                 self._warned = False
                 log.warning("kcache: the remote cache %s is back", self.url)
-        return result
+        return outcome["value"]
+
+    def _mark_down(self, err: BaseException) -> None:
+        with self._guard:
+            self._down_until = time.monotonic() + self.retry_after_s
+            if not self._warned:
+                self._warned = True
+                log.warning("kcache: the remote cache %s is unavailable (%s: %s); working locally, retrying in "
+                            "%.0f s", self.url, type(err).__name__, err, self.retry_after_s)
 
 
 class RemoteLease:

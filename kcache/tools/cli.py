@@ -17,10 +17,11 @@ from kcache.errors import CorruptEntry
 from kcache.maintenance.eviction import evict, evict_entry, recorded_size, scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
 from kcache.maintenance.stats import read_persisted
-from kcache.store import layout
+from kcache.store import dirfd, layout
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META
 from kcache.store.elf import require_loadable
 from kcache.store.entries import EntryStore
+from kcache.store.fsutil import read_regular_at
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.tools.cli_format import format_table, human_age, human_size
@@ -29,6 +30,10 @@ from kcache.tools.server_cli import cmd_server
 
 AUTOTUNER = "autotuner"
 OTHER_VERSION_UNUSED_S = 7 * 86400
+
+
+# meta.json, manifest.json: a few hundred bytes; anything far bigger is not kcache's.
+MAX_JSON_BYTES = 1 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +171,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     for key in keys:
         try:
             files = store.read(key)
-            if files is not None:
+            if files is not None and _is_tilelang_entry(files):
                 require_loadable(str(store.entry_path(key)), files)  # the hash can match a library cut short
         except CorruptEntry as corrupt:
             entry = {"key": key, "reason": corrupt.reason, "quarantined": None}
@@ -259,9 +264,26 @@ def _autotune_results(root: Path) -> list[Path]:
         return []
 
 
-def _json_file(path: Path) -> Any:
+def _is_tilelang_entry(files: dict[str, bytes]) -> bool:
+    """Whether a verified entry is TileLang's (its library is dlopened: worth an ELF check); stress's
+    synthetic entries hold random bytes there."""
     try:
-        return json.loads(path.read_bytes())
+        meta = json.loads(files[META])
+    except (KeyError, ValueError):
+        return False
+    return isinstance(meta, dict) and "tilelang" in meta
+
+
+def _json_file(path: Path) -> Any:
+    """A small JSON file of an entry, read through its directory's descriptor: a link, a FIFO (which
+    would block the open) or a device is unreadable, never waited on."""
+    try:
+        directory = os.open(path.parent, dirfd.DIR_FLAGS)
+        try:
+            data = read_regular_at(directory, path.name, MAX_JSON_BYTES)
+        finally:
+            os.close(directory)
+        return json.loads(data)
     except (OSError, ValueError) as err:
         return {"unreadable": f"{path}: {err}"}
 
