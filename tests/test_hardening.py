@@ -16,6 +16,8 @@ import pytest
 from kcache.store.components import LIBRARY
 from kcache.store.manifest import MANIFEST_NAME, build_manifest
 
+from .faults import fill_filesystem, needs_root, tmpfs
+
 PROJECT = Path(__file__).resolve().parent.parent
 
 GET = """
@@ -166,3 +168,38 @@ def test_a_tuned_result_loads_in_a_process_that_has_not_imported_tilelang(tmp_pa
                             timeout=300, cwd=str(PROJECT))
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert "LOADED PrimFunc" in loaded.stdout and "cannot be read back" not in loaded.stderr
+
+
+@needs_root
+@pytest.mark.tilelang
+def test_a_cache_filesystem_that_fills_up_at_any_step_still_returns_the_kernel(tmp_path: Path) -> None:
+    """Free space from 0 to 128 KiB in 8 KiB steps, on a real 1 MiB tmpfs: whichever write runs out
+    (a component, the linker's output, the manifest, the publish), the caller gets its kernel, with
+    no partial entry and no staging left after gc."""
+    pytest.importorskip("tilelang")
+    import kcache
+    from kcache.tilelang.backend import toolchain_fingerprint
+    from stress.kernels import CPU_TARGET, elementwise_add
+
+    unsaved = 0
+    with tmpfs(tmp_path / "tiny", size="1m") as mount:
+        for leave_kib in range(0, 129, 8):
+            root = mount / f"cache-{leave_kib}"
+            cache = kcache.KernelCache(root)
+            toolchain_fingerprint(cache.root)  # the small files that come before the entry
+            filler = fill_filesystem(mount, leave_bytes=leave_kib * 1024)
+            try:
+                kernel = cache.get_or_compile(elementwise_add(n=1024 + 8 * leave_kib), CPU_TARGET, out_idx=[2])
+                assert kernel is not None, leave_kib
+                stats = cache.stats()
+                unsaved += stats["publish_failures"] > 0
+                if stats["publish_failures"] == 0:
+                    assert len(cache.store.keys()) == 1 and cache.store.read(cache.store.keys()[0]), leave_kib
+                else:
+                    assert cache.store.keys() == [], leave_kib  # nothing half-published
+            finally:
+                filler.unlink()
+            cache.gc()
+            assert not any((root / ".staging").iterdir()), leave_kib
+            shutil.rmtree(root)
+    assert unsaved >= 1  # the fault fired: at the low levels nothing could be saved

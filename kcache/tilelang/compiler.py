@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import socket
+import tempfile
 import threading
 import time
 import traceback
@@ -34,9 +35,8 @@ from tvm.target import Target
 from tvm.tirx import PrimFunc
 
 from kcache.errors import CompileError
-from kcache.store import sharing
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
-from kcache.store.fsutil import empty_staging, ensure_dir, fsync_path, write_durable
+from kcache.store.fsutil import empty_staging, ensure_dir, write_durable
 from kcache.tilelang.context import CompileContext, applied
 from kcache.tilelang.identity import kernel_name
 from kcache.tilelang.target import ResolvedTarget, resolve_target
@@ -182,6 +182,15 @@ def _write_log(log_dir: Path, name: str, err: BaseException) -> str | None:
     return str(path)
 
 
+def linked_library(adapter: Any) -> bytes:
+    """The kernel's host library, linked into a private temporary directory and read back."""
+    with tempfile.TemporaryDirectory(prefix="kcache-link-") as private:
+        path = os.path.join(private, LIBRARY)
+        adapter.get_exportable_executable().export_library(path)
+        with open(path, "rb") as linked:
+            return linked.read()
+
+
 def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: ResolvedTarget, toolchain: dict) -> None:
     """Write every component of a kernel entry into `staging` (durably)."""
     kernel = compiled.kernel
@@ -190,12 +199,10 @@ def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: Res
     write_durable(staging / HOST_SOURCE, (adapter.get_host_source() or "").encode())
     write_durable(staging / DEVICE_BINARY, compiled.device_binary)
     write_durable(staging / PARAMS, dump_kernel_params(kernel.params).encode())
-    library = staging / LIBRARY
-    adapter.get_exportable_executable().export_library(str(library))
-    # Written once, like every component: read-only before the manifest is written (the linker
-    # made it 0755; a group member could otherwise truncate it under a process that mapped it).
-    os.chmod(library, sharing.file_mode(sharing.WRITE_ONCE_FILE_MODE) or sharing.WRITE_ONCE_FILE_MODE)
-    fsync_path(library)
+    # Written like every component (durably, read-only, with the sharing mode), from the linker's
+    # output in a private directory: the linker never writes into the cache's filesystem, so a full
+    # cache fails the save (ENOSPC: the kernel is returned unsaved), never the compile.
+    write_durable(staging / LIBRARY, linked_library(adapter))
     meta = {
         "key": key,
         "kernel": compiled.name,
