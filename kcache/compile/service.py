@@ -110,8 +110,8 @@ class Server:
             try:
                 while True:
                     try:
-                        message = wire.cloudpickle.loads(wire.recv_bytes(fd))
-                    except (EOFError, OSError):
+                        message = wire.receive_reply(fd, None, "reading a client's messages")
+                    except (EOFError, OSError, wire.WorkerDied):  # gone, or stalled mid-message
                         return
                     except Exception:  # noqa: BLE001 - a message this server cannot read: see below
                         log.exception("kcache service: an unreadable message; closing the connection")

@@ -39,7 +39,8 @@ from kcache.errors import CompileAborted
 log = logging.getLogger("kcache")
 
 START_TIMEOUT_S = 20.0  # the server binds its socket before it imports anything heavy
-RETRY_AFTER_S = 30.0  # after a failure, the own pool serves this long before the service is tried again
+RETRY_AFTER_S = 30.0
+REQUEST_TIMEOUT_S = 600.0  # a status, stop or waiting warm-up request (the last starts workers)  # after a failure, the own pool serves this long before the service is tried again
 PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -180,7 +181,9 @@ class ServicePool(JobRunner):
     def _read(self, conn: socket.socket) -> None:
         try:
             while True:
-                message = cloudpickle.loads(wire.recv_bytes(conn.fileno()))
+                # A message begun must end within protocol.MESSAGE_DEADLINE_S; one that cannot be
+                # rebuilt here loses its job id: either way the connection is given up as lost.
+                message = wire.receive_reply(conn.fileno(), None, "reading the compile service's answers")
                 if message[0] == "pong":
                     answered = self._pongs.get(message[1])
                     if answered is not None:
@@ -196,7 +199,7 @@ class ServicePool(JobRunner):
                     entry[0].set_result(message[2])
                 else:
                     entry[0].set_exception(message[2])
-        except (EOFError, OSError) as err:
+        except (EOFError, OSError, wire.WorkerDied, wire.ReplyUnreadable) as err:
             self._lost(conn, f"the connection closed ({err})" if str(err) else "the connection closed")
 
     def _lost(self, conn: socket.socket, why: str) -> None:
@@ -265,9 +268,10 @@ def connect(name: str) -> tuple[socket.socket, int]:
             raise ServiceUnavailable(f"the socket of {name} is served by uid {uid}, not {os.geteuid()}")
         conn.settimeout(None)  # the wire reads the descriptor, which must block
         wire.send(conn.fileno(), ("hello", name))
-        if not select.select([conn], [], [], START_TIMEOUT_S)[0]:
-            raise ServiceUnavailable(f"the compile service at {address.socket_path(name)} does not answer")
-        _kind, pid = cloudpickle.loads(wire.recv_bytes(conn.fileno()))
+        try:
+            _kind, pid = wire.receive_reply(conn.fileno(), START_TIMEOUT_S, "greeting the compile service")
+        except (TimeoutError, wire.WorkerDied, wire.ReplyUnreadable) as err:
+            raise ServiceUnavailable(f"the compile service at {address.socket_path(name)} does not answer: {err}") from None
         return conn, pid
     except BaseException:
         conn.close()
@@ -337,5 +341,8 @@ def request(name: str, message: tuple[Any, ...]) -> Any:
     conn, _pid = connect(name)
     with conn:
         wire.send(conn.fileno(), message)
-        return cloudpickle.loads(wire.recv_bytes(conn.fileno()))[1]
+        try:  # a warm-up that waits for its workers may take as long as a worker's start
+            return wire.receive_reply(conn.fileno(), REQUEST_TIMEOUT_S, f"asking the compile service for {message[0]}")[1]
+        except (wire.WorkerDied, wire.ReplyUnreadable) as err:
+            raise EOFError(f"the compile service did not answer {message[0]}: {err}") from None
 
