@@ -203,3 +203,21 @@ def test_a_cache_filesystem_that_fills_up_at_any_step_still_returns_the_kernel(t
             assert not any((root / ".staging").iterdir()), leave_kib
             shutil.rmtree(root)
     assert unsaved >= 1  # the fault fired: at the low levels nothing could be saved
+
+
+def test_a_message_that_stops_half_way_is_a_dead_peer_within_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker (or the service) that writes the start of a message and no more is given up on within
+    the message deadline, never waited on forever; whole messages still pass."""
+    from kcache.compile import protocol
+
+    monkeypatch.setattr(protocol, "MESSAGE_DEADLINE_S", 0.3)
+    read_end, write_end = os.pipe()
+    try:
+        protocol.send(write_end, ("whole", 1))
+        assert protocol.receive_reply(read_end, 5.0, "testing") == ("whole", 1)
+        os.write(write_end, (64).to_bytes(8, "big") + b"only the beginning")
+        with pytest.raises(protocol.WorkerDied, match="stopped in the middle of a message"):
+            protocol.receive_reply(read_end, 5.0, "testing")
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -45,9 +45,12 @@ def recv_bytes(fd: int) -> bytes:
     return _read_exactly(fd, size)
 
 
-def _read_exactly(fd: int, size: int) -> bytes:
+def _read_exactly(fd: int, size: int, deadline: float | None = None, doing: str = "") -> bytes:
+    """`size` bytes; with a deadline (time.monotonic()), TimeoutError when they are not all there by then."""
     chunks = []
     while size:
+        if deadline is not None:
+            _wait_readable(fd, max(0.0, deadline - time.monotonic()), f"{doing} (the rest of a message)")
         chunk = os.read(fd, min(size, 1 << 20))
         if not chunk:
             raise EOFError("the pipe closed mid-message")
@@ -86,9 +89,9 @@ def receive_reply(fd: int, timeout_s: float | None, doing: str) -> tuple:
     cannot be unpickled."""
     _wait_readable(fd, timeout_s, doing)
     try:
-        header = _read_by(fd, _HEADER.size, time.monotonic() + MESSAGE_DEADLINE_S, doing)
+        header = _read_exactly(fd, _HEADER.size, time.monotonic() + MESSAGE_DEADLINE_S, doing)
         (size,) = _HEADER.unpack(header)
-        payload = _read_by(fd, size, time.monotonic() + MESSAGE_DEADLINE_S, doing)
+        payload = _read_exactly(fd, size, time.monotonic() + MESSAGE_DEADLINE_S, doing)
     except EOFError as err:
         raise WorkerDied(f"the worker died while {doing}") from err
     except TimeoutError as err:  # a message begun and not finished: the worker is stuck, not slow
@@ -109,18 +112,6 @@ def _wait_readable(fd: int, timeout_s: float | None, doing: str) -> None:
             return
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"no reply within {timeout_s:g} s while {doing}")
-
-
-def _read_by(fd: int, size: int, deadline: float, doing: str) -> bytes:
-    chunks = []
-    while size:
-        _wait_readable(fd, max(0.0, deadline - time.monotonic()), f"{doing} (the rest of a message)")
-        chunk = os.read(fd, min(size, 1 << 20))
-        if not chunk:
-            raise EOFError("the pipe closed mid-message")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
 
 
 class CallByName:
