@@ -108,8 +108,15 @@ def claim_root(root_fd: int, root: Path) -> bool:
     return True
 
 
+NOT_A_DIRECTORY = "not a directory"
+
+
 def unwritable_reason(root: Path) -> str:
     """Why this process cannot write under `root`, or "" if it can (creating it if missing)."""
+    if root.is_symlink() and not root.exists():
+        return f"it is a dangling symbolic link, {NOT_A_DIRECTORY}"
+    if root.exists() and not root.is_dir():
+        return f"it is a file, {NOT_A_DIRECTORY}"
     try:
         create_root(root)
     except OSError as err:
@@ -136,16 +143,21 @@ def plan(root: Path, policy: str, readonly: bool) -> RootPlan:
     fallback = fallback_root(root) if policy == "fallback" else None
     if fallback is not None and unwritable_reason(fallback):
         fallback = None
+    if NOT_A_DIRECTORY in reason:  # a mistake in KCACHE_DIR, not a matter of permissions
+        fix = "point KCACHE_DIR (or the root you pass) at a directory"
+        reads = ()
+    else:
+        fix = ("share it through a group (KCACHE_UMASK=002, docs/operations.md) or point KCACHE_DIR at a "
+               "writable directory")
+        reads = (root,)
     if fallback is None:
-        _warn_once(root, f"kcache: the cache root {root} is not writable by this process: {reason}. Serving its "
-                   "hits and compiling misses without saving them (read-only). Fix: share it through a group "
-                   "(KCACHE_UMASK=002, docs/operations.md) or point KCACHE_DIR at a writable directory.")
-        return RootPlan(None, (root,))
-    _warn_once(root, f"kcache: the cache root {root} is not writable by this process: {reason}. Reading its "
-               f"hits, and saving new kernels in {fallback} instead. Fix: share it through a group "
-               "(KCACHE_UMASK=002, docs/operations.md), or point KCACHE_DIR at a writable directory; "
-               "KCACHE_ON_UNWRITABLE=readonly|error chooses another policy.")
-    return RootPlan(fallback, (fallback, root))
+        _warn_once(root, f"kcache: the cache root {root} is not writable by this process: {reason}. Compiling "
+                   f"misses without saving them{' and serving its hits' if reads else ''}. Fix: {fix}.")
+        return RootPlan(None, reads)
+    _warn_once(root, f"kcache: the cache root {root} is not writable by this process: {reason}. "
+               f"{'Reading its hits, and saving' if reads else 'Saving'} new kernels in {fallback} instead. "
+               f"Fix: {fix}; KCACHE_ON_UNWRITABLE=readonly|error chooses another policy.")
+    return RootPlan(fallback, (fallback, *reads))
 
 
 def fallback_root(root: Path) -> Path:

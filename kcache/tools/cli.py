@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kcache.config import Settings, parse_age, parse_size
-from kcache.errors import CorruptEntry
+from kcache.errors import CorruptEntry, KCacheError
 from kcache.maintenance.eviction import evict, evict_entry, recorded_size, scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
 from kcache.maintenance.stats import read_persisted
@@ -36,18 +37,84 @@ OTHER_VERSION_UNUSED_S = 7 * 86400
 MAX_JSON_BYTES = 1 << 20
 
 
+# Exit statuses: a command's own (0, 1), then what stopped it before it could run.
+EXIT_USER_ERROR = 2  # a bad setting, argument or root: one line on stderr says what and how to fix it
+EXIT_BROKEN_PIPE = 141  # stdout closed early (`kcache ls | head`): 128 + SIGPIPE, as a shell reports it
+# Read-only commands: they never create a root, and say so when there is none.
+READ_ONLY_COMMANDS = frozenset({"stats", "ls", "show", "verify"})
+
+
+class UserMistake(Exception):
+    """Something the user can fix (the message says what and how), not a bug: one line, no traceback."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user's mistake (a bad setting, argument or root) is one line on stderr and
+    exit status 2; `--debug` or KCACHE_DEBUG=1 shows its traceback. Bugs keep their tracebacks."""
+    arguments = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in arguments or os.environ.get("KCACHE_DEBUG", "") not in ("", "0")
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        # Nothing more can be said on a closed stdout; point it at /dev/null so that the interpreter's
+        # final flush does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    except (UserMistake, KCacheError, ValueError, OSError) as err:
+        if debug:
+            raise
+        print(f"kcache: {_one_line(err)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         from kcache.tools.run import run_program  # the one command that imports TileLang
 
         return run_program(args)
-
-    settings = Settings.from_env(args.dir)
-    run: Callable[[argparse.Namespace, Settings], tuple[Any, str, int]] = COMMANDS[args.command]
+    if args.command == "doctor":
+        settings = None  # the doctor reports bad settings and roots as findings: it must not stop on them
+    else:
+        settings = Settings.from_env(args.dir)
+        missing = _check_root(settings.root, args.command)
+        if missing is not None:
+            print(json.dumps(missing[0]) if args.json else missing[1])
+            return missing[2]
+    run: Callable[[argparse.Namespace, Any], tuple[Any, str, int]] = COMMANDS[args.command]
     result, text, status = run(args, settings)
     print(json.dumps(result, indent=1, default=str) if args.json else text)
+    sys.stdout.flush()  # a closed pipe shows here, inside main's handler
     return status
+
+
+def _check_root(root: Path, command: str) -> tuple[Any, str, int] | None:
+    """A root that is not a directory is a mistake for every command; a missing one is "no cache" for
+    the read-only commands (which never create one)."""
+    if root.is_symlink() and not root.exists():
+        raise UserMistake(f"the cache root {root} is a dangling symbolic link: point KCACHE_DIR or --dir at a directory")
+    if root.exists() and not root.is_dir():
+        raise UserMistake(f"the cache root {root} is not a directory (a {_kind(root)}): point KCACHE_DIR or --dir "
+                          "at a directory")
+    if not root.exists() and command in READ_ONLY_COMMANDS:
+        status = 1 if command in ("verify", "show") else 0
+        return {"root": str(root), "exists": False}, f"no kcache root at {root}", status
+    return None
+
+
+def _kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    return {stat.S_IFREG: "regular file", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket",
+            stat.S_IFCHR: "character device", stat.S_IFBLK: "block device"}.get(stat.S_IFMT(mode), "non-directory")
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
+        text = f"{err.filename}: {text}"
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify = command("verify", "hash-check every entry")
     verify.add_argument("--repair", action="store_true", help="quarantine the bad ones (they recompile on next use)")
     prune = command("prune", "evict least recently used entries down to a size or age")
-    prune.add_argument("--max-size", type=parse_size, help="e.g. 5G (default: KCACHE_MAX_SIZE)")
-    prune.add_argument("--max-age", type=parse_age, help="e.g. 30d (default: KCACHE_MAX_AGE)")
+    prune.add_argument("--max-size", type=_argument(parse_size), help="e.g. 5G (default: KCACHE_MAX_SIZE)")
+    prune.add_argument("--max-age", type=_argument(parse_age), help="e.g. 30d (default: KCACHE_MAX_AGE)")
     clear = command("clear", "remove the entries of the installed TileLang version")
     clear.add_argument("--all-versions", action="store_true", help="every entry and autotune result")
     command("gc", "staging, trash, stale locks, old quarantine, unused entries of other TileLang versions")
@@ -94,6 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` as an argparse type: its own message (with examples), not "invalid parse_size value"."""
+
+    def parsed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parsed.__name__ = parse.__name__.removeprefix("parse_")
+    return parsed
+
+
 def _shared_options(after_command: bool = False) -> argparse.ArgumentParser:
     """The options every command takes. After the command their default is SUPPRESS: an absent one
     must not overwrite the value given before the command."""
@@ -102,6 +182,7 @@ def _shared_options(after_command: bool = False) -> argparse.ArgumentParser:
     options.add_argument("--dir", metavar="ROOT", help="cache root (default: $KCACHE_DIR or the user cache directory)",
                          **unset)
     options.add_argument("--json", action="store_true", help="machine-readable output", **unset)
+    options.add_argument("--debug", action="store_true", help="a traceback for errors (also KCACHE_DEBUG=1)", **unset)
     return options
 
 
@@ -238,12 +319,15 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
     return result, text, 0
 
 
-def cmd_doctor(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    findings = doctor(settings, fix=args.fix)
+def cmd_doctor(args: argparse.Namespace, settings: Settings | None) -> tuple[Any, str, int]:
+    # Settings are the doctor's to read: a bad one is a finding, not a stop (main passes None).
+    findings = doctor(settings if settings is not None else args.dir, fix=args.fix)
     problems = [f for f in findings if f.problem and not f.fixed]
-    rows = [("FIXED" if f.fixed else "PROBLEM" if f.problem else "ok", f.check, f.detail + (f" Fix: {f.fix}" if f.problem and not f.fixed and f.fix else ""))
+    rows = [("FIXED" if f.fixed else "PROBLEM" if f.problem else "ok", f.check,
+             f.detail + (f"; fix: {f.fix}" if f.problem and not f.fixed and f.fix else ""))
             for f in findings]
-    return [vars(f) for f in findings], format_table(["", "check", "detail"], rows), 1 if problems else 0
+    reported = [{k: v for k, v in vars(f).items() if k != "fix" or f.problem} for f in findings]
+    return reported, format_table(["", "check", "detail"], rows), 1 if problems else 0
 
 
 COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,

@@ -8,7 +8,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache.config import Settings
+from kcache.config import Settings, default_root
 from kcache.maintenance.eviction import scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
 from kcache.store import access, exec_copy, layout, sharing
@@ -32,9 +32,24 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     and what kcache then does, trust, group sharing, noexec, free space, size, leftovers, the
     toolchain, the remote tier, the compile service. `fix` repairs what is safe to repair (create the root, chmod o-w a
     root you own, gc)."""
-    settings = root if isinstance(root, Settings) else Settings.from_env(root)
-    root = settings.root
     findings: list[Finding] = []
+    if isinstance(root, Settings):
+        settings = root
+    else:
+        try:
+            settings = Settings.from_env(root)
+        except ValueError as err:  # a bad KCACHE_* value: reported, and the rest checked with the defaults
+            findings.append(Finding("settings", True, str(err), "correct that variable or unset it"))
+            settings = Settings(root=Path(root).expanduser() if root is not None else default_root())
+    root = settings.root
+    if root.is_symlink() and not root.exists():
+        findings.append(Finding("root", True, f"{root} is a dangling symbolic link",
+                                "point KCACHE_DIR or --dir at a directory"))
+        return [*findings, _compile_service(settings)]
+    if root.exists() and not root.is_dir():
+        findings.append(Finding("root", True, f"{root} exists but is not a directory",
+                                "point KCACHE_DIR or --dir at a directory, or move that file away"))
+        return [*findings, _compile_service(settings)]
     if not root.is_dir():
         finding = Finding("root", True, f"{root} does not exist", "create it (kcache does on first use)")
         if fix:

@@ -1,0 +1,96 @@
+"""A user's mistake is one line on stderr that names it and the fix, with a distinct exit status, never
+a traceback (issue 23): each CLI verb against bad settings, a root that is not a directory, a missing
+root, bad arguments and a closed stdout, each in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import PROJECT, child_env
+
+VERBS = [["stats"], ["ls"], ["verify"], ["show", "abcd"], ["gc"], ["prune"], ["clear"]]
+BAD_SETTINGS = {"KCACHE_MAX_SIZE": "banana", "KCACHE_COMPILE_WORKERS": "-3", "KCACHE_LOCK_TIMEOUT": "abc"}
+
+
+def kcache(*argv: str, env: dict[str, str] | None = None, stdout: int = subprocess.PIPE) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kcache", *argv], stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          env={**child_env(), **(env or {})}, cwd=str(PROJECT), timeout=120, check=False)
+
+
+def assert_one_line(done: subprocess.CompletedProcess, *words: str) -> None:
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
+    assert len(lines) == 1, done.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+@pytest.mark.parametrize("variable", sorted(BAD_SETTINGS))
+@pytest.mark.parametrize("verb", VERBS, ids=lambda v: v[0])
+def test_a_bad_setting_is_one_line_for_every_verb(tmp_path: Path, variable: str, verb: list[str]) -> None:
+    done = kcache("--dir", str(tmp_path / "root"), *verb, env={variable: BAD_SETTINGS[variable]})
+    assert done.returncode == 2
+    assert_one_line(done, variable, repr(BAD_SETTINGS[variable]))
+
+
+@pytest.mark.parametrize("variable", sorted(BAD_SETTINGS))
+def test_the_doctor_reports_a_bad_setting_as_a_finding(tmp_path: Path, variable: str) -> None:
+    done = kcache("--dir", str(tmp_path / "root"), "doctor", env={variable: BAD_SETTINGS[variable]})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert variable in done.stdout and "PROBLEM" in done.stdout
+
+
+@pytest.mark.parametrize("verb", VERBS, ids=lambda v: v[0])
+def test_a_root_that_is_a_file_is_named_as_such(tmp_path: Path, verb: list[str]) -> None:
+    root = tmp_path / "afile"
+    root.write_text("not a cache")
+    done = kcache("--dir", str(root), *verb)
+    assert done.returncode == 2
+    assert_one_line(done, str(root), "not a directory")
+    assert root.read_text() == "not a cache"
+
+
+def test_the_doctor_names_a_root_that_is_a_file_and_fix_does_not_crash(tmp_path: Path) -> None:
+    root = tmp_path / "afile"
+    root.write_text("not a cache")
+    for extra in ([], ["--fix"]):
+        done = kcache("--dir", str(root), "doctor", *extra)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "not a directory" in done.stdout
+    assert root.read_text() == "not a cache"
+
+
+@pytest.mark.parametrize("verb,status", [(["stats"], 0), (["ls"], 0), (["verify"], 1), (["show", "ab"], 1)],
+                         ids=["stats", "ls", "verify", "show"])
+def test_read_only_commands_on_a_missing_root_say_so_and_create_nothing(tmp_path: Path, verb: list[str],
+                                                                       status: int) -> None:
+    root = tmp_path / "typo"
+    done = kcache("--dir", str(root), *verb)
+    assert done.returncode == status and f"no kcache root at {root}" in done.stdout, done.stdout + done.stderr
+    assert not root.exists()
+
+
+def test_a_bad_size_argument_names_the_value_and_gives_examples(tmp_path: Path) -> None:
+    done = kcache("--dir", str(tmp_path), "prune", "--max-size", "5Q")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "'5Q' is not a size" in done.stderr and "parse_size" not in done.stderr
+
+
+def test_a_closed_stdout_ends_quietly(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`| head` that already exited) is gone
+    try:
+        done = kcache("--dir", str(tmp_path), "--json", "doctor", stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    done = kcache("--dir", str(tmp_path), "--debug", "stats", env={"KCACHE_MAX_SIZE": "banana"})
+    assert done.returncode != 0 and "Traceback" in done.stderr
