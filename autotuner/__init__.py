@@ -10,7 +10,7 @@ The cache's gc cleans stale staging under `<root>/autotuner/` like everywhere el
 """
 
 from autotuner.benchmark import cuda_event_profiler
-from autotuner.tune import TuneFailed, autotune, tune
+from autotuner.tune import NoBenchmarkDevice, TuneFailed, autotune, tune
 from kcache.results.autotune import AutotuneResult, ConfigOutcome, result_path
 
-__all__ = ["AutotuneResult", "ConfigOutcome", "TuneFailed", "autotune", "cuda_event_profiler", "result_path", "tune"]
+__all__ = ["AutotuneResult", "ConfigOutcome", "NoBenchmarkDevice", "TuneFailed", "autotune", "cuda_event_profiler", "result_path", "tune"]

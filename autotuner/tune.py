@@ -78,6 +78,8 @@ def tune(
             log.info("kcache: tune of %s loaded from %s", name, result_path(root, identity[:40]))
             return saved
 
+    if profiler is None:
+        _require_cuda_device(name)  # before anything compiles, not after every config did
     tuning = _tuning_cache(base, compile_workers, timeout_s)
     # In server mode: the service's workers for this tune start (forked) while the configs are built.
     tuning.warm_compiles(len(configs))
@@ -180,6 +182,20 @@ def _source(function: Callable[..., Any]) -> str:
         return inspect.getsource(function)
     except (OSError, TypeError):  # built in a REPL or by exec: its name stands for it
         return ""
+
+
+class NoBenchmarkDevice(RuntimeError):
+    """`tune` times configs on a CUDA GPU by default, and none is visible."""
+
+
+def _require_cuda_device(name: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoBenchmarkDevice(
+            f"autotuner.tune times configs on a CUDA GPU and none is visible here (torch.cuda.is_available() is "
+            f"False), so nothing of {name} was compiled. Tune on a GPU machine (a saved result then loads "
+            "anywhere), or pass profiler=(kernel, inputs) -> milliseconds to time configs another way.")
 
 
 def _tuning_cache(base: kcache.KernelCache, workers: int | None, timeout_s: float | None) -> kcache.KernelCache:

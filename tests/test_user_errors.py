@@ -94,3 +94,36 @@ def test_a_closed_stdout_ends_quietly(tmp_path: Path) -> None:
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     done = kcache("--dir", str(tmp_path), "--debug", "stats", env={"KCACHE_MAX_SIZE": "banana"})
     assert done.returncode != 0 and "Traceback" in done.stderr
+
+
+@pytest.mark.tilelang
+@pytest.mark.parametrize("func", [lambda x: x, "add_kernel", None], ids=["function", "str", "None"])
+def test_get_or_compile_names_what_it_takes(tmp_path: Path, func: object) -> None:
+    pytest.importorskip("tilelang")
+    import kcache
+    from stress.kernels import CPU_TARGET
+
+    cache = kcache.KernelCache(tmp_path / "root")
+    with pytest.raises(TypeError, match="kcache compiles a TileLang PrimFunc") as caught:
+        cache.get_or_compile(func, CPU_TARGET)  # type: ignore[arg-type]
+    assert type(func).__qualname__ in str(caught.value)
+
+
+@pytest.mark.tilelang
+def test_tuning_without_a_gpu_or_a_profiler_says_so_before_compiling_anything(tmp_path: Path) -> None:
+    pytest.importorskip("tilelang")
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: the mistake this test makes is not one")
+    import autotuner
+    import kcache
+    from stress.kernels import CPU_TARGET
+
+    from .test_tune_trials import tile_kernel
+
+    cache = kcache.KernelCache(tmp_path / "root")
+    with pytest.raises(autotuner.NoBenchmarkDevice, match="none is visible here") as caught:
+        autotuner.tune(tile_kernel, [{"threads": 256}, {"threads": 128}], inputs=[], target=CPU_TARGET,
+                       out_idx=[2], cache=cache, verbose=False)
+    assert "profiler=" in str(caught.value)
+    assert cache.stats()["compiles"] == 0 and cache.store.keys() == []

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tilelang.transform.pass_config import normalize_pass_configs  # noqa: F401 - part of this module's interface
+from tvm.ir import IRModule
 from tvm.runtime import _ffi_node_api
 from tvm.tirx import PrimFunc
 
@@ -44,6 +45,17 @@ def normalize_flags(compile_flags: str | Sequence[str] | None) -> list[str] | No
     return [compile_flags] if isinstance(compile_flags, str) else [str(f) for f in compile_flags]
 
 
+def require_prim_func(func: Any) -> None:
+    """TypeError naming what get_or_compile takes, for anything else (the first use of `func`). An
+    IRModule passes, as TileLang's own cache takes one."""
+    if not isinstance(func, (PrimFunc, IRModule)):
+        shown = repr(func)
+        raise TypeError(
+            f"kcache compiles a TileLang PrimFunc (a `@T.prim_func` function, or what a kernel factory returns), "
+            f"not {type(func).__module__}.{type(func).__qualname__}: {shown[:80] + ('...' if len(shown) > 80 else '')}. "
+            "For `@tilelang.jit` functions, call kcache.install() and use TileLang as usual.")
+
+
 def key_fields(
     func: PrimFunc,
     resolved: ResolvedTarget,
@@ -53,6 +65,7 @@ def key_fields(
     toolchain: dict[str, object],
     context: CompileContext | None = None,
 ) -> dict[str, object]:
+    require_prim_func(func)
     fields: dict[str, object] = {
         "kind": "tilelang-kernel",
         "script": func.script(show_meta=True),
