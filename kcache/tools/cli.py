@@ -79,29 +79,29 @@ def _run(argv: list[str] | None) -> int:
         settings = None  # the doctor reports bad settings and roots as findings: it must not stop on them
     else:
         settings = Settings.from_env(args.dir)
-        missing = _check_root(settings.root, args.command)
-        if missing is not None:
-            print(json.dumps(missing[0]) if args.json else missing[1])
-            return missing[2]
+        _check_root(settings.root)
     run: Callable[[argparse.Namespace, Any], tuple[Any, str, int]] = COMMANDS[args.command]
+    missing = settings is not None and not settings.root.exists() and args.command in READ_ONLY_COMMANDS
     result, text, status = run(args, settings)
+    if missing:  # the usual (empty) answer for scripts, and a plain word for people: a typo shows
+        text = f"no kcache root at {settings.root}"
+        if isinstance(result, dict):
+            result["exists"] = False
+        if args.command == "verify":
+            status = 1  # nothing was verified: not a pass
     print(json.dumps(result, indent=1, default=str) if args.json else text)
     sys.stdout.flush()  # a closed pipe shows here, inside main's handler
     return status
 
 
-def _check_root(root: Path, command: str) -> tuple[Any, str, int] | None:
-    """A root that is not a directory is a mistake for every command; a missing one is "no cache" for
-    the read-only commands (which never create one)."""
+def _check_root(root: Path) -> None:
+    """A root that is not a directory is a mistake for every command (a missing one is not: the
+    read-only commands say "no kcache root", the others create it)."""
     if root.is_symlink() and not root.exists():
         raise UserMistake(f"the cache root {root} is a dangling symbolic link: point KCACHE_DIR or --dir at a directory")
     if root.exists() and not root.is_dir():
         raise UserMistake(f"the cache root {root} is not a directory (a {_kind(root)}): point KCACHE_DIR or --dir "
                           "at a directory")
-    if not root.exists() and command in READ_ONLY_COMMANDS:
-        status = 1 if command in ("verify", "show") else 0
-        return {"root": str(root), "exists": False}, f"no kcache root at {root}", status
-    return None
 
 
 def _kind(path: Path) -> str:
