@@ -151,8 +151,10 @@ def plan(root: Path, policy: str, readonly: bool) -> RootPlan:
                "writable directory")
         reads = (root,)
     if fallback is None:
-        _warn_once(root, f"kcache: the cache root {root} is not writable by this process: {reason}. Compiling "
-                   f"misses without saving them{' and serving its hits' if reads else ''}. Fix: {fix}.")
+        doing = ("Serving its hits and compiling misses without saving them (read-only)" if reads
+                 else "Compiling misses without saving them")
+        _warn_once(root, f"kcache: the cache root {root} is not writable by this process: {reason}. {doing}. "
+                   f"Fix: {fix}.")
         return RootPlan(None, reads)
     _warn_once(root, f"kcache: the cache root {root} is not writable by this process: {reason}. "
                f"{'Reading its hits, and saving' if reads else 'Saving'} new kernels in {fallback} instead. "
