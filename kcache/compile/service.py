@@ -65,6 +65,7 @@ class Server:
         self._last_activity = time.monotonic()
         self._clients = 0
         self._client_ids = itertools.count()
+        self._senders: dict[int, Any] = {}  # each connected client's send
         self.counts = {"jobs": 0, "failed": 0, "cancelled": 0, "clients_served": 0, "refused": 0}
 
     def serve(self) -> None:
@@ -73,6 +74,10 @@ class Server:
                 idle_for = time.monotonic() - self._last_activity if self._outstanding == 0 else 0.0
             if idle_for >= self.idle_s:
                 log.info("kcache service: idle for %.0f s, exiting", idle_for)
+                with self._lock:
+                    senders = list(self._senders.values())
+                for send in senders:  # a job already on its way was not run: its client may send it anew
+                    send(("bye", "idle"))
                 return
             readable, _, _ = select.select([self.listener], [], [], max(0.05, min(1.0, self.idle_s - idle_for)))
             if not readable:
@@ -92,9 +97,6 @@ class Server:
                 with self._lock:
                     self.counts["refused"] += 1
                 return
-            with self._lock:
-                self._clients += 1
-                self.counts["clients_served"] += 1
             fd = conn.fileno()
             send_lock = threading.Lock()
             client = next(self._client_ids)
@@ -106,6 +108,11 @@ class Server:
                 with send_lock, contextlib.suppress(OSError):
                     if connected[0]:
                         wire.send(fd, message)
+
+            with self._lock:
+                self._clients += 1
+                self.counts["clients_served"] += 1
+                self._senders[client] = send
 
             try:
                 while True:
@@ -119,6 +126,8 @@ class Server:
                     if not self._handle(message, client, send):
                         return
             finally:
+                with self._lock:
+                    self._senders.pop(client, None)
                 with send_lock:
                     connected[0] = False
                 cancelled = self.scheduler.drop_client(client)  # a gone client's jobs, queued or running

@@ -65,6 +65,7 @@ class ServicePool(JobRunner):
         self._send_lock = threading.Lock()
         self._pending: dict[int, tuple[Future[Any], bytes, str, float | None]] = {}
         self._pongs: dict[int, threading.Event] = {}
+        self._left_idle: set[int] = set()  # connections whose server said it exits when idle
         self._ids = itertools.count()
         self._down_until = 0.0
         self._warned: set[str] = set()
@@ -84,7 +85,7 @@ class ServicePool(JobRunner):
         return cloudpickle.dumps((CallByName("kcache.compile.worker", "call_with_path"), (list(sys.path), payload)))
 
     def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET,
-                       output: JobOutput | None = None) -> Future[Any]:
+                       output: JobOutput | None = None, *, retried: bool = False) -> Future[Any]:
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
         conn = self._connection()
         if conn is None:
@@ -96,7 +97,16 @@ class ServicePool(JobRunner):
         try:
             self._send(conn, ("job", job_id, self._wrapped(payload), name, limit, output))
         except OSError as err:
+            # The server closed this connection before it could read the job (it exited when idle,
+            # the usual case, or died): this job never ran, so it goes to a new connection, which
+            # starts a new service, or to the own pool if the loss of running jobs marks the
+            # service down. Running jobs the loss took are the own pool's (`_lost`).
+            with self._lock:
+                self._pending.pop(job_id, None)
             self._lost(conn, f"sending a job failed: {err}")
+            if retried:
+                return self._fallback().submit_payload(payload, name, limit)
+            return self.submit_payload(payload, name, limit, output, retried=True)
         return future
 
     def warm(self, count: int | None = None, *, wait: bool = False) -> float:
@@ -184,6 +194,9 @@ class ServicePool(JobRunner):
                 # A message begun must end within protocol.MESSAGE_DEADLINE_S; one that cannot be
                 # rebuilt here loses its job id: either way the connection is given up as lost.
                 message = wire.receive_reply(conn.fileno(), None, "reading the compile service's answers")
+                if message[0] == "bye":  # it exits when idle: what it has not answered, it never ran
+                    self._left_idle.add(id(conn))
+                    continue
                 if message[0] == "pong":
                     answered = self._pongs.get(message[1])
                     if answered is not None:
@@ -210,8 +223,15 @@ class ServicePool(JobRunner):
             orphans, self._pending = self._pending, {}
         with contextlib.suppress(OSError):
             conn.close()
+        left_idle = id(conn) in self._left_idle
+        self._left_idle.discard(id(conn))
         if not orphans:
             return  # an idle service that exited: the next job reconnects (or starts a new one)
+        if left_idle:
+            # The jobs crossed the server's idle exit on the way: none of them ran. A new service.
+            for future, payload, name, limit in orphans.values():
+                _chain(self.submit_payload(payload, name, limit, retried=True), future)
+            return
         self._down_until = time.monotonic() + RETRY_AFTER_S
         self._warn("lost", f"the compile service (pid {self.server_pid}) went away with {len(orphans)} job(s) running: "
                    f"{why}; running them in this process's own pool")
