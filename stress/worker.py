@@ -176,7 +176,9 @@ class Worker:
                 name, func, spec = sequence[count]
                 op = "get"
             else:
-                if (args.until and time.time() >= args.until) or (args.ops is not None and count >= args.ops):
+                # Each generation does one operation even past the end: a worker restarted after a kill
+                # late in a short run still shows progress, so "made no progress" means stuck, not unlucky.
+                if (args.until and time.time() >= args.until and count > 0) or (args.ops is not None and count >= args.ops):
                     break
                 name, func, spec = self.rng.choice(self.items)
                 op = self.choose()
