@@ -128,7 +128,11 @@ class Chaos(threading.Thread):
             if mode == "library-cut":
                 library = victim.read_bytes()
                 self._replace(entry, key, name, library[: len(library) // 2])
+                # Injected from here on: a worker can see the cut library before the manifest follows
+                # (and quarantine the entry, so the manifest's rename finds no entry).
+                self.log.injections.append(Injection(key, inode, name, mode, time.time()))
                 self._replace(entry, key, "manifest.json", build_manifest(entry))
+                return
             elif mode == "delete":
                 os.unlink(victim)
             else:

@@ -346,8 +346,9 @@ def test_forked_workers_see_the_callers_environment_not_the_templates_import_set
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
     pool = service_pool()
     seen = pool.run(pool_jobs.environment, *FORK_SAFE_IMPORT_ENV)
     assert seen == {"CUDA_VISIBLE_DEVICES": "3", "OMP_NUM_THREADS": "8", "OPENBLAS_NUM_THREADS": None,
-                    "MKL_NUM_THREADS": None}
+                    "MKL_NUM_THREADS": None, "PYTORCH_NVML_BASED_CUDA_CHECK": "0"}
     assert pool.run(pool_jobs.parent_pid) == status(pool)["template_pid"]  # and it was a forked worker

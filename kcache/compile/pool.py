@@ -343,11 +343,12 @@ class CompilePool(JobRunner):
                 return None
             finally:
                 os.close(stderr)  # the template holds its own copy
-            if template.threads > 1:
+            if len(template.threads) > 1:
                 # A fork would copy a process whose other threads may hold locks: not safe.
                 self._template_unusable = True
-                log.warning("kcache: the compile worker template holds %d threads after importing %s; "
-                            "workers start by exec", template.threads, ", ".join(self.preload) or "nothing")
+                log.warning("kcache: the compile worker template holds %d threads after importing %s (%s); "
+                            "workers start by exec", len(template.threads), ", ".join(self.preload) or "nothing",
+                            ", ".join(template.threads[1:]))
                 template.close()
                 return None
             self._template = template

@@ -30,20 +30,30 @@ from kcache.compile.worker import PARENT_ENV, die_with_parent, prepare, serve
 CONTROL_ENV = "KCACHE_TEMPLATE_CONTROL"
 # What the template imports with, so that the imports leave it with one thread and no CUDA context:
 # the thread pools of BLAS and OpenMP off (numpy's OpenBLAS and torch's OpenMP start their threads at
-# import), and no visible GPU (tvm_ffi and TileLang ask `torch.cuda.is_available()` at import, which
-# initializes CUDA, whose driver starts a thread: "cuda00001800007" on the H100; NVML-based checks
-# did not avoid it). The caller's values come back after the imports (RESTORE_ENV), so workers see
-# the caller's environment.
+# import), and no CUDA driver. tvm_ffi and TileLang ask `torch.cuda.is_available()` at import; torch
+# answers it with cuInit, and the driver starts a thread ("cuda00001400006" on the H100) even when
+# CUDA_VISIBLE_DEVICES hides every GPU. With PYTORCH_NVML_BASED_CUDA_CHECK=1 torch counts devices
+# through NVML instead, which honours CUDA_VISIBLE_DEVICES="" and starts no thread: measured on the
+# H100, the template then holds one thread; either variable alone left the driver's thread. The
+# caller's values come back after the imports (RESTORE_ENV), so workers see the caller's environment.
 FORK_SAFE_IMPORT_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                        "CUDA_VISIBLE_DEVICES": ""}
+                        "CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 # JSON {name: the caller's value, or null where it was not set}: put back after the imports.
 RESTORE_ENV = "KCACHE_TEMPLATE_RESTORE"
 FORK_FDS = 3
 MESSAGE_BYTES = 4096
 
 
-def thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
+def thread_names() -> list[str]:
+    """This process's threads by name (the kernel's comm), itself first: what a fork would not copy."""
+    names = []
+    for tid in sorted(os.listdir("/proc/self/task"), key=lambda t: t != str(os.getpid())):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                names.append(comm.read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile is no longer a reason not to fork
+            continue
+    return names
 
 
 def main() -> int:
@@ -57,7 +67,7 @@ def main() -> int:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    wire.send(proto_out, (wire.READY, os.getpid(), thread_count()))
+    wire.send(proto_out, (wire.READY, os.getpid(), thread_names()))
     os.close(proto_in)
     os.close(proto_out)
     while True:

@@ -62,7 +62,7 @@ class WorkerTemplate:
         finally:
             os.close(setup_write)
             os.close(ready_read)
-        _ready, self.pid, self.threads = reply
+        _ready, self.pid, self.threads = reply  # thread names, the main thread first
 
     def fork(self, fds: tuple[int, int, int]) -> int:
         """A new worker on these descriptors (job in, reply out, stderr); its pid."""
