@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .service_runtime import stop_services
+
 MODES = ("tilelang", "pool", "server, running", "server, cold", "server, cold, cache opened first")
 KERNELS = ("add", "matmul")
 
@@ -114,8 +116,7 @@ def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
                         service.close()
                     samples[(mode, kernel)].append(_sample(mode, kernel, work, env))
     finally:
-        _stop(client, name)
-        shutil.rmtree(runtime, ignore_errors=True)
+        stop_services(runtime)  # every service this run started, whatever its name
         shutil.rmtree(work, ignore_errors=True)
     medians: dict[tuple[str, str], float] = {}
     for key, values in samples.items():
@@ -136,7 +137,7 @@ def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
     segfault = CallByName("ctypes", "string_at")  # of address 0: the worker dies of SIGSEGV
     out: dict[str, list[float]] = {"server (fork)": [], "pool (exec)": []}
     try:
-        client, name = _service(env)
+        client, _ = _service(env)
         service = client.ServicePool(1, None, TILELANG_PRELOAD, 600.0, lambda: None)
         own = CompilePool(1, None, preload=TILELANG_PRELOAD)
         for runner, label, warm in ((service, "server (fork)", lambda: service.warm(1, wait=True)),
@@ -152,14 +153,14 @@ def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
                 out[label].append(time.perf_counter() - started)
         own.close()
         service.close()
-        _stop(client, name)
     finally:
+        # The one-worker service has a name of its own (the worker count is in it): stop them all.
+        stop_services(runtime)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        shutil.rmtree(runtime, ignore_errors=True)
     return {label: sorted(values)[len(values) // 2] for label, values in out.items()}
 
 
