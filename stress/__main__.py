@@ -66,10 +66,11 @@ def print_report(summary: dict) -> None:
     c = summary["corruptions"]
     print(f"\nops {summary['ops']} in {summary['wall_s']} s ({summary['ops_per_s']}/s); "
           f"hits: memory {summary['hits']['memory']}, disk {summary['hits']['disk']}; misses {summary['misses']}")
-    print(f"compiles {summary['compiles']} (nvcc saw {summary.get('nvcc_compiles', '-')}; "
+    print(f"compiles {summary['compiles']} (nvcc saw {'-' if summary.get('nvcc_compiles') is None else summary['nvcc_compiles']}; "
           f"{summary['compiles_interrupted']} interrupted by kills); lost races {summary['lost_races']}; "
           f"lock waits {summary['lock_waits']}")
-    print(f"kills {summary['kills']} (compile service: {summary.get('server_kills', 0)}); crashes {summary['crashes']}; corruptions injected {c['injected']}, "
+    print(f"kills {summary['kills']} (compile service: {summary.get('server_kills', 0)}); crashes {summary['crashes']}; corruptions injected {c['injected']}"
+          f"{' (' + ', '.join(f'{m} {n}' for m, n in sorted(c['by_mode'].items())) + ')' if c['by_mode'] else ''}, "
           f"detected {c['detected']} ({c['by_workers']} by workers, {c['at_final_check']} at the final check); "
           f"wrong results {summary['wrong_results']}")
     for violation in summary["invariants"]["violations"]:

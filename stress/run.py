@@ -233,7 +233,11 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
                 cache.store.quarantine(key, f"stress final check: {corrupt.reason}")
             else:
                 violations.append(f"published entry {entry} fails verification without injected corruption: {corrupt.reason}")
-    detected = sum(1 for i in chaos.log.injections if i.inode in quarantined_by_workers or i.inode in found_at_sweep)
+    # Counted by injection (two injections into one entry are two), so the parts add up to the whole.
+    by_workers = sum(1 for i in chaos.log.injections if i.inode in quarantined_by_workers)
+    at_final_check = sum(1 for i in chaos.log.injections
+                         if i.inode in found_at_sweep and i.inode not in quarantined_by_workers)
+    detected = by_workers + at_final_check
     undetected = len(chaos.log.injections) - detected
     if undetected:
         violations.append(f"{undetected} injected corruptions were never detected")
@@ -288,7 +292,8 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
         "lost_races": outcome["lost_races"], "lock_waits": outcome["lock_waits"],
         "kills": len(chaos.log.kills), "server_kills": len(chaos.log.server_kills), "crashes": len(crashes),
         "corruptions": {"injected": len(chaos.log.injections), "detected": detected,
-                        "by_workers": len(quarantined_by_workers), "at_final_check": len(found_at_sweep)},
+                        "by_workers": by_workers, "at_final_check": at_final_check,
+                        "by_mode": dict(Counter(i.mode for i in chaos.log.injections))},
         "wrong_results": wrong,
         "invariants": {"violations": violations, "pass": not violations},
     }
