@@ -25,6 +25,7 @@ from kcache.errors import CompilerCrashed, CompileTimeout
 
 from . import pool_jobs
 from .faults import needs_root
+from .helpers import child_env
 from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -148,6 +149,27 @@ def test_another_environment_gets_another_service(runtime: Path, monkeypatch: py
     second = service_pool()
     assert second.name != first.name
     assert second.run(pool_jobs.double, 1) == 2 and second.server_pid != first.server_pid
+
+
+def test_importing_tilelang_before_or_after_the_cache_opens_names_one_service() -> None:
+    """`import tilelang` sets its path variables to its own defaults: the same environment as unset.
+    A value of the caller's own still names another service."""
+    code = textwrap.dedent("""
+        import os, sys
+        os.environ.pop("TL_TEMPLATE_PATH", None); os.environ.pop("TL_CUTLASS_PATH", None); os.environ.pop("TVM_LIBRARY_PATH", None)
+        from kcache.compile.service_address import identity
+        before = identity(("tilelang",), 2)
+        import tilelang
+        assert os.environ.get("TL_TEMPLATE_PATH"), "TileLang no longer sets TL_TEMPLATE_PATH at import"
+        after = identity(("tilelang",), 2)
+        os.environ["TL_TEMPLATE_PATH"] = "/elsewhere/templates"
+        print(before, after, identity(("tilelang",), 2))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=child_env(), cwd=str(PROJECT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after, elsewhere = done.stdout.split()
+    assert before == after != elsewhere
 
 
 @needs_root

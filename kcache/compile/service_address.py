@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -32,6 +33,31 @@ from kcache.store import access
 # would compile something else (docs/design.md, "The compile context").
 IMPORT_TIME_ENV = ("CUDA_HOME", "CUDA_PATH", "PATH", "TL_TEMPLATE_PATH", "TL_CUTLASS_PATH", "TVM_LIBRARY_PATH",
                    "KCACHE_UMASK", "KCACHE_GROUP")
+
+
+def tilelang_default_paths() -> dict[str, str]:
+    """What `import tilelang` sets TL_TEMPLATE_PATH, TL_CUTLASS_PATH and TVM_LIBRARY_PATH to where they
+    are unset (tilelang/env.py, 0.1.15), found without importing it.
+
+    A process that imported TileLang before its cache opened has them set; one that opens the cache
+    first has not. Both mean the same environment, so a value equal to TileLang's own default names
+    the service as an unset one does: otherwise the two orders start two services (measured: a herd
+    that imports TileLang first never used the service warmed up before it). Where this misreads a
+    layout, the cost is a second service, never a wrong compile: the values are then compared as set."""
+    spec = importlib.util.find_spec("tilelang")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    root = os.path.abspath(next(iter(spec.submodule_search_locations)))
+    third_party = os.path.join(root, "3rdparty")
+    if os.path.exists(third_party):
+        libs = [lib for lib in [os.path.join(root, "lib")] if os.path.exists(lib)]
+    else:  # TileLang's development layout: the build tree beside the package
+        build = os.path.join(os.path.dirname(root), "build")
+        libs = [os.path.join(build, "lib"), os.path.join(build, "tvm")]
+        third_party = os.path.join(os.path.dirname(root), "3rdparty")
+    return {"TVM_LIBRARY_PATH": os.pathsep.join(libs),
+            "TL_CUTLASS_PATH": os.path.join(third_party, "cutlass", "include"),
+            "TL_TEMPLATE_PATH": os.path.join(third_party, "..", "src")}
 
 
 class NoServiceDirectory(OSError):
@@ -49,6 +75,9 @@ def identity(preload: Iterable[str], workers: int) -> str:
         "workers": workers,
         "env": {name: os.environ.get(name) for name in IMPORT_TIME_ENV},
     }
+    for name, default in tilelang_default_paths().items():
+        if document["env"][name] == default:
+            document["env"][name] = None
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:20]
 
 
