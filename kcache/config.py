@@ -79,9 +79,11 @@ class Settings:
     staging_ttl_s: float = DEFAULT_STAGING_TTL_S
     # Opening a cache runs gc at most this often per root.
     gc_interval_s: float = DEFAULT_GC_INTERVAL_S
-    # "pool": compile in long-lived worker processes (a crash kills a worker); "inprocess": in the caller;
-    # "server": in this user's compile service, shared by every process (the pool when it is not there).
-    compile_isolation: str = "pool"
+    # "server": in this user's compile service, shared by every process (the process's own pool when it
+    # cannot be reached); "pool": in the process's own long-lived worker processes (a crash kills a
+    # worker); "inprocess": in the caller. The service is the default since it met its goals on the
+    # H100 (docs/benchmarks.md): no slower than the pool in any measured case, and far cheaper in most.
+    compile_isolation: str = "server"
     # The compile service exits after this long without a job.
     server_idle_s: float = 600.0
     # At most this many compiles at once in the pool (None: the usable CPU count).

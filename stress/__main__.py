@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
@@ -29,7 +30,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-rate", type=float, default=0.05, help="SIGKILLs of random workers per second (default 0.05)")
     p.add_argument("--corrupt-rate", type=float, default=0.2, help="corrupted published files per second (default 0.2)")
     p.add_argument("--isolation", choices=["pool", "inprocess", "server"],
-                   help="KCACHE_COMPILE_ISOLATION of the workers (default: as set in the environment)")
+                   help="KCACHE_COMPILE_ISOLATION of the workers (default: as set in the environment, else server)")
     p.add_argument("--server-kill-rate", type=float, default=0.0,
                    help="SIGKILLs of the run's compile service per second (with --isolation server)")
     p.add_argument("--synthetic", action="store_true", help="a fake compiler with realistic artifacts: store stress without TileLang")
@@ -43,13 +44,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds after the end a worker may take to finish before it counts as hung (default 420)")
     args = p.parse_args(argv)
     if args.remote:
-        import os
-
         os.environ["KCACHE_REMOTE"] = args.remote  # the workers inherit it
     if args.synthetic and args.backend == "tilelang":
         p.error("--synthetic replaces the compiler of kcache; TileLang's own cache has no such mode")
-    if args.server_kill_rate and args.isolation != "server":
-        p.error("--server-kill-rate kills the compile service: use it with --isolation server")
+    from kcache.config import Settings
+
+    isolation = args.isolation or os.environ.get("KCACHE_COMPILE_ISOLATION") or Settings.compile_isolation
+    if args.server_kill_rate and isolation != "server":
+        p.error(f"--server-kill-rate kills the compile service, and the workers compile with {isolation}: "
+                "use it with --isolation server")
     if args.duration is None and args.ops is None:
         args.duration = 40.0
     if args.kernels is None:

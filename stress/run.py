@@ -75,7 +75,10 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
     service_runtime = None
     if args.isolation:
         env["KCACHE_COMPILE_ISOLATION"] = args.isolation
-    if args.isolation == "server":
+    from kcache.config import Settings
+
+    isolation = args.isolation or os.environ.get("KCACHE_COMPILE_ISOLATION") or Settings.compile_isolation
+    if isolation == "server" and args.backend == "kcache":
         from .service_runtime import fresh_runtime
 
         service_runtime = fresh_runtime()  # the run's own compile service, found and stopped by the run

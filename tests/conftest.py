@@ -21,6 +21,44 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "tilelang: compiles real TileLang kernels (slow: seconds each)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_runtime() -> Iterator[None]:
+    """The compile services that tests start by default (KCACHE_COMPILE_ISOLATION's default is `server`)
+    live in a runtime directory of this session's own, exit after a minute idle, and are stopped at
+    its end: nothing of the suite's keeps running, and no test reaches the developer's service."""
+    from kcache.compile import service_client as client
+
+    directory = Path(tempfile.mkdtemp(prefix="ks-", dir="/tmp"))  # short: a socket's path has 107 bytes
+    saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "KCACHE_SERVER_IDLE")}
+    os.environ.update({"XDG_RUNTIME_DIR": str(directory), "KCACHE_SERVER_IDLE": "60"})
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    stop_services_in(directory, client)
+
+
+def stop_services_in(directory: Path, client: object) -> None:
+    """Ask every service with a socket in `directory` to stop, then remove it."""
+    previous = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(directory)
+    try:
+        for socket_file in (directory / "kcache").glob("*.sock"):
+            name = socket_file.name.removeprefix("compile-").removesuffix(".sock")
+            try:
+                client.request(name, ("stop",))  # type: ignore[attr-defined]
+            except (OSError, EOFError):
+                pass
+    finally:
+        if previous is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = previous
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.fixture
 def cache_root(tmp_path: Path) -> Path:
     root = tmp_path / "kcache-root"
@@ -46,10 +84,4 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: a socket's path has 107 bytes
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
     yield directory
-    for socket_file in (directory / "kcache").glob("*.sock"):  # stop what the test left running
-        name = socket_file.name.removeprefix("compile-").removesuffix(".sock")
-        try:
-            client.request(name, ("stop",))
-        except (OSError, EOFError):
-            pass
-    shutil.rmtree(directory, ignore_errors=True)
+    stop_services_in(directory, client)  # what the test left running
