@@ -186,7 +186,7 @@ def test_compile_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ValueError, match="KCACHE_COMPILE_ISOLATION='thread' must be one of pool, inprocess"):
         Settings.from_env(tmp_path)
     monkeypatch.delenv("KCACHE_COMPILE_ISOLATION")
-    assert Settings.from_env(tmp_path).compile_isolation == "pool"
+    assert Settings.from_env(tmp_path).compile_isolation == "server"
     monkeypatch.setenv("KCACHE_COMPILE_WORKERS", "0")
     with pytest.raises(ValueError, match="KCACHE_COMPILE_WORKERS"):
         Settings.from_env(tmp_path)
