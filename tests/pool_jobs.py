@@ -106,3 +106,11 @@ class NeedsTwoArguments(Exception):
 
 def raise_unrebuildable() -> None:
     raise NeedsTwoArguments("the first", "the second")
+
+
+def new_file_mode(path: str) -> tuple[int, int]:
+    """Create `path` asking for 0o666, as a compile writes its outputs: its mode (the umask decides)
+    and the worker's pid."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    os.close(fd)
+    return os.stat(path).st_mode & 0o777, os.getpid()

@@ -151,6 +151,21 @@ def test_another_environment_gets_another_service(runtime: Path, monkeypatch: py
     assert second.run(pool_jobs.double, 1) == 2 and second.server_pid != first.server_pid
 
 
+def test_a_job_writes_with_its_clients_umask_not_the_services(runtime: Path, tmp_path: Path) -> None:
+    """A pool's worker inherits its process's umask; a service's worker serves many processes, so
+    each job carries its client's. The same worker, two umasks, two modes."""
+    pool = service_pool(workers=1)
+    previous = os.umask(0o077)
+    try:
+        private, first = pool.run(pool_jobs.new_file_mode, str(tmp_path / "private"))
+        os.umask(0o002)
+        shared, second = pool.run(pool_jobs.new_file_mode, str(tmp_path / "shared"))
+    finally:
+        os.umask(previous)
+    assert first == second  # one worker ran both
+    assert (private, shared) == (0o600, 0o664)
+
+
 def test_importing_tilelang_before_or_after_the_cache_opens_names_one_service() -> None:
     """`import tilelang` sets its path variables to its own defaults: the same environment as unset.
     A value of the caller's own still names another service."""
@@ -251,8 +266,8 @@ def test_opening_a_cache_in_server_mode_starts_the_service_in_the_background(run
     (warming,) = [t for t in threading.enumerate() if t.name == "kcache-service-warm"]
     warming.join(60)
     assert not warming.is_alive()
-    service = client.shared_service_pool(None, kcache.Settings.from_env(tmp_path / "root").compile_timeout_s,
-                                         TILELANG_PRELOAD, 600.0)
+    settings = kcache.Settings.from_env(tmp_path / "root")
+    service = client.shared_service_pool(None, settings.compile_timeout_s, TILELANG_PRELOAD, settings.server_idle_s)
     served = client.request(service.name, ("status",))
     assert served["pid"] == service.server_pid and served["jobs"] == 0  # started, nothing compiled yet
 

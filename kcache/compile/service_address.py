@@ -3,7 +3,7 @@
 One service per (user, machine, Python environment and toolchain): the socket's name holds a digest
 of the interpreter, kcache's own location and message format, the worker preload, the worker count and the import-time
 settings of TileLang (the toolkit and header directories). Not sys.path: each job carries its
-client's (`kcache.compile.worker.call_with_path`), so programs in different directories share one
+client's (`kcache.compile.worker.run_client_job`), so programs in different directories share one
 service, and `kcache server start` names the same one. A process of another environment
 computes another name and starts its own service; it never talks to this one.
 

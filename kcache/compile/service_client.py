@@ -34,6 +34,7 @@ from kcache.compile import service_address as address
 from kcache.compile.interpreter import POPEN
 from kcache.compile.jobs import UNSET, JobOutput, JobRunner, usable_cpu_count
 from kcache.compile.protocol import CallByName
+from kcache.compile.worker import current_umask
 from kcache.errors import CompileAborted
 
 log = logging.getLogger("kcache")
@@ -80,9 +81,9 @@ class ServicePool(JobRunner):
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
         return self.submit_payload(cloudpickle.dumps((fn, args)), label, limit, output)
 
-    def _wrapped(self, payload: bytes) -> bytes:
-        """The job as the service runs it: with this process's sys.path (worker.call_with_path)."""
-        return cloudpickle.dumps((CallByName("kcache.compile.worker", "call_with_path"), (list(sys.path), payload)))
+    def _wrapped(self, payload: bytes, umask: int | None) -> bytes:
+        """The job as the service runs it: with this process's sys.path and umask (worker.run_client_job)."""
+        return cloudpickle.dumps((CallByName("kcache.compile.worker", "run_client_job"), (list(sys.path), umask, payload)))
 
     def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET,
                        output: JobOutput | None = None, *, retried: bool = False) -> Future[Any]:
@@ -95,7 +96,12 @@ class ServicePool(JobRunner):
         with self._lock:
             self._pending[job_id] = (future, payload, name, limit)
         try:
-            self._send(conn, ("job", job_id, self._wrapped(payload), name, limit, output))
+            umask = current_umask()
+            merge_as = output
+            if output is not None and umask is not None:
+                # Jobs merge only when their outputs would be the same files, modes included.
+                merge_as = JobOutput(f"{output.key} umask {umask:o}", output.directory)
+            self._send(conn, ("job", job_id, self._wrapped(payload, umask), name, limit, merge_as))
         except OSError as err:
             # The server closed this connection before it could read the job (it exited when idle,
             # the usual case, or died): this job never ran, so it goes to a new connection, which

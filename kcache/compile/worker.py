@@ -44,16 +44,36 @@ def die_with_parent(parent: int) -> None:
         threading.Thread(target=watch, name="kcache-parent-watch", daemon=True).start()
 
 
-def call_with_path(path: list[str], payload: bytes) -> object:
-    """Run a compile-service job: `payload` is `(fn, args)` pickled by a client whose sys.path was
-    `path`. The service's workers serve every process of the environment, whatever its script's
-    directory, so the client's entries are added (at the end: never shadowing the worker's own)
-    before the job's functions are unpickled, which imports their modules."""
+def run_client_job(path: list[str], umask: int | None, payload: bytes) -> object:
+    """Run a compile-service job as its client would have: `payload` is `(fn, args)` pickled by a
+    client whose sys.path was `path` and whose umask was `umask`. The service's workers serve every
+    process of the environment, whatever its script's directory, so the client's entries are added
+    (at the end: never shadowing the worker's own) before the job's functions are unpickled, which
+    imports their modules. The umask is the client's for the job's files (a worker runs one job at
+    a time), as a worker of the client's own pool would have inherited it."""
     for entry in path:
         if entry not in sys.path:
             sys.path.append(entry)
     fn, args = wire.cloudpickle.loads(payload)
-    return fn(*args)
+    previous = os.umask(umask) if umask is not None else None
+    try:
+        return fn(*args)
+    finally:
+        if previous is not None:
+            os.umask(previous)
+
+
+def current_umask() -> int | None:
+    """This process's umask, read without changing it (os.umask would, for a moment, for every
+    thread); None where /proc does not say."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return None
 
 
 def main() -> int:
