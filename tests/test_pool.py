@@ -18,34 +18,28 @@ import pytest
 
 import kcache
 from kcache.compile.pool import CompilePool, Job
+from kcache.compile.service_client import ServicePool
 from kcache.config import Settings
 
 from . import pool_jobs
 from .helpers import spawn
 
 
-class WaitingServicePool:
-    """The compile service's client, with CompilePool's `warm` (it waits) and closing."""
+class WaitingServicePool(ServicePool):
+    """The compile service's client with CompilePool's `warm` (it waits for the workers), and a check
+    at exit that no job fell back to the own pool unless the test expects it."""
 
     def __init__(self, workers: int, preload: tuple[str, ...], timeout_s: float | None) -> None:
-        from kcache.compile.service_client import ServicePool
-
         self.own = CompilePool(workers, timeout_s, preload=preload)
         self.fallback_expected = False
-        self.client = ServicePool(workers, timeout_s, preload, 60.0, lambda: self.own)
+        super().__init__(workers, timeout_s, preload, 60.0, lambda: self.own)
 
-    def warm(self, count: int | None = None) -> float:
-        return self.client.warm(count, wait=True)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.client, name)
-
-    def __enter__(self) -> WaitingServicePool:
-        return self
+    def warm(self, count: int | None = None, *, wait: bool = True) -> float:
+        return super().warm(count, wait=wait)
 
     def __exit__(self, *exc: object) -> None:
         fell_back = self.own.worker_pids()
-        self.client.close()
+        self.close()
         self.own.close()
         assert self.fallback_expected or not fell_back, "the service fell back to the own pool"
 
@@ -183,7 +177,7 @@ def test_compile_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     settings = Settings.from_env(tmp_path)
     assert (settings.compile_workers, settings.compile_timeout_s, settings.compile_isolation) == (3, None, "inprocess")
     monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", "thread")
-    with pytest.raises(ValueError, match="KCACHE_COMPILE_ISOLATION='thread' must be one of pool, inprocess"):
+    with pytest.raises(ValueError, match="KCACHE_COMPILE_ISOLATION='thread' must be one of server, pool, inprocess"):
         Settings.from_env(tmp_path)
     monkeypatch.delenv("KCACHE_COMPILE_ISOLATION")
     assert Settings.from_env(tmp_path).compile_isolation == "server"
