@@ -115,8 +115,10 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def run_workers(backend: str, root: Path, procs: int, kernels: int, env: dict[str, str]) -> tuple[float, list[Any]]:
-    barrier = Barrier("stress.worker", procs, ["--root", str(root), "--kernels", str(kernels), "--backend", backend], env=env)
+def run_workers(backend: str, root: Path, procs: int, kernels: int, env: dict[str, str],
+                extra_args: tuple[str, ...] = ()) -> tuple[float, list[Any]]:
+    barrier = Barrier("stress.worker", procs,
+                      ["--root", str(root), "--kernels", str(kernels), "--backend", backend, *extra_args], env=env)
     barrier.wait_ready()
     release = barrier.release()
     results = barrier.collect()
@@ -131,7 +133,7 @@ def get_seconds(results: list[Any]) -> list[float]:
     return [op["end"] - op["start"] for r in results for op in r.result["ops"]]
 
 
-HERD_VARIANTS = ("kcache", "kcache, server", "kcache, server running", "tilelang")
+HERD_VARIANTS = ("kcache", "kcache, server", "kcache, server, opened first", "kcache, server running", "tilelang")
 # Started in the herd's environment (the service's name depends on it), with one job run so that a
 # worker is forked and warm: as after any kcache process of this user ran here within the idle time.
 WARM_SERVICE = """
@@ -156,7 +158,9 @@ def bench_herd(work: Path, procs: int, repeats: int, env: dict[str, str]) -> lis
     "kcache, server": the herd's processes compile through the compile service, which none of them
     finds running: each process's cache open (after its `import tilelang`) asks for it in the
     background before the barrier (a fresh runtime directory per herd, so nothing is left from the
-    last one). "kcache, server running": the service runs, one worker warm, before the herd starts."""
+    last one). "kcache, server, opened first": the same, each process opening its cache before it
+    imports TileLang, as a program that calls `kcache.install()` first. "kcache, server running": the
+    service runs, one worker warm, before the herd starts."""
     from .service_runtime import fresh_runtime, stop_services
 
     compiles: dict[str, list[int]] = {v: [] for v in HERD_VARIANTS}
@@ -172,7 +176,8 @@ def bench_herd(work: Path, procs: int, repeats: int, env: dict[str, str]) -> lis
                 if variant == "kcache, server running":
                     start_warm_service({**env, **counter.env(), **extra})
                 wall, _ = run_workers(backend, work / f"herd-{variant}-{attempt}", procs, 1,
-                                      {**env, **counter.env(), **extra})
+                                      {**env, **counter.env(), **extra},
+                                      ("--open-first",) if variant.endswith("opened first") else ())
                 services = list((runtime / "kcache").glob("*.sock")) if "server" in variant else []
                 if len(services) > 1:  # the warm service was not the herd's: the row would mean nothing
                     raise RuntimeError(f"the herd used {len(services)} compile services: {services}")
@@ -189,15 +194,22 @@ def bench_herd(work: Path, procs: int, repeats: int, env: dict[str, str]) -> lis
         row("herd", f"compiler runs ({procs} procs, max of {repeats})", max(compiles["kcache"]), max(compiles["tilelang"]), "runs"),
         row("herd", "  with the service: compiler runs", max(compiles["kcache, server"]), max(compiles["tilelang"]), "runs"),
         row("herd", f"barrier to all ready, median of {repeats}", wall["kcache"], wall["tilelang"], "s"),
+        row("herd", "  with the service: compiler runs, cache opened first", max(compiles["kcache, server, opened first"]),
+            max(compiles["tilelang"]), "runs"),
         row("herd", "  with the service: compiler runs, service running", max(compiles["kcache, server running"]),
             max(compiles["tilelang"]), "runs"),
         row("herd", f"  with the service, median of {repeats}", wall["kcache, server"], wall["tilelang"], "s"),
+        row("herd", f"  with the service, cache opened first, median of {repeats}",
+            wall["kcache, server, opened first"], wall["tilelang"], "s"),
         row("herd", f"  with the service running, median of {repeats}", wall["kcache, server running"],
             wall["tilelang"], "s"),
         row("herd", "one uncontended cold compile+load", single["kcache"], single["tilelang"], "s"),
         row("herd", "all ready / one cold compile", wall["kcache"] / single["kcache"],
             wall["tilelang"] / single["tilelang"], "x"),
         row("herd", "all ready, service / TileLang's one compile", wall["kcache, server"], single["tilelang"], "s",
+            baseline="one uncontended TileLang compile+load"),
+        row("herd", "all ready, service, cache opened first / TileLang's one compile",
+            wall["kcache, server, opened first"], single["tilelang"], "s",
             baseline="one uncontended TileLang compile+load"),
         row("herd", "all ready, service running / TileLang's one compile", wall["kcache, server running"],
             single["tilelang"], "s", baseline="one uncontended TileLang compile+load"),
