@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -38,6 +39,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--remote", help="a Redis URL: every worker uses it as its remote tier (KCACHE_REMOTE)")
     p.add_argument("--check-gpu", action="store_true", help="run every loaded kernel on the GPU against torch")
     p.add_argument("--json", help="also write the summary as JSON to this file")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the workers' logs (kept anyway when an invariant fails; removed otherwise)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     p.add_argument("--quiet", action="store_true", help="no live progress line")
     p.add_argument("--hang-grace", type=float, default=420.0,
@@ -74,10 +77,14 @@ def print_report(summary: dict) -> None:
           f"lock waits {summary['lock_waits']}")
     print(f"kills {summary['kills']} (compile service: {summary.get('server_kills', 0)}); crashes {summary['crashes']}; corruptions injected {c['injected']}"
           f"{' (' + ', '.join(f'{m} {n}' for m, n in sorted(c['by_mode'].items())) + ')' if c['by_mode'] else ''}, "
-          f"detected {c['detected']} ({c['by_workers']} by workers, {c['at_final_check']} at the final check); "
-          f"wrong results {summary['wrong_results']}")
+          f"detected {c['detected']} ({c['by_workers']} by workers, {c['at_final_check']} at the final check)")
+    if summary["results_checked"]:
+        print(f"kernels launched against torch: wrong results {summary['wrong_results']}")
+    else:
+        print("kernels compiled and loaded, not launched: results not checked (--check-gpu on a GPU checks them)")
     for violation in summary["invariants"]["violations"]:
         print("VIOLATION:", violation, file=sys.stderr)
+    print("invariants checked:", "; ".join(summary["invariants"]["checked"]))
     print("invariants:", "PASS" if summary["invariants"]["pass"] else "FAIL")
 
 
@@ -99,7 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     print_report(summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
-    return 0 if summary["invariants"]["pass"] else 1
+    passed = summary["invariants"]["pass"]
+    if args.keep_logs or not passed:
+        print(f"workers' logs: {summary['run_dir']}")
+    else:
+        shutil.rmtree(summary["run_dir"], ignore_errors=True)
+        if args.fresh:  # the run's own temporary root: nothing of it is wanted once it passed
+            shutil.rmtree(root, ignore_errors=True)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

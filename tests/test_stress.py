@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,13 +15,20 @@ import pytest
 from .helpers import PROJECT, child_env
 
 
-def run_stress(tmp_path: Path, *args: str) -> dict:
+def run_stress(tmp_path: Path, *args: str, root: Path | None = None) -> dict:
+    """One run (on a fresh root in the temporary directory unless `root`): it must pass, and leave
+    nothing behind in the temporary directory (its logs, its fresh root, its service's runtime)."""
     out = tmp_path / "summary.json"
+    where = ["--cache-dir", str(root)] if root is not None else ["--fresh"]
+    before = set(os.listdir(tempfile.gettempdir()))
     done = subprocess.run(
-        [sys.executable, "-m", "stress", "--fresh", "--quiet", "--seed", "7", "--json", str(out), *args],
+        [sys.executable, "-m", "stress", *where, "--quiet", "--seed", "7", "--json", str(out), *args],
         capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "invariants checked: no partial entry observed;" in done.stdout
+    left = set(os.listdir(tempfile.gettempdir())) - before
+    assert not left, f"the stress run left {sorted(left)} in {tempfile.gettempdir()}"
     return json.loads(out.read_text())
 
 
@@ -39,6 +49,19 @@ def test_short_real_tilelang_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert summary["ops"] > 0
 
 
+def test_a_second_run_on_one_root_reports_only_its_own_detections_and_repairs(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    first = run_stress(tmp_path, "--synthetic", "--procs", "3", "--duration", "4", "--kill-rate", "0",
+                       "--corrupt-rate", "6", root=root)
+    assert first["repairs"] >= 1  # the root now holds quarantined entries of the first run
+    second = run_stress(tmp_path, "--synthetic", "--procs", "3", "--duration", "4", "--kill-rate", "0",
+                        "--corrupt-rate", "6", root=root)
+    c = second["corruptions"]
+    assert c["by_workers"] + c["at_final_check"] == c["detected"] == c["injected"]
+    assert second["repairs"] < len(os.listdir(root / ".quarantine"))  # the first run's are not its own
+    assert second["compiles"] <= second["kernels"] + second["compiles_interrupted"] + second["repairs"]
+
+
 def test_a_violation_fails_the_run(tmp_path: Path) -> None:
     # An entry corrupted before the run, not by chaos, must be reported as a violation.
     root = tmp_path / "root"
@@ -50,5 +73,8 @@ def test_a_violation_fails_the_run(tmp_path: Path) -> None:
         capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=300,
     )
     assert done.returncode == 1
-    violations = json.loads(out.read_text())["invariants"]["violations"]
-    assert any("without injected corruption" in v for v in violations)
+    summary = json.loads(out.read_text())
+    assert any("without injected corruption" in v for v in summary["invariants"]["violations"])
+    logs = Path(summary["run_dir"])  # kept for the failed run, and named
+    assert f"workers' logs: {logs}" in done.stdout and list(logs.glob("worker-*.jsonl"))
+    shutil.rmtree(logs)
