@@ -96,6 +96,39 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert done.returncode != 0 and "Traceback" in done.stderr
 
 
+TARGET_MISTAKES = [
+    ("garbage-target", "unknown target kind 'garbage-target'", "nvidia/nvidia-h100"),
+    ("llvm", "kcache caches CUDA kernels, and 'llvm' is not CUDA", "tilelang.compile"),
+    ({"kind": "rocm"}, "'rocm' is not CUDA", '{"kind": "cuda", "arch": "sm_90a"}'),
+    ("cuda -arch=sm_90a", "command-line form", '{"arch":"sm_90a","kind":"cuda"}'),
+    ("nvidia/no-such-gpu", "'nvidia/no-such-gpu' is no TVM target tag", "nvidia/nvidia-h100"),
+    ({"arch": "sm_90a"}, 'the dict names no "kind"', '{"arch":"sm_90a","kind":"cuda"}'),
+    ({"kind": "cuda", "arch": "banana"}, "arch 'banana' is not a CUDA arch", '"sm_90a"'),
+    ({"kind": "cuda", "arch": "90"}, "arch '90' is not a CUDA arch", '"sm_90a"'),
+]
+
+
+@pytest.mark.parametrize(("target", "reason", "fix"), TARGET_MISTAKES, ids=[str(t[0]) for t in TARGET_MISTAKES])
+def test_a_target_is_refused_for_what_it_says(target: object, reason: str, fix: str) -> None:
+    """Each mistake gets its own reason, never "no GPU is visible" for a target that names its arch."""
+    pytest.importorskip("tilelang")
+    import kcache
+    from kcache.tilelang.target import resolve_target
+
+    with pytest.raises(kcache.TargetError) as caught:
+        resolve_target(target, "tvm_ffi")
+    assert reason in caught.value.reason and fix in caught.value.fix
+    assert "no GPU" not in str(caught.value)
+
+
+@pytest.mark.parametrize("target", ["nvidia/nvidia-h100", {"kind": "cuda", "arch": "sm_90a"}])
+def test_a_cuda_target_that_names_its_arch_resolves_without_a_gpu(target: object) -> None:
+    pytest.importorskip("tilelang")
+    from kcache.tilelang.target import resolve_target
+
+    assert '"sm_90a"' in resolve_target(target, "tvm_ffi").canonical
+
+
 @pytest.mark.tilelang
 @pytest.mark.parametrize("func", [lambda x: x, "add_kernel", None], ids=["function", "str", "None"])
 def test_get_or_compile_names_what_it_takes(tmp_path: Path, func: object) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import tilelang  # noqa: F401 - puts TileLang's tvm on the path
 from tilelang.backend.module import BackendContext, create_backend_context
 from tvm import runtime
-from tvm.target import Target
+from tvm.target import Target, list_tags
 from tvm.target import _ffi_api as _target_ffi
 
 from kcache.errors import TargetError
@@ -92,11 +93,62 @@ def target_memo_key(target: object) -> str:
     return "s:" + repr(target)
 
 
+_ACCEPTED_FORMS = ('a dict such as {"kind": "cuda", "arch": "sm_90a"}, "cuda" or "auto" (the visible GPU\'s '
+                   'arch), a TVM tag such as "nvidia/nvidia-h100", or a tvm Target')
+_CUDA_ARCH = re.compile(r"sm_\d+[a-z]?")
+
+
+def refuse_unusable_target(target: object, request: object) -> None:
+    """Say what is wrong with a target TileLang could not compile a CUDA kernel for, read from what it
+    says (before any GPU lookup, so that a named arch is never blamed on a missing GPU): the old
+    command-line string form, an unknown kind or tag, a kind that is not CUDA, a dict without a kind,
+    a malformed arch. Anything else passes to TileLang unchanged."""
+    if isinstance(request, str):
+        text = request.strip()
+        if text == "auto":
+            return
+        kind, _, options = text.partition(" ")
+        if options or kind.startswith("-"):
+            arch = re.search(r"-arch=(\S+)", options)
+            example = canonical_json({"kind": kind or "cuda", "arch": arch.group(1) if arch else "sm_90a"})
+            raise TargetError(target, "TileLang no longer parses TVM's command-line form (kind -option=value)",
+                              f"write it as a dict, {example}; accepted: {_ACCEPTED_FORMS}")
+        if "/" in kind:
+            tag = list_tags().get(kind)
+            if tag is None:
+                raise TargetError(target, f"{kind!r} is no TVM target tag", f"use one of {_ACCEPTED_FORMS}")
+            kind = tag.kind.name
+        config: dict = {"kind": kind}
+    elif isinstance(request, dict):
+        config = request
+        if "kind" not in config:
+            example = canonical_json({"kind": "cuda", **config})
+            raise TargetError(target, 'the dict names no "kind"', f"add the kind: {example}")
+    elif isinstance(request, Target):
+        config = {"kind": request.kind.name, **({"arch": str(request.attrs["arch"])} if "arch" in request.attrs else {})}
+    else:
+        raise TargetError(target, f"a target is a str, a dict or a tvm Target, not {type(request).__name__}",
+                          f"use {_ACCEPTED_FORMS}")
+    kind = str(config["kind"])
+    if kind not in Target.list_kinds() and kind != "cutedsl":
+        raise TargetError(target, f"unknown target kind {kind!r}", f"use {_ACCEPTED_FORMS}")
+    if kind != "cuda":
+        raise TargetError(target, f"kcache caches CUDA kernels, and {kind!r} is not CUDA",
+                          "compile it with tilelang.compile, or give a CUDA target: " + _ACCEPTED_FORMS)
+    arch = config.get("arch")
+    if arch is not None and not (isinstance(arch, str) and _CUDA_ARCH.fullmatch(arch)):
+        raise TargetError(target, f"arch {arch!r} is not a CUDA arch", 'write it as "sm_" and the compute '
+                          'capability, e.g. "sm_90a" (H100, H200), "sm_80" (A100), "sm_89" (L40S)')
+
+
 def _names_arch(target: object) -> bool:
     if isinstance(target, dict):
         return "arch" in target
     if isinstance(target, Target):
         return "arch" in target.attrs
+    if isinstance(target, str) and "/" in target:  # a tag: its config names the arch
+        tag = list_tags().get(target.strip())
+        return tag is not None and "arch" in tag.attrs
     return False
 
 
@@ -116,6 +168,7 @@ def resolve_target(target: object, execution_backend: str, memo_key_str: str | N
             f"execution_backend={execution_backend!r} is not supported by kcache; use one of {SUPPORTED_EXECUTION_BACKENDS}"
         )
     request = requested_target(target)
+    refuse_unusable_target(target, request)
     if not _names_arch(request) and not _gpu_present():
         where = "" if request is target else f" (resolved to {request!r})"
         raise TargetError(target, f"no GPU is visible and the target names no arch{where}", _ARCH_FIX)
