@@ -75,10 +75,39 @@ def test_read_only_commands_on_a_missing_root_say_so_and_create_nothing(tmp_path
     assert not root.exists()
 
 
-def test_a_bad_size_argument_names_the_value_and_gives_examples(tmp_path: Path) -> None:
-    done = kcache("--dir", str(tmp_path), "prune", "--max-size", "5Q")
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--max-size", "5Q", "'5Q' is not a size (examples: 10G"),
+    ("--max-size", "-1G", "'-1G' is not a size (examples: 10G"),  # argparse took it for an option
+    ("--max-age", "-3d", "'-3d' is not a duration (examples: 30d"),
+])
+def test_a_bad_size_argument_names_the_value_and_gives_examples(tmp_path: Path, option: str, value: str,
+                                                                says: str) -> None:
+    done = kcache("--dir", str(tmp_path), "prune", option, value)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "'5Q' is not a size" in done.stderr and "parse_size" not in done.stderr
+    assert says in done.stderr and "parse_size" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["run", "missing.py"], "missing.py: no such file"),
+    (["run", "tests"], "tests: a directory"),
+    (["run", "-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
+    (["run"], "name a script"),
+    (["bogus"], "invalid choice: 'bogus'"),
+    (["show"], "the following arguments are required: key"),
+])
+def test_kcache_run_and_bad_commands_are_one_line(tmp_path: Path, argv: list[str], says: str) -> None:
+    done = kcache("--dir", str(tmp_path), *argv)
+    assert done.returncode == 2
+    assert_one_line(done, says)
+
+
+def test_a_programs_own_error_under_kcache_run_keeps_its_traceback(tmp_path: Path) -> None:
+    """A FileNotFoundError of the program's is no missing script: its traceback and status stay."""
+    program = tmp_path / "program.py"
+    program.write_text("open('/nonexistent/input.bin')\n")
+    done = kcache("--dir", str(tmp_path / "root"), "run", str(program))
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr and "program.py" in done.stderr and "/nonexistent/input.bin" in done.stderr
 
 
 def test_a_closed_stdout_ends_quietly(tmp_path: Path) -> None:

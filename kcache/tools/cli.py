@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from kcache.config import Settings, parse_age, parse_size
 from kcache.errors import CorruptEntry, KCacheError
@@ -48,13 +48,22 @@ class UserMistake(Exception):
     """Something the user can fix (the message says what and how), not a bug: one line, no traceback."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported like every other mistake: one line (the usage is one
+    `--help` away), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("kcache").strip()  # main() prints "kcache: " first
+        raise UserMistake(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A user's mistake (a bad setting, argument or root) is one line on stderr and
     exit status 2; `--debug` or KCACHE_DEBUG=1 shows its traceback. Bugs keep their tracebacks."""
     arguments = sys.argv[1:] if argv is None else argv
     debug = "--debug" in arguments or os.environ.get("KCACHE_DEBUG", "") not in ("", "0")
     try:
-        return _run(argv)
+        outcome = _run(argv)
     except BrokenPipeError:
         # Nothing more can be said on a closed stdout; point it at /dev/null so that the interpreter's
         # final flush does not complain either.
@@ -67,14 +76,38 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"kcache: {_one_line(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
+    if callable(outcome):  # `kcache run`'s program: its own errors are no mistakes of kcache's usage
+        return outcome()
+    return outcome
 
 
-def _run(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+# Options whose value may look like an option to argparse ("--max-size -1G" would be "expected one
+# argument"): such a value is joined to its option, so that the value's own parser names it.
+VALUE_OPTIONS = ("--max-size", "--max-age")
+
+
+def join_dashed_values(arguments: list[str]) -> list[str]:
+    joined: list[str] = []
+    index = 0
+    while index < len(arguments):
+        word = arguments[index]
+        following = arguments[index + 1] if index + 1 < len(arguments) else None
+        if word in VALUE_OPTIONS and following is not None and following[:2] != "--" and following.startswith("-"):
+            joined.append(f"{word}={following}")
+            index += 2
+            continue
+        joined.append(word)
+        index += 1
+    return joined
+
+
+def _run(argv: list[str] | None) -> int | Callable[[], int]:
+    """A command's exit status; for `run`, what runs the program (checked and prepared here)."""
+    args = build_parser().parse_args(join_dashed_values(sys.argv[1:] if argv is None else argv))
     if args.command == "run":
-        from kcache.tools.run import run_program  # the one command that imports TileLang
+        from kcache.tools.run import prepare_program  # the one command that imports TileLang
 
-        return run_program(args)
+        return prepare_program(args)
     if args.command == "doctor":
         settings = None  # the doctor reports bad settings and roots as findings: it must not stop on them
     else:
@@ -122,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser holds them with their defaults, every command a copy whose default is SUPPRESS, so an option
     absent after the command leaves the one given before it. `run` passes whatever follows the script
     (or `-m MODULE`) to the program untouched."""
-    parser = argparse.ArgumentParser(prog="kcache", description=__doc__.splitlines()[0], parents=[_shared_options()],
+    parser = OneLineParser(prog="kcache", description=__doc__.splitlines()[0], parents=[_shared_options()],
                                      epilog="--dir and --json go before or after the command; "
                                             "given in both places, the one after the command wins.")
     after = _shared_options(after_command=True)
