@@ -92,6 +92,18 @@ def test_gc_prune_and_clear(cache_root: Path, populated: dict) -> None:
     assert status == 0 and report["removed_entries"] == 2 and scan_entries(cache_root) == []
 
 
+def test_counts_in_words_agree_with_their_nouns(cache_root: Path, populated: dict) -> None:
+    def text(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(cache_root), *args], capture_output=True,
+                              text=True, env=child_env(), cwd=str(PROJECT), check=False)
+        return done.stdout + done.stderr
+
+    assert "6 entries match ''" in text("show", "")
+    sizes = sorted(e.size for e in scan_entries(cache_root))
+    assert text("prune", "--max-size", str(sum(sizes) - 1)).startswith("evicted 1 entry (")
+    assert "removed 5 kernel entries (every version) and 0 autotune results" in text("clear", "--all-versions")
+
+
 def test_doctor_finds_and_fixes_a_world_writable_root(cache_root: Path, populated: dict) -> None:
     status, findings = kcache_cli(cache_root, "doctor")
     by_check = {f["check"]: f for f in findings}

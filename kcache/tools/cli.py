@@ -25,7 +25,7 @@ from kcache.store.entries import EntryStore
 from kcache.store.fsutil import read_regular_at
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import MANIFEST_NAME
-from kcache.tools.cli_format import format_table, human_age, human_size
+from kcache.tools.cli_format import count_of, format_table, human_age, human_size
 from kcache.tools.doctor import doctor, installed_tilelang
 from kcache.tools.server_cli import cmd_server
 
@@ -266,8 +266,8 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, in
     store = _kernels(settings)
     matches = [key for key in store.keys() if key.startswith(args.key.lower())]
     if len(matches) != 1:
-        why = "no entry" if not matches else f"{len(matches)} entries"
-        return {"error": f"{why} matches {args.key!r}"}, f"kcache: {why} matches {args.key!r} under {store.entries_dir}", 1
+        why = "no entry matches" if not matches else f"{len(matches)} entries match"
+        return {"error": f"{why} {args.key!r}"}, f"kcache: {why} {args.key!r} under {store.entries_dir}", 1
     path = store.entry_path(matches[0])
     manifest = _json_file(path / MANIFEST_NAME)
     result = {"key": matches[0], "path": str(path), "meta": _meta(path), "manifest": manifest,
@@ -314,7 +314,7 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     report = evict(settings.root, max_size, max_age)
     result = {"evicted": report.evicted, "freed_bytes": report.freed_bytes, "remaining": report.remaining,
               "remaining_bytes": report.remaining_bytes}
-    return result, (f"evicted {report.evicted} entries ({human_size(report.freed_bytes)}); "
+    return result, (f"evicted {count_of(report.evicted, 'entry', 'entries')} ({human_size(report.freed_bytes)}); "
                     f"{report.remaining} remain ({human_size(report.remaining_bytes)})"), 0
 
 
@@ -333,7 +333,8 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
             results += evict_entry(settings.root, item)
     scope = "every version" if args.all_versions else f"TileLang {version}"
     return ({"removed_entries": removed, "removed_autotune_results": results, "scope": scope},
-            f"removed {removed} kernel entries ({scope}) and {results} autotune results", 0)
+            f"removed {count_of(removed, 'kernel entry', 'kernel entries')} ({scope}) and "
+            f"{count_of(results, 'autotune result', 'autotune results')}", 0)
 
 
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:

@@ -13,6 +13,11 @@ def human_size(n: float | None) -> str:
     return f"{n:.1f} TiB"
 
 
+def count_of(n: int, one: str, many: str) -> str:
+    """ "1 entry", "3 entries": the noun agrees with the number."""
+    return f"{n} {one if n == 1 else many}"
+
+
 def human_age(seconds: float) -> str:
     for unit, span in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= span:

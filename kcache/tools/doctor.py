@@ -14,6 +14,7 @@ from kcache.maintenance.gc import collect_garbage, staging_dirs
 from kcache.store import access, exec_copy, layout, sharing
 from kcache.store.components import KERNELS
 from kcache.store.trust import untrusted_reason
+from kcache.tools.cli_format import human_size
 
 MIN_FREE_BYTES = 1 << 30
 
@@ -74,13 +75,12 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     findings.append(_exec(root))
     vfs = os.statvfs(root)
     free = vfs.f_bavail * vfs.f_frsize
-    findings.append(Finding("free space", free < MIN_FREE_BYTES, f"{free / (1 << 30):.1f} GiB free",
+    findings.append(Finding("free space", free < MIN_FREE_BYTES, f"{human_size(free)} free",
                             "free space, lower KCACHE_MAX_SIZE, or move KCACHE_DIR"))
     size = sum(e.size for e in scan_entries(root))
     over = settings.max_size_bytes is not None and size > settings.max_size_bytes
-    finding = Finding("size", over, f"{size / (1 << 20):.1f} MiB of entries, limit "
-                      f"{'unbounded' if settings.max_size_bytes is None else f'{settings.max_size_bytes / (1 << 20):.0f} MiB'}",
-                      "kcache prune")
+    limit = "unbounded" if settings.max_size_bytes is None else human_size(settings.max_size_bytes)
+    finding = Finding("size", over, f"{human_size(size)} of entries, limit {limit}", "kcache prune")
     leftovers = sum(len(os.listdir(d)) for d in staging_dirs(root)) + _count(root / layout.TRASH)
     cleanup = Finding("leftovers", leftovers > 0, f"{leftovers} staging or trash directories", "kcache gc")
     if fix and (over or leftovers):
