@@ -104,6 +104,18 @@ def test_counts_in_words_agree_with_their_nouns(cache_root: Path, populated: dic
     assert "removed 5 kernel entries (every version) and 0 autotune results" in text("clear", "--all-versions")
 
 
+def test_gc_removes_compile_logs_older_than_a_week_and_keeps_newer_ones(cache_root: Path, populated: dict) -> None:
+    logs = cache_root / ".logs"
+    logs.mkdir(exist_ok=True)
+    (logs / "old.log").write_text("error: ...")
+    (logs / "new.log").write_text("error: ...")
+    eight_days = time.time() - 8 * 86400
+    os.utime(logs / "old.log", (eight_days, eight_days))
+    status, report = kcache_cli(cache_root, "gc")
+    assert status == 0 and report["logs_removed"] == 1
+    assert sorted(os.listdir(logs)) == ["new.log"]
+
+
 def test_doctor_finds_and_fixes_a_world_writable_root(cache_root: Path, populated: dict) -> None:
     status, findings = kcache_cli(cache_root, "doctor")
     by_check = {f["check"]: f for f in findings}

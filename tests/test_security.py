@@ -132,7 +132,7 @@ def test_gc_deletes_nothing_in_a_directory_that_is_not_a_kcache_root(tmp_path: P
 # ---------------------------------------------------------------- links where kcache's own directories go
 
 
-@pytest.mark.parametrize("planted", [layout.QUARANTINE, layout.LOCKS, layout.STATS, layout.STAGING])
+@pytest.mark.parametrize("planted", [layout.QUARANTINE, layout.LOGS, layout.LOCKS, layout.STATS, layout.STAGING])
 def test_a_link_in_place_of_a_kcache_directory_is_never_followed(tmp_path: Path, planted: str) -> None:
     root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
     cache = cache_of(root)

@@ -31,6 +31,7 @@ class GcReport:
     locks_removed: int = 0
     trash_removed: int = 0
     quarantine_removed: int = 0
+    logs_removed: int = 0
     stats_folded: int = 0
     evicted: int = 0
     evicted_bytes: int = 0
@@ -95,8 +96,8 @@ def clean_stale_staging(root_fd: int, ttl_s: float) -> int:
 def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = None,
                     max_age_s: float | None = None, quarantine_age_s: float | None = None) -> GcReport:
     """Clean a root; nothing at all in a directory that is not a kcache root (access.claim_root).
-    `quarantine_age_s`: also delete quarantined entries older than this (`kcache gc`; kept for
-    inspection otherwise)."""
+    `quarantine_age_s`: also delete quarantined entries and compile logs older than this (`kcache gc`;
+    kept for inspection otherwise)."""
     try:
         root_fd = dirfd.open_root(root)
     except FileNotFoundError:
@@ -105,12 +106,16 @@ def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = Non
         if not access.claim_root(root_fd, root):
             return GcReport()
         staging_removed = clean_stale_staging(root_fd, staging_ttl_s)
-        quarantine_removed = 0 if quarantine_age_s is None else remove_old_quarantine(root_fd, quarantine_age_s)
+        quarantine_removed = logs_removed = 0
+        if quarantine_age_s is not None:
+            quarantine_removed = remove_old_items(root_fd, layout.QUARANTINE, quarantine_age_s, "quarantined entry")
+            logs_removed = remove_old_items(root_fd, layout.LOGS, quarantine_age_s, "compile log")
     finally:
         os.close(root_fd)
     report = GcReport(
         staging_removed=staging_removed,
         quarantine_removed=quarantine_removed,
+        logs_removed=logs_removed,
         locks_removed=sum(remove_idle_lock_files(d) for d in lock_dirs(root)),
         trash_removed=empty_trash(root),
         stats_folded=fold_dead(root),
@@ -121,27 +126,28 @@ def collect_garbage(root: Path, staging_ttl_s: float, max_size: int | None = Non
     return report
 
 
-def remove_old_quarantine(root_fd: int, age_s: float) -> int:
-    """Delete quarantined entries older than `age_s`, by descriptor: a `.quarantine` that is a link
-    is refused (NotADirectoryOfOurs, one warning), never followed into someone's directories."""
+def remove_old_items(root_fd: int, directory: str, age_s: float, what: str) -> int:
+    """Delete the items of `directory` (`.quarantine`, `.logs`) older than `age_s`, by descriptor: a
+    directory that is a link is refused (NotADirectoryOfOurs, one warning), never followed into
+    someone's directories."""
     try:
-        quarantine_fd = dirfd.open_dir_at(root_fd, layout.QUARANTINE)
+        directory_fd = dirfd.open_dir_at(root_fd, directory)
     except dirfd.NotADirectoryOfOurs as err:
-        log.warning("kcache: not cleaning the quarantine: %s", err)
+        log.warning("kcache: not cleaning %s: %s", directory, err)
         return 0
-    if quarantine_fd is None:
+    if directory_fd is None:
         return 0
     now, removed = time.time(), 0
     try:
-        for name in os.listdir(quarantine_fd):
+        for name in os.listdir(directory_fd):
             try:
-                age = now - os.stat(name, dir_fd=quarantine_fd, follow_symlinks=False).st_mtime
+                age = now - os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mtime
             except FileNotFoundError:
                 continue
             if age > age_s:
-                removed += dirfd.remove_tree_at(quarantine_fd, name, "removing an old quarantined entry")
+                removed += dirfd.remove_tree_at(directory_fd, name, f"removing an old {what}")
     finally:
-        os.close(quarantine_fd)
+        os.close(directory_fd)
     return removed
 
 
