@@ -191,6 +191,7 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
     summary = summarize(args, root, run_dir, tail.records, chaos, generations, hung, crashes, wall,
                         quarantined_before)
     summary["nvcc_compiles"] = counter.count() if counter is not None else None
+    summary["service_runtime"] = str(service_runtime) if service_runtime is not None else None
     return summary
 
 

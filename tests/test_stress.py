@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,21 @@ def run_stress(tmp_path: Path, *args: str, root: Path | None = None) -> dict:
     nothing behind in the temporary directory (its logs, its fresh root, its service's runtime)."""
     out = tmp_path / "summary.json"
     where = ["--cache-dir", str(root)] if root is not None else ["--fresh"]
-    before = set(os.listdir(tempfile.gettempdir()))
+    # The run's own temporary directory, so that other processes' files cannot be taken for its
+    # leftovers; its service's runtime directory is in /tmp itself (a socket's path is short).
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
     done = subprocess.run(
         [sys.executable, "-m", "stress", *where, "--quiet", "--seed", "7", "--json", str(out), *args],
-        capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=900,
+        capture_output=True, text=True, env=child_env(TMPDIR=str(scratch)), cwd=str(PROJECT), timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "invariants checked: no partial entry observed;" in done.stdout
-    left = set(os.listdir(tempfile.gettempdir())) - before
-    assert not left, f"the stress run left {sorted(left)} in {tempfile.gettempdir()}"
-    return json.loads(out.read_text())
+    summary = json.loads(out.read_text())
+    left = os.listdir(scratch) + ([summary["service_runtime"]] if summary["service_runtime"] and
+                                  os.path.exists(summary["service_runtime"]) else [])
+    assert not left, f"the stress run left {left} behind"
+    return summary
 
 
 def test_synthetic_run_with_kills_and_corruption_keeps_every_invariant(tmp_path: Path) -> None:
