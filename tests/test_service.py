@@ -256,20 +256,31 @@ def test_the_warm_up_names_the_service_the_tilelang_backend_uses() -> None:
     assert TILELANG_PRELOAD == COMPILE_PRELOAD
 
 
-def test_opening_a_cache_in_server_mode_starts_the_service_in_the_background(runtime: Path, tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", "server")
-    import kcache
-    from kcache.compile.pool import TILELANG_PRELOAD
-
-    kcache.KernelCache(tmp_path / "root")  # returns at once; the warm-up runs on its own thread
-    (warming,) = [t for t in threading.enumerate() if t.name == "kcache-service-warm"]
-    warming.join(60)
-    assert not warming.is_alive()
-    settings = kcache.Settings.from_env(tmp_path / "root")
-    service = client.shared_service_pool(None, settings.compile_timeout_s, TILELANG_PRELOAD, settings.server_idle_s)
-    served = client.request(service.name, ("status",))
-    assert served["pid"] == service.server_pid and served["jobs"] == 0  # started, nothing compiled yet
+@pytest.mark.parametrize("tilelang_first", [False, True], ids=["cache-first", "tilelang-first"])
+def test_a_cache_opened_before_tilelang_starts_the_service_in_the_background(runtime: Path, tmp_path: Path,
+                                                                            tilelang_first: bool) -> None:
+    """Opened before `import tilelang`, the cache warms the service up (its start overlaps the import);
+    opened after it, nothing starts until a miss: a process that only hits starts no service."""
+    code = textwrap.dedent(f"""
+        import threading
+        {"import tilelang" if tilelang_first else ""}
+        import kcache
+        kcache.KernelCache({str(tmp_path / "root")!r})  # returns at once; a warm-up runs on its own thread
+        warming = [t for t in threading.enumerate() if t.name == "kcache-service-warm"]
+        for thread in warming:
+            thread.join(60)
+        print(len(warming))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=child_env(KCACHE_COMPILE_ISOLATION="server"), cwd=str(PROJECT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    sockets = list((runtime / "kcache").glob("*.sock")) if (runtime / "kcache").exists() else []
+    if tilelang_first:
+        assert done.stdout.split()[-1] == "0" and not sockets
+    else:
+        assert done.stdout.split()[-1] == "1" and len(sockets) == 1
+        served = client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"), ("status",))
+        assert served["jobs"] == 0  # started, nothing compiled yet
 
 
 def test_the_services_workers_are_forked_from_its_template_and_a_crashed_one_too(runtime: Path) -> None:

@@ -102,7 +102,12 @@ class KernelCache:
             self._toolchain = self._tilelang().toolchain_fingerprint(self.root, persist=not self.readonly)
         if self.settings.compile_isolation == "server" and not self.readonly and backend is None and compile_pool is None:
             self._serves_through_service = True
-            self.warm_compiles(1)
+            if "tilelang" not in sys.modules:
+                # Opened before the program imports TileLang (kcache.install() at the top, say): the
+                # service's start overlaps that import. Opened after it, there is little left to
+                # overlap, and a process that only hits (a server loading its kernels) would start a
+                # compile service for nothing: its first miss starts it instead.
+                self.warm_compiles(1)
 
     def warm_compiles(self, count: int = 1) -> None:
         """In server mode, reach (or start) the compile service in the background and ask it for
