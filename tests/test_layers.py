@@ -187,16 +187,26 @@ MISS_PATH = ("kcache.cache.single_flight", "kcache.cache.compiling", "kcache.com
 
 @pytest.mark.tilelang
 def test_a_disk_hit_in_a_fresh_process_loads_nothing_of_the_miss_path(cache_root: Path) -> None:
+    """A program that builds its kernel (importing TileLang) and then opens the cache. One that opens
+    the cache first warms the compile service up, which loads the service's client and nothing else
+    of the miss path."""
     program = f"""
 import kcache
 from stress.kernels import CPU_TARGET, elementwise_add
+{{build_first}}
 cache = kcache.KernelCache({str(cache_root)!r})
-cache.get_or_compile(elementwise_add(), CPU_TARGET, out_idx=[2])
+cache.get_or_compile(func if "func" in globals() else elementwise_add(), CPU_TARGET, out_idx=[2])
 print(cache.stats()["{{counter}}"])
 """
-    miss = subprocess.run([sys.executable, "-c", program.replace("{counter}", "compiles")], capture_output=True,
-                          text=True, cwd=PROJECT, check=True)
+    build_first = "func = elementwise_add()"
+    miss = subprocess.run([sys.executable, "-c", program.format(build_first=build_first, counter="compiles")],
+                          capture_output=True, text=True, cwd=PROJECT, check=True)
     assert miss.stdout.split()[-1] == "1"
-    loaded = loaded_after(program.replace("{counter}", "disk_hits").replace("print(", "assert 1 == ("))
+    hit = program.replace("print(", "assert 1 == (")
+    loaded = loaded_after(hit.format(build_first=build_first, counter="disk_hits"))
     assert "kcache.tiers.disk" in loaded and "kcache.tilelang.loader" in loaded
     assert not sorted(m for m in loaded if m.startswith(MISS_PATH)), "a hit loaded the miss path"
+    warmed = loaded_after(hit.format(build_first="", counter="disk_hits"))
+    assert "kcache.compile.service_client" in warmed  # the warm-up at open, in server mode (the default)
+    beyond_the_client = sorted(m for m in warmed if m.startswith(MISS_PATH) and not m.startswith("kcache.compile"))
+    assert not beyond_the_client, "a hit loaded the miss path beyond the compile service's client"
