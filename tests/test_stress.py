@@ -15,12 +15,14 @@ from .helpers import PROJECT, child_env
 
 
 def run_stress(tmp_path: Path, *args: str, root: Path | None = None) -> dict:
-    """One run (on a fresh root in the temporary directory unless `root`): it must pass, and leave
-    nothing behind in the temporary directory (its logs, its fresh root, its service's runtime)."""
+    """One run (on a fresh root in the temporary directory unless `root`): it must pass, and remove
+    what it made there: its logs, its fresh root, its service's runtime directory. (Not everything
+    in the temporary directory: nvcc's temporaries of a compile killed by the chaos stay there, as
+    they do for any killed nvcc.)"""
     out = tmp_path / "summary.json"
     where = ["--cache-dir", str(root)] if root is not None else ["--fresh"]
     # The run's own temporary directory, so that other processes' files cannot be taken for its
-    # leftovers; its service's runtime directory is in /tmp itself (a socket's path is short).
+    # own; its service's runtime directory is in /tmp itself (a socket's path is short).
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
     done = subprocess.run(
@@ -30,8 +32,9 @@ def run_stress(tmp_path: Path, *args: str, root: Path | None = None) -> dict:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "invariants checked: no partial entry observed;" in done.stdout
     summary = json.loads(out.read_text())
-    left = os.listdir(scratch) + ([summary["service_runtime"]] if summary["service_runtime"] and
-                                  os.path.exists(summary["service_runtime"]) else [])
+    own = [n for n in os.listdir(scratch) if n.startswith(("kcache-stress-run-", "kcache-stress-"))]
+    left = own + ([summary["service_runtime"]] if summary["service_runtime"] and
+                  os.path.exists(summary["service_runtime"]) else [])
     assert not left, f"the stress run left {left} behind"
     return summary
 

@@ -121,8 +121,8 @@ def _copy_file(source_fd: int, target_fd: int, name: str) -> None:
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(writer, view):]
-            # The modes the follower's own job would have written: both jobs ran in this service's
-            # workers, under its umask, and KCACHE_UMASK and KCACHE_GROUP are part of its name.
+            # The modes the follower's own job would have written: jobs merge only under one umask
+            # (service_client), and KCACHE_UMASK and KCACHE_GROUP are part of the service's name.
             os.fchmod(writer, stat.S_IMODE(info.st_mode))
             os.fsync(writer)
         finally:

@@ -12,19 +12,16 @@ the device binary nvcc produced, so the entry can keep it as its own file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
-import shutil
 import socket
 import tempfile
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,38 +145,11 @@ def compile_job(
 ) -> float:
     """A compile worker's job (see `kcache.tilelang.backend.compile_entry`): compile, write the entry; the seconds it took."""
     empty_staging(Path(out_dir))  # a run again after the compile service died mid-job starts clean
-    with scratch_inside(Path(out_dir)):
-        resolved = resolve_target(json.loads(target_json), execution_backend)
-        compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir), context,
-                                  in_worker=True)
-        write_entry(Path(out_dir), compiled, key, resolved, toolchain)
+    resolved = resolve_target(json.loads(target_json), execution_backend)
+    compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir), context,
+                              in_worker=True)
+    write_entry(Path(out_dir), compiled, key, resolved, toolchain)
     return compiled.seconds
-
-
-SCRATCH = ".tmp"
-
-
-@contextlib.contextmanager
-def scratch_inside(staging: Path) -> Iterator[None]:
-    """The job's temporary files (TVM's source and object files, nvcc's tmpxft_* files, the link) in a
-    private directory inside its staging directory, removed when the job ends. A worker killed
-    mid-compile (a timeout, a client that went away, a crash) then leaves them where the stale
-    staging cleanup removes them, never in the machine's temporary directory. Only in a worker,
-    which runs one job at a time: TMPDIR and tempfile's directory are process-wide."""
-    scratch = staging / SCRATCH
-    shutil.rmtree(scratch, ignore_errors=True)  # an interrupted run's
-    os.mkdir(scratch, 0o700)
-    saved = tempfile.tempdir, os.environ.get("TMPDIR")
-    tempfile.tempdir = os.environ["TMPDIR"] = str(scratch)
-    try:
-        yield
-    finally:
-        tempfile.tempdir = saved[0]
-        if saved[1] is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = saved[1]
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 _ERROR_LINE = re.compile(r"\berror\b|\bfatal\b|\btimed out\b", re.IGNORECASE)
