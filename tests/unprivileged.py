@@ -210,4 +210,8 @@ def unprivileged_env() -> Iterator[UnprivilegedEnv]:
         print(f"\nunprivileged venv ready in {time.monotonic() - started:.1f} s: {python}")
         yield environment
     finally:
+        # What the test users left running (their compile services, started by default, idle for
+        # minutes) ends with the session: these users exist for the tests alone.
+        for user in users:
+            subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
         shutil.rmtree(base)
