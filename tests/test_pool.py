@@ -109,7 +109,9 @@ def test_200_jobs_with_crashes_leave_the_parents_memory_and_fds_flat(make_pool) 
         pool.warm()
         assert sum(isinstance(r.error, kcache.CompilerCrashed) for r in results) == 10
         assert sum(r.ok for r in results) == 190
-        assert _open_fds() == fds
+        # No growth: fewer is no leak (a compile service this process reached earlier may say
+        # goodbye when it idles out meanwhile, and its connection closes).
+        assert _open_fds() <= fds
         assert _rss_bytes() - rss < 4 << 20
 
 
