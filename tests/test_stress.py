@@ -32,7 +32,7 @@ def run_stress(tmp_path: Path, *args: str, root: Path | None = None) -> dict:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "invariants checked: no partial entry observed;" in done.stdout
     summary = json.loads(out.read_text())
-    own = [n for n in os.listdir(scratch) if n.startswith(("kcache-stress-run-", "kcache-stress-"))]
+    own = [n for n in os.listdir(scratch) if n.startswith("kcache-stress-")]
     left = own + ([summary["service_runtime"]] if summary["service_runtime"] and
                   os.path.exists(summary["service_runtime"]) else [])
     assert not left, f"the stress run left {left} behind"
