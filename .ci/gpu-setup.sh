@@ -9,6 +9,8 @@ fi
 # import there. Compile it once, as `pip install` does.
 python3 -m compileall -q -j 0 /tmp/site >/dev/null 2>&1 || true
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# redis-server for the remote-tier benchmarks, where the image has none (.ci/gpu-redis.sh made it).
+if ! command -v redis-server >/dev/null && [ -x .gpu/redis/bin/redis-server ]; then export PATH="$PWD/.gpu/redis/bin:$PATH"; fi
 nvidia-smi -L | tee "$OUT/device.txt"
 python3 -c "import tilelang, torch; print('tilelang', tilelang.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())" 2>&1 | grep -v INFO | tee -a "$OUT/device.txt"
 date -u | tee -a "$OUT/device.txt"

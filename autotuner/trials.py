@@ -113,8 +113,10 @@ def check_resources(func: Any, target: Any) -> str | None:
     limit = target.get("max_num_threads") if isinstance(target, dict) else None
     if limit is None and isinstance(target, dict) and target.get("kind") == "cuda":
         limit = 1024  # every CUDA device since compute capability 2.0
+    if limit is None:  # a target that states no limit (a string one, say): nothing to check against
+        return None
     threads = launch_threads(func)
-    if limit is not None and threads is not None and threads > int(limit):
+    if threads is not None and threads > int(limit):
         return f"out of resource: threads, Required: {threads}, Hardware limit: {limit}"
     return None
 

@@ -10,7 +10,7 @@ import inspect
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,11 @@ from autotuner import trials as t
 from autotuner.benchmark import Profiler, benchmark, cuda_event_profiler, device_name, inputs_for
 from kcache.errors import KCacheError
 from kcache.keys import canonical_json
-from kcache.results.autotune import AutotuneResult, ConfigOutcome, result_path
+from kcache.results.autotune import COMPONENTS, NAMESPACE, RESULT_FORMAT, AutotuneResult, ConfigOutcome, result_path
+from kcache.results.device import current_device_identity, normalized
+from kcache.results.tune_once import RemoteResults, TuneOnce, report_to_log
+from kcache.store import layout
+from kcache.store.entries import EntryStore
 
 log = logging.getLogger("kcache")
 
@@ -51,6 +55,8 @@ def tune(
     rtol: float = 1e-2,
     atol: float = 1e-2,
     profiler: Profiler | None = None,
+    device: Mapping[str, Any] | None = None,
+    force: bool = False,
     verbose: bool = True,
 ) -> AutotuneResult:
     """Tune `kernel_factory(**config)` over `configs`; the saved result of an identical tune if there is one.
@@ -59,6 +65,13 @@ def tune(
     of the params' shapes). `ref_prog(*inputs)`: the expected output; configs that differ are
     `wrong_result`. `tune_key`: anything JSON that tells tunes of one factory apart (shapes, say).
     `profiler(kernel, inputs) -> ms`: how a config is timed (default: CUDA events, median of `rep`).
+    `device`: the identity of the device the configs are timed on (default: the current CUDA
+    device's, kcache.results.device); results of one device model never load on another.
+
+    Tunes once per job: of all processes (and, with KCACHE_REMOTE, nodes) that tune the same
+    identity at once, one tunes and the others wait for its result (at most KCACHE_TUNE_WAIT), so
+    every one of them gets the same config. A saved result is never replaced by another pick, except
+    by `force=True`, which tunes again and replaces it.
     """
     if not configs:
         raise ValueError("tune needs at least one config")
@@ -70,21 +83,87 @@ def tune(
 
         target = requested_target(target)
     name = f"{getattr(kernel_factory, '__module__', '?')}.{getattr(kernel_factory, '__qualname__', repr(kernel_factory))}"
-    identity = tune_identity(kernel_factory, configs, target, out_idx, tune_key)
-    path = result_path(base.root, identity[:40])
-    for root in base.read_roots:  # this cache's root, then a shared root it only reads
-        saved = AutotuneResult.load_from_disk(result_path(root, identity[:40]))
-        if saved is not None:
-            log.info("kcache: tune of %s loaded from %s", name, result_path(root, identity[:40]))
-            return saved
+    measured_on = normalized(device) if device is not None else current_device_identity()
+    identity = tune_identity(kernel_factory, configs, target, out_idx, tune_key, measured_on)
+    key = identity[:40]
+    path = result_path(base.root, key)
 
+    def saved_result() -> AutotuneResult | None:
+        for root in base.read_roots:  # this cache's root, then a shared root it only reads
+            saved = _load_bound(result_path(root, key), identity, measured_on)
+            if saved is not None:
+                log.info("kcache: tune of %s loaded from %s", name, result_path(root, key))
+                return saved
+        return None
+
+    if not force:
+        saved = saved_result()
+        if saved is not None:
+            return saved
     if profiler is None:
         _require_cuda_device(name)  # before anything compiles, not after every config did
+    if base.readonly:  # nothing to claim or save: this process tunes for itself
+        return _tune_now(kernel_factory, configs, name, identity, measured_on, base, None, inputs=inputs,
+                         supply_prog=supply_prog, ref_prog=ref_prog, target=target, out_idx=out_idx, warmup=warmup,
+                         rep=rep, compile_workers=compile_workers, timeout_s=timeout_s, rtol=rtol, atol=atol,
+                         profiler=profiler, verbose=verbose)
+    once = _claim(base, identity, key, name, saved_result, force, verbose)
+    found = once.claim()
+    if found is not None:
+        return found
+    try:
+        result = _tune_now(kernel_factory, configs, name, identity, measured_on, base, once, inputs=inputs,
+                           supply_prog=supply_prog, ref_prog=ref_prog, target=target, out_idx=out_idx,
+                           warmup=warmup, rep=rep, compile_workers=compile_workers, timeout_s=timeout_s,
+                           rtol=rtol, atol=atol, profiler=profiler, verbose=verbose)
+        if not result.save_to_disk(path, replace=force):
+            # A result was saved meanwhile without the claim (a root whose lock could not be taken):
+            # the saved pick stands, so that every process of the job runs the same config.
+            kept = saved_result()
+            if kept is not None:
+                if kept.config != result.config:
+                    log.warning("kcache: the tune of %s picked %s, but %s was saved first; using the saved "
+                                "one (tune again with force=True to replace it)", name, result.config, kept.config)
+                return kept
+        once.upload()
+        return result
+    finally:
+        once.release()
+
+
+def _claim(base: kcache.KernelCache, identity: str, key: str, name: str,
+           saved_result: Callable[[], AutotuneResult | None], force: bool, verbose: bool) -> TuneOnce[AutotuneResult]:
+    """The claim on this tune: the root's lock, and the remote lease with KCACHE_REMOTE."""
+    store = EntryStore(base.root / NAMESPACE, "", COMPONENTS, check_name=layout.check_entry_name)
+    tier = base.remote_tier_for(f"a{RESULT_FORMAT}", store.required) if base.settings.remote_url else None
+    remote = RemoteResults(tier, store, key) if tier is not None else None
+    path = result_path(base.root, key)
+
+    def report(message: str, first: bool) -> None:
+        report_to_log(message, first)
+        if verbose and not first:  # the first is a warning, shown by the log already
+            print(message, file=sys.stderr)
+
+    return TuneOnce(base.root, identity, name, load=(lambda: None) if force else saved_result,
+                    exists=(lambda: False) if force else path.is_dir, wait_s=base.settings.tune_wait_s,
+                    remote=remote, lease_s=base.settings.remote_lease_s, report=report, fetch_remote=not force)
+
+
+def _tune_now(kernel_factory: Callable[..., Any], configs: Sequence[dict[str, Any]], name: str, identity: str,
+              measured_on: dict[str, Any], base: kcache.KernelCache, once: TuneOnce[AutotuneResult] | None, *,
+              inputs: Any, supply_prog: Any, ref_prog: Any, target: Any, out_idx: Any, warmup: int, rep: int,
+              compile_workers: int | None, timeout_s: float | None, rtol: float, atol: float,
+              profiler: Profiler | None, verbose: bool) -> AutotuneResult:
+    """Compile every config, benchmark the ones that compiled, keep the fastest correct one."""
+
+    def progressed(phase: str, total: int) -> Callable[[int], None]:
+        return lambda done: once.progress(phase, done, total) if once is not None else None
+
     tuning = _tuning_cache(base, compile_workers, timeout_s)
     # In server mode: the service's workers for this tune start (forked) while the configs are built.
     tuning.warm_compiles(len(configs))
     started = time.perf_counter()
-    with _progress(len(configs), f"compiling {name}", verbose) as bar:
+    with _progress(len(configs), f"compiling {name}", verbose, progressed("compiling", len(configs))) as bar:
         compiled = t.compile_configs(kernel_factory, configs, target=target, cache=tuning, tune_identity=identity,
                                      out_idx=out_idx, progress=lambda _trial: bar.update(1))
     compiled_at = time.perf_counter()
@@ -92,7 +171,8 @@ def tune(
     negative = t.NegativeEntries(base.root, identity, writable=not base.readonly)
     latencies: dict[int, float] = {}
     ref_latency = None
-    with _progress(sum(c.status == t.OK for c in compiled), f"benchmarking {name}", verbose) as bar:
+    runnable = sum(c.status == t.OK for c in compiled)
+    with _progress(runnable, f"benchmarking {name}", verbose, progressed("benchmarking", runnable)) as bar:
         for index, trial in enumerate(compiled):
             if trial.status != t.OK:
                 continue
@@ -110,7 +190,7 @@ def tune(
     best = min(latencies, key=lambda index: latencies[index])
     winner = compiled[best]
     libpath = Path(getattr(getattr(winner.kernel, "adapter", None), "libpath", "") or "")
-    result = AutotuneResult(
+    return AutotuneResult(
         config=winner.config,
         latency=latencies[best],
         ref_latency=ref_latency,
@@ -119,13 +199,21 @@ def tune(
         out_idx=None if out_idx is None else list(out_idx) if isinstance(out_idx, (list, tuple)) else [out_idx],
         target=target if isinstance(target, (dict, str)) or target is None else str(target),
         func=winner.func,
-        metadata={"device": device_name(), "toolchain": getattr(tuning, "_toolchain", None), "tuned": time.time(),
-                  "factory": name, "seconds": {"compile": compiled_at - started,
-                                               "benchmark": time.perf_counter() - compiled_at}},
+        metadata={"device": measured_on, "device_name": device_name(), "tune_identity": identity,
+                  "toolchain": getattr(tuning, "_toolchain", None), "tuned": time.time(), "factory": name,
+                  "seconds": {"compile": compiled_at - started, "benchmark": time.perf_counter() - compiled_at}},
     )
-    if not base.readonly:
-        result.save_to_disk(path)
-    return result
+
+
+def _load_bound(path: Path, identity: str, device: dict[str, Any]) -> AutotuneResult | None:
+    """The result at `path` if it is this tune's: measured on `device`, and saved for this identity
+    (a result copied under another tune's name is another tune's, and is refused)."""
+    saved = AutotuneResult.load_from_disk(path, device=device)
+    if saved is not None and saved.metadata.get("tune_identity") != identity:
+        log.warning("kcache: ignoring the autotune result %s: it was saved for another tune (%s). Tune again "
+                    "to replace it.", path, str(saved.metadata.get("tune_identity"))[:16])
+        return None
+    return saved
 
 
 def autotune(configs: Sequence[dict[str, Any]], key: Sequence[str] = (), **tune_options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -160,8 +248,9 @@ def autotune(configs: Sequence[dict[str, Any]], key: Sequence[str] = (), **tune_
 
 
 def tune_identity(kernel_factory: Callable[..., Any], configs: Sequence[dict[str, Any]], target: Any,
-                  out_idx: Any, tune_key: Any) -> str:
-    """What makes two tunes the same: the factory (name and source), the configs, target, out_idx, key."""
+                  out_idx: Any, tune_key: Any, device: Mapping[str, Any]) -> str:
+    """What makes two tunes the same: the factory (name and source), the configs, target, out_idx,
+    key, and the identity of the device they are measured on (not its index)."""
     try:
         target_text = canonical_json(target)
     except TypeError:
@@ -173,6 +262,7 @@ def tune_identity(kernel_factory: Callable[..., Any], configs: Sequence[dict[str
         "target": target_text,
         "out_idx": repr(out_idx),
         "key": canonical_json(tune_key) if tune_key is not None else None,
+        "device": canonical_json(dict(device)),
     }
     return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
 
@@ -217,9 +307,31 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, description: str, verbose: bool) -> Any:
+class _NotedBar:
+    """A progress bar that also tells `noted(done)`: the tune's holder note, which waiters show."""
+
+    def __init__(self, bar: Any, noted: Callable[[int], None]) -> None:
+        self.bar = bar
+        self.noted = noted
+        self.done = 0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        self.bar.update(n)
+        self.noted(self.done)
+
+    def __enter__(self) -> _NotedBar:
+        self.bar.__enter__()
+        self.noted(0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(*exc)
+
+
+def _progress(total: int, description: str, verbose: bool, noted: Callable[[int], None]) -> Any:
     if not verbose:
-        return _NoBar()
+        return _NotedBar(_NoBar(), noted)
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=description, file=sys.stderr, leave=False)
+    return _NotedBar(tqdm(total=total, desc=description, file=sys.stderr, leave=False), noted)

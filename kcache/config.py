@@ -13,6 +13,8 @@ import platformdirs
 from kcache.store import sharing
 
 DEFAULT_LOCK_TIMEOUT_S = 900.0
+# How long a process waits for another's tune of the same identity: tunes take minutes, not seconds.
+DEFAULT_TUNE_WAIT_S = 3600.0
 DEFAULT_STAGING_TTL_S = 3600.0
 DEFAULT_GC_INTERVAL_S = 600.0
 # Below the lock timeout, so that a stuck compile fails its own caller before its waiters give up.
@@ -75,6 +77,8 @@ class Settings:
     root: Path
     # How long a process waits for another's compile of the same key.
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+    # How long a process waits for another process's (or node's) tune of the same identity.
+    tune_wait_s: float = DEFAULT_TUNE_WAIT_S
     # Staging directories of other hosts (and reused pids) older than this are garbage.
     staging_ttl_s: float = DEFAULT_STAGING_TTL_S
     # Opening a cache runs gc at most this often per root.
@@ -117,6 +121,7 @@ class Settings:
         return cls(
             root=Path(root).expanduser() if root is not None else default_root(),
             lock_timeout_s=_env_seconds("KCACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S),
+            tune_wait_s=_env_seconds("KCACHE_TUNE_WAIT", DEFAULT_TUNE_WAIT_S),
             staging_ttl_s=_env_seconds("KCACHE_STAGING_TTL", DEFAULT_STAGING_TTL_S),
             gc_interval_s=_env_seconds("KCACHE_GC_INTERVAL", DEFAULT_GC_INTERVAL_S),
             compile_isolation=_env_choice("KCACHE_COMPILE_ISOLATION", ISOLATION_MODES),

@@ -273,6 +273,20 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
         if args.backend == "kcache" and path.exists() and os.listdir(path):
             violations.append(f"{len(os.listdir(path))} item(s) left in {path} after the final gc")
 
+    # Tune once (issue 16): per tune identity, every process that got a result got the same config, and
+    # at most one finished process benchmarked it (a killed tuner never reports; its heir does).
+    tunes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in ops:
+        if r["op"] == "tune":
+            tunes[r["tune"]].append(r)
+    for identity, done in sorted(tunes.items()):
+        picks = {json.dumps(r["config"], sort_keys=True) for r in done}
+        if len(picks) > 1:
+            violations.append(f"tune {identity}: {len(done)} processes got {len(picks)} different configs: {sorted(picks)}")
+        tuned = sum(1 for r in done if r["tuned"])
+        if tuned > 1:
+            violations.append(f"tune {identity}: {tuned} processes benchmarked it (one tune per identity)")
+
     for r in errors:
         violations.append(f"unexpected exception in {r['_log']}: {r['error']}")
     for crash in crashes:
@@ -309,6 +323,8 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
                         "by_workers": by_workers, "at_final_check": at_final_check,
                         "by_mode": dict(Counter(i.mode for i in chaos.log.injections))},
         "wrong_results": wrong, "results_checked": bool(args.check_gpu),
+        "tunes": {"identities": len(tunes), "results": sum(len(v) for v in tunes.values()),
+                  "tuned": sum(1 for v in tunes.values() for r in v if r["tuned"])},
         "invariants": {"checked": checked_invariants(args), "violations": violations, "pass": not violations},
     }
 
@@ -318,6 +334,7 @@ def checked_invariants(args: Any) -> list[str]:
     checked = ["no partial entry observed", "every published entry verifies or was corrupted by chaos"]
     if args.backend == "kcache":
         checked += ["compiles within kernels + interrupted + repairs", "staging and locks empty after gc"]
+        checked += ["one config per tune identity, from one tune"]
     checked += ["every injected corruption detected", "no unexpected exception, crash or hang",
                 "every worker made progress", "no operation over the lock timeout"]
     if args.check_gpu:

@@ -126,6 +126,8 @@ class Worker:
             record.update(self.verify_one())
         elif op == "autotune":
             record.update(self.autotune_round_trip(name, func))
+        elif op == "tune":
+            record.update(self.tune_once())
         if before is not None:
             after = self.cache.stats()
             record["delta"] = {k: after[k] - before[k] for k in after if after[k] != before[k] and k != "lock_wait_seconds"}
@@ -162,10 +164,34 @@ class Worker:
             raise AssertionError(f"the autotune result {path} did not load back whole: {loaded!r}")
         return {"autotune": "published" if published else "kept"}
 
+    def tune_once(self) -> dict[str, Any]:
+        """Tune one of TUNE_IDENTITIES identities over this run's kernels (those of one out_idx), with a
+        profiler whose latencies depend on this process: every process that gets a result for an
+        identity must get the same config, so only one of them may have tuned it (issue 16)."""
+        import autotuner
+
+        global _TUNE_ITEMS
+        _TUNE_ITEMS = [func for _name, func, _spec in self.items]
+        round_ = self.rng.randrange(TUNE_IDENTITIES)
+        out_idx = self.items[round_ % len(self.items)][2].out_idx if self.items[0][2] is not None else None
+        configs = [{"index": i} for i, (_n, _f, spec) in enumerate(self.items)
+                   if spec is None or spec.out_idx == out_idx]
+        timed: list[str] = []
+
+        def profiler(kernel: Any, inputs: Any) -> float:
+            timed.append(_kernel_name(kernel))
+            return random.Random(f"{os.getpid()}-{timed[-1]}").random()
+
+        result = autotuner.tune(tune_member, configs, inputs=[], target=self.target, out_idx=out_idx,
+                                cache=self.cache, tune_key={"stress": round_, "out_idx": out_idx}, profiler=profiler,
+                                verbose=False)
+        return {"tune": f"{round_}:{out_idx}", "config": result.config, "tuned": bool(timed)}
+
     def choose(self) -> str:
         if self.cache is None:
             return "get"
-        return self.rng.choices(["get", "get_cold", "verify", "gc", "autotune"], weights=[57, 15, 18, 5, 5])[0]
+        return self.rng.choices(["get", "get_cold", "verify", "gc", "autotune", "tune"],
+                                weights=[55, 15, 18, 5, 5, 2])[0]
 
     def run(self) -> None:
         args = self.args
@@ -208,6 +234,21 @@ class Worker:
             "wrong_results": self.wrong, "open_s": self.open_s,
             "stats": self.cache.stats() if self.cache is not None else None,
         })
+
+
+# Identities the tune operation draws from: few, so that processes tune the same one at once.
+TUNE_IDENTITIES = 4
+_TUNE_ITEMS: list[Any] = []
+
+
+def tune_member(index: int) -> Any:
+    """The tune operation's kernel factory: config {"index": i} is this run's i-th kernel."""
+    return _TUNE_ITEMS[index]
+
+
+def _kernel_name(kernel: Any) -> str:
+    prim_func = getattr(kernel, "prim_func", None)
+    return str(prim_func.attrs["global_symbol"]) if prim_func is not None else kernel.name
 
 
 def _matches(spec: Any, kernel: Any) -> bool:

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
 
 import kcache  # noqa: E402
+from kcache.store.locks import read_note  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 from stress.nvcc_counter import NvccCounter  # noqa: E402
 
@@ -174,12 +175,75 @@ def test_tilelang_autotuner_results_are_kcache_entries_shared_across_processes(t
 
     assert run("save")["stats"]["compiles"] == 1
     (saved,) = [p for p in (root / "autotuner").iterdir() if not p.name.startswith(".")]
-    assert saved.name == "tl-" + "ab" * 32 and (saved / "manifest.json").exists()
+    from kcache.dropin.autotuner_results import result_name
+    from kcache.results.device import current_device_identity
+
+    # TileLang's key and the identity of the device it was measured on name it.
+    assert saved.name == result_name("ab" * 32, current_device_identity()) and (saved / "manifest.json").exists()
     loaded = run("load")
     assert (loaded["config"], loaded["latency"], loaded["ref"]) == ({"n": 1024}, 0.25, 0.5) and loaded["source"]
     assert loaded["stats"]["compiles"] == 0 and loaded["stats"]["disk_hits"] == 1  # the kernel: a kcache hit
     assert loaded["libpath"].startswith(str(root)) and loaded["missing"] is None
     assert files_under(tilelang_dir) == []
+
+
+TUNE_ONCE_RUN = """
+import json, sys, kcache, tilelang
+from tilelang.autotuner import AutoTuner
+from tilelang.autotuner.param import AutotuneResult
+from stress.kernels import CPU_TARGET, elementwise_add
+
+def run_standing_in_for_tilelangs(self):
+    # TileLang's AutoTuner.run: look for a saved result; else tune (here: block until told, compile
+    # one config, no GPU to time it on) and save what it found.
+    found = self._load_result_from_disk(KEY)
+    if found is not None:
+        return "loaded", found.config
+    print("tuning", flush=True)
+    sys.stdin.readline()
+    kernel = tilelang.compile(elementwise_add(n=1024), out_idx=[2], target=CPU_TARGET)
+    self._save_result_to_disk(KEY, AutotuneResult(latency=0.25, config={"pid": PID}, func=kernel.prim_func,
+                                                  kernel=kernel))
+    return "tuned", {"pid": PID}
+
+import os
+KEY, PID = "ef" * 32, os.getpid()
+AutoTuner.run = run_standing_in_for_tilelangs
+kcache.install(kcache.KernelCache(sys.argv[1]))  # wraps `run`: the claim ends with it
+tuner = AutoTuner.from_kernel(kernel=lambda n=1024: elementwise_add(n=n), configs=[{"n": 1024}])
+tuner.set_compile_args(out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
+print("RESULT " + json.dumps(tuner.run()), flush=True)
+"""
+
+
+def test_tilelang_autotuner_runs_of_one_key_at_once_tune_once(tmp_path: Path) -> None:
+    """Two processes run TileLang's AutoTuner for one key: the second waits in its load for the first's
+    result (kcache's claim), and gets its config. TileLang's real run needs a GPU to time configs
+    (tests/test_gpu_dropin.py runs it); here a stand-in runs its load-tune-save steps."""
+    root = tmp_path / "kcache"
+    env = child_env(TILELANG_CACHE_DIR=str(tmp_path / "tilelang"))
+
+    def start_run() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-c", TUNE_ONCE_RUN, str(root)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(PROJECT))
+
+    first = start_run()
+    assert first.stdout.readline().strip() == "tuning", first.stderr.read()[-3000:]
+    second = start_run()
+    for line in second.stderr:  # its waiting message: a handshake, not a sleep
+        if "waiting for its result" in line:
+            assert f"pid {first.pid} on " in line, line
+            break
+    else:
+        raise AssertionError(f"the second run did not wait: {second.stdout.read()}")
+    first.stdin.write("go\n")
+    first.stdin.flush()
+    outputs = [p.communicate(timeout=600)[0] for p in (first, second)]
+    results = [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+               for out in outputs]
+    assert results == [["tuned", {"pid": first.pid}], ["loaded", {"pid": first.pid}]]
+    assert [p.returncode for p in (first, second)] == [0, 0]
+    assert [read_note(p) for p in (root / ".locks").glob("tune-*.lock")] == [b""]
 
 
 def test_kcache_tilelang_at_import_installs_once_tilelang_loads(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """On a GPU: unmodified TileLang programs (lazy and eager `@tilelang.jit`, `@tilelang.autotune`)
 under `kcache run`, in several processes at once, give TileLang's own results (checked against
-torch), compile each kernel once across the processes, and leave TileLang's cache directory alone;
-a later process loads the AutoTuner's saved result."""
+torch), compile each kernel once across the processes, tune once (one config in every process), and
+leave TileLang's cache directory alone; a later process loads the AutoTuner's saved result."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def test_unmodified_programs_on_the_gpu(tmp_path: Path) -> None:
         if result["program"] != "autotuned_gemm":  # a tune may pick another config, summing in another order
             assert result["outputs"] == runs.plain[result["program"]]["outputs"]
             assert result["sources"] == runs.plain[result["program"]]["sources"]
+    # Tuned once (issue 16): the copies of the autotuned program ran at once, and all got one config.
+    picks = {str(sorted(r["sources"].items())) for r in runs.results if r["program"] == "autotuned_gemm"}
+    assert len(picks) == 1, picks
     # Every distinct kernel once, across all the processes: gemm.py's kernel is also the autotuner's
     # (128, 128, 32, 3 stages) config, the same program, so one entry serves both.
     distinct = len(PROGRAMS) - 1 + AUTOTUNE_CONFIGS - 1

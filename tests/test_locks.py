@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kcache.errors import CacheLockTimeout
-from kcache.store.locks import KeyLock, remove_idle_lock_files
+from kcache.store.locks import KeyLock, read_note, remove_idle_lock_files
 
 from .helpers import expect_line, spawn
 
@@ -129,3 +129,45 @@ def test_a_waiter_gives_up_when_the_holders_result_appears(tmp_path: Path) -> No
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_holders_note_is_read_by_others_ends_with_the_hold_and_a_dead_holders_is_swept(tmp_path: Path) -> None:
+    path = tmp_path / ".locks" / f"{KEY}.lock"
+    child = spawn(f"""
+        import sys
+        from kcache.store.locks import KeyLock
+        lock = KeyLock({str(path)!r}, {KEY!r})
+        lock.acquire(timeout=30)
+        lock.write_note(b"pid and progress")
+        print("noted", flush=True)
+        sys.stdin.readline()
+        lock.release()
+        print("released", flush=True)
+        sys.stdin.readline()
+        lock.acquire(timeout=30)
+        lock.write_note(b"dies holding this")
+        print("noted again", flush=True)
+        sys.stdin.readline()
+    """)
+    expect_line(child, "noted")
+    assert read_note(path) == b"pid and progress"
+    assert remove_idle_lock_files(path.parent) == 0  # held: kept, note and all
+    child.stdin.write("\n")
+    child.stdin.flush()
+    expect_line(child, "released")
+    assert read_note(path) == b""
+    child.stdin.write("\n")
+    child.stdin.flush()
+    expect_line(child, "noted again")
+    child.kill()
+    child.wait()
+    assert read_note(path) == b"dies holding this"
+    assert remove_idle_lock_files(path.parent) == 1 and not path.exists()
+
+
+def test_a_note_through_a_planted_link_is_not_read(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("not for lock readers")
+    (tmp_path / ".locks").mkdir()
+    (tmp_path / ".locks" / "tune-x.lock").symlink_to(secret)
+    assert read_note(tmp_path / ".locks" / "tune-x.lock") == b""

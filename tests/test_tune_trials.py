@@ -173,6 +173,8 @@ def test_a_launch_refused_for_shared_memory_is_out_of_resources_and_remembered(c
     assert outcome.message.startswith("out of resource: shared memory, Required: 393216, Hardware limit: ")
     # Deterministic: the next tune of the same configs skips it without compiling or launching it.
     again = kcache.KernelCache(cache_root)
-    identity = tune_identity(tile_kernel, configs, CPU_TARGET, [2], "smem")
+    from kcache.results.device import current_device_identity
+
+    identity = tune_identity(tile_kernel, configs, CPU_TARGET, [2], "smem", current_device_identity())
     trials = compile_configs(tile_kernel, configs, target=CPU_TARGET, cache=again, out_idx=[2], tune_identity=identity)
     assert trials[0].remembered and trials[0].status == OUT_OF_RESOURCES

@@ -13,8 +13,9 @@ import pytest
 
 from .helpers import PROJECT, child_env
 
-VERBS = [["stats"], ["ls"], ["verify"], ["show", "abcd"], ["gc"], ["prune"], ["clear"]]
-BAD_SETTINGS = {"KCACHE_MAX_SIZE": "banana", "KCACHE_COMPILE_WORKERS": "-3", "KCACHE_LOCK_TIMEOUT": "abc"}
+VERBS = [["stats"], ["ls"], ["verify"], ["show", "abcd"], ["gc"], ["prune"], ["clear"], ["tunes"], ["untune", "ab"]]
+BAD_SETTINGS = {"KCACHE_MAX_SIZE": "banana", "KCACHE_COMPILE_WORKERS": "-3", "KCACHE_LOCK_TIMEOUT": "abc",
+                "KCACHE_TUNE_WAIT": "soon"}
 
 
 def kcache(*argv: str, env: dict[str, str] | None = None, stdout: int = subprocess.PIPE) -> subprocess.CompletedProcess:
@@ -65,8 +66,9 @@ def test_the_doctor_names_a_root_that_is_a_file_and_fix_does_not_crash(tmp_path:
     assert root.read_text() == "not a cache"
 
 
-@pytest.mark.parametrize("verb,status", [(["stats"], 0), (["ls"], 0), (["verify"], 1), (["show", "ab"], 1)],
-                         ids=["stats", "ls", "verify", "show"])
+@pytest.mark.parametrize("verb,status", [(["stats"], 0), (["ls"], 0), (["verify"], 1), (["show", "ab"], 1),
+                                         (["tunes"], 0)],
+                         ids=["stats", "ls", "verify", "show", "tunes"])
 def test_read_only_commands_on_a_missing_root_say_so_and_create_nothing(tmp_path: Path, verb: list[str],
                                                                        status: int) -> None:
     root = tmp_path / "typo"

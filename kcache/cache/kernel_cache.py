@@ -248,16 +248,24 @@ class KernelCache:
         return self._misses
 
     def _remote(self, backend: Any) -> RemoteTier | None:
-        if self._remote_tier is None and self.settings.remote_url:
-            from kcache.tiers.remote import RemoteTier
-
-            toolchain = self._toolchain_fingerprint(backend)
-            namespace = f"e{ENTRY_FORMAT}:t{hashlib.sha256(canonical_json(toolchain).encode()).hexdigest()[:16]}"
-            self._remote_tier = RemoteTier(
-                self.settings.remote_url, namespace, self.store.required, secret=self.settings.remote_secret,
-                ttl_s=self.settings.remote_ttl_s, max_entry_bytes=self.settings.remote_max_entry_bytes,
-            )
+        if self._remote_tier is None:
+            self._remote_tier = self.remote_tier_for(f"e{ENTRY_FORMAT}", self.store.required, backend)
         return self._remote_tier
+
+    def remote_tier_for(self, kind: str, required: frozenset[str], backend: Any = None) -> RemoteTier | None:
+        """This cache's remote tier (KCACHE_REMOTE) for values of `kind` made of the files `required`,
+        in a namespace of this toolchain's; None without a remote. Autotune results use it beside
+        kernel entries."""
+        if not self.settings.remote_url:
+            return None
+        from kcache.tiers.remote import RemoteTier
+
+        toolchain = self._toolchain_fingerprint(backend if backend is not None else self._tilelang())
+        namespace = f"{kind}:t{hashlib.sha256(canonical_json(toolchain).encode()).hexdigest()[:16]}"
+        return RemoteTier(
+            self.settings.remote_url, namespace, required, secret=self.settings.remote_secret,
+            ttl_s=self.settings.remote_ttl_s, max_entry_bytes=self.settings.remote_max_entry_bytes,
+        )
 
     # ------------------------------------------------------------ internals
 

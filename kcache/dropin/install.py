@@ -19,8 +19,9 @@ log = logging.getLogger("kcache")
 
 
 def install(cache: KernelCache | None = None) -> None:
-    """Route TileLang's compiles and AutoTuner results through `cache` (default: kcache's default cache).
-    Imports TileLang. Calling it again changes the cache."""
+    """Route TileLang's compiles and AutoTuner results through `cache` (default: kcache's default cache),
+    and tune each AutoTuner key once per job (kcache.dropin.autotuner_results). Imports TileLang.
+    Calling it again changes the cache."""
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
 
@@ -34,11 +35,13 @@ def install(cache: KernelCache | None = None) -> None:
                 "cached": jit_module.cached,
                 "save": AutoTuner._save_result_to_disk,
                 "load": AutoTuner._load_result_from_disk,
+                "run": AutoTuner.run,
             }
         state.installed["cache"] = cache
         jit_module.cached = routing.cached
         AutoTuner._save_result_to_disk = autotuner_results.save_result
         AutoTuner._load_result_from_disk = autotuner_results.load_result
+        AutoTuner.run = autotuner_results.wrap_run(state.installed["run"])  # the tune's claim ends with the run
     log.debug("kcache: installed into TileLang (tilelang.compile, @tilelang.jit, AutoTuner results)")
 
 
@@ -53,6 +56,7 @@ def uninstall() -> None:
         jit_module.cached = state.installed["cached"]
         AutoTuner._save_result_to_disk = state.installed["save"]
         AutoTuner._load_result_from_disk = state.installed["load"]
+        AutoTuner.run = state.installed["run"]
         state.installed = None
 
 

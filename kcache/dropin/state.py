@@ -11,7 +11,7 @@ from kcache.cache.kernel_cache import KernelCache
 ENV = "KCACHE_TILELANG"
 
 lock = threading.Lock()
-# TileLang's originals while installed ("cached", "save", "load"), and the chosen "cache"; None when not.
+# TileLang's originals while installed ("cached", "save", "load", "run"), and the chosen "cache"; None when not.
 installed: dict[str, Any] | None = None
 
 

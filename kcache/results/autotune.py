@@ -7,7 +7,7 @@ An entry is a directory of:
     configs.json       every config tried, with its outcome
     kernel.json        the best kernel's cache key, out_idx and target
     function.pkl       the tuned function (cloudpickle)
-    meta.json          device, toolchain, time, host
+    meta.json          its name (the key it is stored under), device identity, toolchain, time, host
     manifest.json      sizes and sha256 of all of the above
 
 It is staged beside its final path and published with one rename, only
@@ -28,6 +28,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ import cloudpickle
 from kcache.cache.default import default_cache
 from kcache.config import Settings
 from kcache.errors import CorruptEntry, KCacheError, UntrustedEntry
+from kcache.results.device import NO_CUDA_DEVICE, current_device_identity, describe, normalized
 from kcache.store import layout
 from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.fsutil import write_durable
@@ -52,7 +54,10 @@ KERNEL = "kernel.json"
 FUNCTION = "function.pkl"
 META = "meta.json"
 COMPONENTS = frozenset({BEST_CONFIG, LATENCY, CONFIGS, KERNEL, FUNCTION, META})
-RESULT_FORMAT = 1
+# 2: meta.json names the result's key and the identity of the device it was measured on.
+RESULT_FORMAT = 2
+# `load_from_disk(device=CURRENT_DEVICE)`: compare with this process's current CUDA device.
+CURRENT_DEVICE = "current"
 
 
 @dataclass
@@ -88,12 +93,14 @@ class AutotuneResult:
 
     # ------------------------------------------------------------ disk
 
-    def save_to_disk(self, path: str | os.PathLike[str]) -> bool:
+    def save_to_disk(self, path: str | os.PathLike[str], *, replace: bool = False) -> bool:
         """Publish this result as the directory `path`, atomically.
 
         True if this call published it; False if an intact result was already
-        there (another process saved the same tune first), which is kept.
-        Raises KCacheError for what cannot be saved, naming the path.
+        there (another process saved the same tune first), which is kept: a
+        saved pick is never silently replaced. `replace=True` (a forced
+        re-tune) replaces it. Raises KCacheError for what cannot be saved,
+        naming the path.
         """
         path = Path(path)
         store = _store_at(path)
@@ -111,16 +118,43 @@ class AutotuneResult:
         with lock:
             try:
                 if store.read(path.name) is not None:
-                    return False
+                    if not replace:
+                        return False
+                    store.quarantine(path.name, "replaced by a forced re-tune")
             except CorruptEntry as corrupt:
                 store.quarantine(path.name, corrupt.reason)
             return store.publish(path.name, fill) is PublishOutcome.PUBLISHED
 
+    @property
+    def device(self) -> dict[str, Any] | None:
+        """The identity of the device this result was measured on (kcache.results.device), if recorded."""
+        recorded = self.metadata.get("device")
+        return recorded if isinstance(recorded, dict) else None
+
     @classmethod
-    def load_from_disk(cls, path: str | os.PathLike[str]) -> AutotuneResult | None:
-        """The result saved at `path`, or None: missing, or (with one warning) corrupt, partial,
-        untrusted or unreadable."""
-        path = Path(path)
+    def load_from_disk(cls, path: str | os.PathLike[str], *,
+                       device: Mapping[str, Any] | str | None = CURRENT_DEVICE) -> AutotuneResult | None:
+        """The result saved at `path`, or None: missing, measured on another device model, or (with
+        one warning) corrupt, partial, untrusted or unreadable.
+
+        `device`: the device the result must have been measured on. By default this process's
+        current CUDA device, when one is visible (with none visible there is nothing to compare,
+        and the result loads); a mapping names one (kcache.results.device); None loads it whatever
+        it was measured on."""
+        result = cls._load(Path(path))
+        if result is None or device is None:
+            return result
+        wanted = current_device_identity() if device == CURRENT_DEVICE else normalized(device)  # type: ignore[arg-type]
+        if device == CURRENT_DEVICE and wanted == NO_CUDA_DEVICE:
+            return result
+        if result.device != wanted:
+            log.info("kcache: not loading the autotune result %s: it was measured on %s, and this is %s",
+                     path, describe(result.device), describe(wanted))
+            return None
+        return result
+
+    @classmethod
+    def _load(cls, path: Path) -> AutotuneResult | None:
         try:
             # Trust is checked on each descriptor before its bytes are read; only those bytes are
             # unpickled (a swap after the check changes nothing).
@@ -156,6 +190,7 @@ class AutotuneResult:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             **self.metadata,
+            "key": path.name,  # a remote value must name the key it is stored under
         }
         return {
             BEST_CONFIG: _json(self.config),

@@ -48,6 +48,8 @@ def try_flock(fd: int) -> bool:
             return False
         raise
     return True
+# A holder may say who it is and how far it got (`KeyLock.write_note`): a tune's waiters show it.
+MAX_NOTE_BYTES = 4096
 _FIRST_POLL_S = 0.002
 _MAX_POLL_S = 0.02
 
@@ -96,8 +98,24 @@ class KeyLock:
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
+            try:
+                if os.fstat(fd).st_size:
+                    os.ftruncate(fd, 0)  # a note is the holder's: it ends with the hold
+            except OSError:
+                pass  # a note left behind is only stale text, shown until the next holder writes its own
             # Closing the descriptor drops the flock.
             os.close(fd)
+
+    def write_note(self, note: bytes) -> None:
+        """While held: replace the lock file's content with `note` (who holds it, how far it got),
+        for waiters to show (`read_note`). Best effort: a note that cannot be written is not an error."""
+        if self._fd is None:
+            raise RuntimeError(f"{self.path} is not held by this KeyLock")
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, note[:MAX_NOTE_BYTES], 0)
+        except OSError as err:
+            log.debug("kcache: cannot write the note of %s: %s", self.path, err)
 
     def __enter__(self) -> KeyLock:
         return self
@@ -148,8 +166,24 @@ def _same_file_at(fd: int, dir_fd: int | None, name: str) -> bool:
     return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
 
 
+def read_note(path: Path) -> bytes:
+    """The note of the lock file at `path` (empty if none); a link there is not followed."""
+    try:
+        fd = _open_in_locks_dir(Path(path), os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.pread(fd, MAX_NOTE_BYTES, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 def remove_idle_lock_files(locks_dir: Path) -> int:
-    """Unlink every empty lock file that nobody holds; return how many."""
+    """Unlink every lock file that nobody holds (empty, or a dead holder's note); return how many."""
     removed = 0
     try:
         dir_fd = os.open(locks_dir, DIR_FLAGS)  # a `.locks` that is a symlink is refused, never followed
@@ -180,7 +214,7 @@ def _open_in_locks_dir(path: Path, flags: int) -> int:
 
 
 def _remove_if_idle(dir_fd: int, name: str) -> int:
-    """Unlink lock file `name` if it is empty and nobody holds it: 1 if it was, else 0."""
+    """Unlink lock file `name` if nobody holds it and it holds at most a note: 1 if it was, else 0."""
     try:
         fd = os.open(name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -199,7 +233,7 @@ def _remove_if_idle(dir_fd: int, name: str) -> int:
         return 0
     try:
         info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode) and info.st_size == 0 and _same_file_at(fd, dir_fd, name):
+        if stat.S_ISREG(info.st_mode) and info.st_size <= MAX_NOTE_BYTES and _same_file_at(fd, dir_fd, name):
             os.unlink(name, dir_fd=dir_fd)
             return 1
     finally:

@@ -41,7 +41,7 @@ MAX_JSON_BYTES = 1 << 20
 EXIT_USER_ERROR = 2  # a bad setting, argument or root: one line on stderr says what and how to fix it
 EXIT_BROKEN_PIPE = 141  # stdout closed early (`kcache ls | head`): 128 + SIGPIPE, as a shell reports it
 # Read-only commands: they never create a root, and say so when there is none.
-READ_ONLY_COMMANDS = frozenset({"stats", "ls", "show", "verify"})
+READ_ONLY_COMMANDS = frozenset({"stats", "ls", "show", "verify", "tunes"})
 
 
 class UserMistake(Exception):
@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--max-age", type=_argument(parse_age), help="e.g. 30d (default: KCACHE_MAX_AGE)")
     clear = command("clear", "remove the entries of the installed TileLang version")
     clear.add_argument("--all-versions", action="store_true", help="every entry and autotune result")
+    command("tunes", "saved autotune results: key, factory, best config, device, age")
+    untune = command("untune", "remove a saved autotune result, so that the next tune of it runs again "
+                     "(on this root; in a cluster use tune(force=True), which replaces the remote one too)")
+    untune.add_argument("key", help="a result's key or a unique prefix of one (see `kcache tunes`)")
     command("gc", "staging, trash, stale locks, old quarantine, unused entries of other TileLang versions")
     check = command("doctor", "permissions, ownership, noexec, free space, toolchain, remote")
     check.add_argument("--fix", action="store_true", help="fix what can be fixed safely")
@@ -337,6 +341,32 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
             f"{count_of(results, 'autotune result', 'autotune results')}", 0)
 
 
+def cmd_tunes(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    now = time.time()
+    listing = []
+    for path in sorted(_autotune_results(settings.root), key=lambda p: p.name):
+        meta = _meta(path)
+        device = meta.get("device") if isinstance(meta.get("device"), dict) else {}
+        listing.append({"key": path.name, "factory": meta.get("factory") or meta.get("source") or "?",
+                        "config": _json_file(path / "best_config.json"), "device": device.get("name") or "-",
+                        "tuned": meta.get("tuned")})
+    rows = [(e["key"][:19], e["factory"], json.dumps(e["config"], sort_keys=True)[:60], e["device"],
+             human_age(now - e["tuned"]) if isinstance(e["tuned"], (int, float)) else "-") for e in listing]
+    return listing, format_table(["key", "factory", "best config", "device", "age"], rows), 0
+
+
+def cmd_untune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    matches = [p for p in _autotune_results(settings.root) if p.name.startswith(args.key)]
+    if len(matches) != 1:
+        why = "no autotune result matches" if not matches else f"{len(matches)} autotune results match"
+        return ({"error": f"{why} {args.key!r}"},
+                f"kcache: {why} {args.key!r} under {settings.root / AUTOTUNER} (see `kcache tunes`)", 1)
+    removed = evict_entry(settings.root, matches[0])
+    return ({"removed": str(matches[0]) if removed else None},
+            f"removed {matches[0]}: the next tune of it runs again" if removed else
+            f"kcache: {matches[0]} was already gone", 0)
+
+
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
     report = collect_garbage(settings.root, settings.staging_ttl_s, settings.max_size_bytes, settings.max_age_s,
                              quarantine_age_s=OTHER_VERSION_UNUSED_S)
@@ -365,7 +395,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings | None) -> tuple[Any
 
 
 COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
-            "clear": cmd_clear, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
+            "clear": cmd_clear, "tunes": cmd_tunes, "untune": cmd_untune, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
 
 
 # ---------------------------------------------------------------- helpers
