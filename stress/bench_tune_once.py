@@ -130,16 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = torch.cuda.get_device_name()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
     print(f"tune once: {args.procs} processes, 16 matmul configs, {device}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{'scenario':10} {'finished':>8} {'picks':>5} {'compiles':>8} {'benchmarked':>11} {'wall s':>8} {'/alone':>7} correct")
     for r in rows:
         ratio = r.get("wall_over_alone")
+        shown = "-" if ratio is None else f"{ratio:.3f}"
         print(f"{r['scenario']:10} {r['finished']:>8} {r['distinct_picks']:>5} {r['compiler_runs']:>8} "
-              f"{r['benchmarked']:>11} {r['wall_s']:>8.2f} {ratio if ratio is None else f'{ratio:.3f}':>7} "
+              f"{r['benchmarked']:>11} {r['wall_s']:>8.2f} {shown:>7} "
               f"{r['all_correct']}" + (f"  killed pid {r['killed']['pid']} after {r['killed']['benchmarked_before_kill']}"
                                       f"/{r['killed']['of']} configs" if r.get("killed") else ""))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
     return 0
 
 
