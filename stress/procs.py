@@ -58,11 +58,18 @@ class Barrier:
     """Start `count` copies of `module` (python -m), release them together, collect their results."""
 
     def __init__(self, module: str, count: int, args: list[str], env: dict[str, str] | None = None,
-                 per_worker: Callable[[int], list[str]] | None = None) -> None:
+                 per_worker: Callable[[int], list[str]] | None = None,
+                 stderr_path: Callable[[int], Path] | None = None) -> None:
+        """`stderr_path(i)`: where worker i's stderr goes, for workers that run long and may log much
+        (a pipe nobody reads until the end would fill, and block the worker); else a pipe."""
+
+        def stderr_of(i: int) -> Any:
+            return open(stderr_path(i), "w") if stderr_path else subprocess.PIPE  # noqa: SIM115 - the child's
+
         self.procs = [
             subprocess.Popen(
                 [sys.executable, "-m", module, "--index", str(i), *args, *(per_worker(i) if per_worker else [])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr_of(i),
                 text=True, env=worker_env(env), cwd=str(PROJECT),
             )
             for i in range(count)
@@ -73,7 +80,7 @@ class Barrier:
             line = proc.stdout.readline()
             if line.strip() != "ready":
                 proc.kill()
-                raise RuntimeError(f"worker {i} failed before the barrier: {line!r} {proc.stderr.read()[-3000:]}")
+                raise RuntimeError(f"worker {i} failed before the barrier: {line!r} {proc.stderr.read()[-3000:] if proc.stderr else '(its stderr is in its log file)'}")
 
     def release(self, payload: str = "") -> float:
         """Open the barrier (handing every worker `payload`); return the release time (time.monotonic())."""

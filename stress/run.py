@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -118,7 +119,8 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
                                 env=worker_env(env), cwd=str(PROJECT))
 
     barrier = Barrier("stress.worker", args.procs, base, env=env,
-                      per_worker=lambda i: ["--log", str(log_path(i, 0))])
+                      per_worker=lambda i: ["--log", str(log_path(i, 0))],
+                      stderr_path=lambda i: run_dir / f"worker-{i}-0.err")  # as restarts': never a full pipe
     barrier.wait_ready()
     started = time.time()
     if args.duration:
@@ -176,11 +178,14 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
         stop_services(service_runtime)
     hung = []
     with lock:
-        for index, proc in workers.items():
-            if proc.poll() is None:
-                hung.append(index)
-                proc.kill()
-                proc.wait()
+        hung = [index for index, proc in workers.items() if proc.poll() is None]
+        for index in hung:
+            workers[index].send_signal(signal.SIGUSR1)  # its threads' stacks, into its .err log
+        if hung:
+            time.sleep(1.0)  # for the dumps to be written: a signal has no reply to wait on
+        for index in hung:
+            workers[index].kill()
+            workers[index].wait()
     for proc in barrier.procs:  # drain the first generation's pipes
         if proc.stdout:
             proc.stdout.read()
@@ -292,7 +297,7 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
     for crash in crashes:
         violations.append(f"worker {crash['index']} (generation {crash['gen']}) crashed with exit status {crash['returncode']}")
     if hung:
-        violations.append(f"workers {hung} did not finish (deadlock or hang)")
+        violations.append(f"workers {hung} did not finish (deadlock or hang; their stacks are in their .err logs)")
     for index in range(args.procs):
         if not any(r["_log"].startswith(f"worker-{index}-") for r in ops):
             violations.append(f"worker {index} made no progress")

@@ -8,9 +8,11 @@ mid-operation. Run by `python -m stress` and the benchmarks, never by hand.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import random
+import signal
 import time
 import traceback
 from typing import Any
@@ -262,6 +264,8 @@ def _matches(spec: Any, kernel: Any) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A worker the harness finds hung gets SIGUSR1 first: every thread's stack goes to its .err log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     Worker(parse(argv)).run()
 
 
