@@ -128,6 +128,12 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
         until = started + args.duration
         base[base.index("--until") + 1] = str(until)
     barrier.release(str(until) if until else "")
+    # Their reports go unread (the logs hold everything), but read they must be: a report that fills
+    # the pipe would block its worker at exit.
+    drains = [threading.Thread(target=proc.stdout.read, name=f"drain-{i}", daemon=True)
+              for i, proc in enumerate(barrier.procs) if proc.stdout]
+    for drain in drains:
+        drain.start()
     workers = {i: p for i, p in enumerate(barrier.procs)}
     lock = threading.Lock()
     chaos = Chaos(entries_dir(args, root), workers, restart, args.kill_rate, args.corrupt_rate, args.seed, lock,
@@ -186,9 +192,8 @@ def run_stress(args: Any, root: Path) -> dict[str, Any]:
         for index in hung:
             workers[index].kill()
             workers[index].wait()
-    for proc in barrier.procs:  # drain the first generation's pipes
-        if proc.stdout:
-            proc.stdout.read()
+    for drain in drains:  # every first-generation worker has exited: their pipes are at EOF
+        drain.join()
     wall = time.time() - started
     if not args.quiet and on_terminal:
         print()

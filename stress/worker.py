@@ -232,7 +232,9 @@ class Worker:
         self.emit({"t": "done", "stats": self.cache.stats() if self.cache is not None else None})
         worker_report({
             # With a log, the operations are there: a long run's list would fill the pipe.
-            "index": args.index, "pid": os.getpid(), "ops": [] if self.log else self.ops, "errors": self.errors,
+            # The first errors only: all of them are in the log, and a report is one line on a pipe.
+            "index": args.index, "pid": os.getpid(), "ops": [] if self.log else self.ops, "errors": self.errors[:5],
+            "error_count": len(self.errors),
             "wrong_results": self.wrong, "open_s": self.open_s,
             "stats": self.cache.stats() if self.cache is not None else None,
         })

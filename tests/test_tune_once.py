@@ -183,3 +183,18 @@ def test_the_cli_lists_tunes_and_untune_makes_the_next_tune_run(cache_root: Path
     assert tune_scale(cache_root, 256, calls).config == {"block": 256} and len(calls) == 6
     missing = cli("untune", "ffffffff")
     assert missing.returncode == 1 and "no autotune result matches 'ffffffff'" in missing.stdout
+
+
+def test_a_result_saved_without_its_device_loads_on_any(cache_root: Path) -> None:
+    """save_to_disk by code that does not say where it measured (TileLang's API, say) records the
+    current CUDA device where torch runs one, and nothing elsewhere: such a result loads anywhere."""
+    from kcache.results.device import current_device_identity
+
+    path = cache_root / "autotuner" / "by-hand"
+    AutotuneResult(config={"block": 128}, latency=0.1, func=None).save_to_disk(path)
+    loaded = AutotuneResult.load_from_disk(path, device={"name": "NVIDIA H200"})
+    here = current_device_identity()
+    if here["kind"] == "none":
+        assert loaded is not None and loaded.device is None
+    else:  # on the GPU machine it records the GPU it ran on, which is no H200
+        assert loaded is None and AutotuneResult.load_from_disk(path).device == here

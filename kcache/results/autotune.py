@@ -140,10 +140,10 @@ class AutotuneResult:
         `device`: the device the result must have been measured on. By default this process's
         current CUDA device, when one is visible (with none visible there is nothing to compare,
         and the result loads); a mapping names one (kcache.results.device); None loads it whatever
-        it was measured on."""
+        it was measured on. A result that records no device loads whatever `device` says."""
         result = cls._load(Path(path))
-        if result is None or device is None:
-            return result
+        if result is None or device is None or result.device is None:
+            return result  # a result saved without its device (by code that did not say) loads anywhere
         wanted = current_device_identity() if device == CURRENT_DEVICE else normalized(device)  # type: ignore[arg-type]
         if device == CURRENT_DEVICE and wanted == NO_CUDA_DEVICE:
             return result
@@ -189,6 +189,7 @@ class AutotuneResult:
             "created": time.time(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            **_measured_here(),
             **self.metadata,
             "key": path.name,  # a remote value must name the key it is stored under
         }
@@ -239,6 +240,16 @@ def _unpickle_function(data: bytes) -> Any:
                 f"this autotune result's function is a TileLang PrimFunc and TileLang cannot be imported "
                 f"here: {missing}. Install TileLang in this environment.", name="tilelang") from missing
     return cloudpickle.loads(data)
+
+
+def _measured_here() -> dict[str, Any]:
+    """{"device": identity} of this process's current CUDA device, for a result whose metadata does not
+    say where it was measured: where torch is loaded, that is the device it ran on. Where torch is
+    not loaded nothing was timed with it, and the result records no device."""
+    if "torch" not in sys.modules:
+        return {}
+    identity = current_device_identity()
+    return {} if identity == NO_CUDA_DEVICE else {"device": identity}
 
 
 def result_path(root: str | os.PathLike[str], key: str) -> Path:
