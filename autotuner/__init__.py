@@ -3,7 +3,8 @@
     result.save_to_disk(path)                  # atomic: staged beside `path`, one rename
     AutotuneResult.load_from_disk(path)        # a result, or None (with one warning if damaged)
     result_path(root, key)                     # <root>/autotuner/<key>, the default place
-    tune(factory, configs, ref_prog=..., target=...)   # compile all configs in the pool, benchmark, save
+    tune(factory, configs, ref_prog=..., target=...)   # compile all configs in the pool, benchmark, save;
+                                               # once per job: concurrent tunes of it wait for one
     @autotune(configs=[...], key=["M", "N"])   # the same, as a decorator over a kernel factory
 
 The cache's gc cleans stale staging under `<root>/autotuner/` like everywhere else.
@@ -12,5 +13,7 @@ The cache's gc cleans stale staging under `<root>/autotuner/` like everywhere el
 from autotuner.benchmark import cuda_event_profiler
 from autotuner.tune import NoBenchmarkDevice, TuneFailed, autotune, tune
 from kcache.results.autotune import AutotuneResult, ConfigOutcome, result_path
+from kcache.results.tune_once import TuneWaitTimeout
 
-__all__ = ["AutotuneResult", "ConfigOutcome", "NoBenchmarkDevice", "TuneFailed", "autotune", "cuda_event_profiler", "result_path", "tune"]
+__all__ = ["AutotuneResult", "ConfigOutcome", "NoBenchmarkDevice", "TuneFailed", "TuneWaitTimeout", "autotune",
+           "cuda_event_profiler", "result_path", "tune"]
