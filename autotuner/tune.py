@@ -126,6 +126,8 @@ def tune(
                                 "one (tune again with force=True to replace it)", name, result.config, kept.config)
                 return kept
         once.upload()
+        if base.settings.remote_url and result.kernel_key:
+            base.share(result.kernel_key)  # the best kernel travels with its result (it may predate the remote)
         return result
     finally:
         once.release()

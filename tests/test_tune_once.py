@@ -125,6 +125,24 @@ def test_two_nodes_sharing_redis_tune_once(tmp_path: Path) -> None:
     assert b["config"] == a["config"] and b["timed"] == 0 and b["compiles"] == 0
     assert a["compiles"] == len(CONFIGS)  # the configs compiled once in the cluster
     assert (tmp_path / "node-b" / "autotuner").is_dir()  # the remote result was published locally
+    assert b["after_load"]["compiles"] == 0 and b["after_load"]["remote_hits"] == 1  # its best kernel too
+
+
+def test_a_forced_retune_shares_its_result_and_best_kernel_compiled_before_the_remote(tmp_path: Path) -> None:
+    """Node a tuned before the cluster had Redis (its kernels are local only); a forced re-tune with
+    Redis uploads the result and its best kernel, and node b compiles nothing."""
+    pytest.importorskip("redis", reason="the remote tier needs redis-py (pip install -e '.[test]')")
+    from .redis_server import redis_server
+
+    local = result_of(tuner(tmp_path / "node-a"))
+    assert local["compiles"] == len(CONFIGS)
+    with redis_server(tmp_path) as (url, _server):
+        remote = {"KCACHE_REMOTE": url, "KCACHE_REMOTE_SECRET": "cluster-secret"}
+        forced = result_of(tuner(tmp_path / "node-a", "--force", **remote))
+        assert forced["timed"] == len(CONFIGS) and forced["compiles"] == 0  # re-timed, nothing recompiled
+        b = result_of(tuner(tmp_path / "node-b", **remote))
+    assert b["config"] == forced["config"] and b["timed"] == 0
+    assert b["after_load"]["compiles"] == 0 and b["after_load"]["remote_hits"] == 1
 
 
 def fixed_profiler(fastest: int, calls: list):

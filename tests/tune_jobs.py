@@ -59,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     result = autotuner.tune(scale, CONFIGS, inputs=[], target=CPU_TARGET, out_idx=[1], cache=cache,
                             profiler=profiler, verbose=False, force=args.force,
                             device=json.loads(args.device) if args.device else None)
+    compiles = cache.stats()["compiles"]
+    result.load_kernel(cache)  # the best kernel: a local hit where tuned, else from a node that tuned it
     print("result " + json.dumps({"config": result.config, "timed": len(timed), "pid": os.getpid(),
-                                  "compiles": cache.stats()["compiles"]}), flush=True)
+                                  "compiles": compiles, "after_load": cache.stats()}), flush=True)
     return 0
 
 

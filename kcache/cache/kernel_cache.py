@@ -165,6 +165,16 @@ class KernelCache:
             self._count(evictions=report.evicted)
         return report
 
+    def share(self, key: str) -> bool:
+        """Upload the local entry `key` to the remote tier (KCACHE_REMOTE): what a tune does with its
+        best kernel, which may have been compiled before the remote tier was set. False without a
+        remote, without the entry, or when Redis is unavailable."""
+        backend = self._tilelang()
+        remote = self._remote(backend) if not self.readonly else None
+        if remote is None:
+            return False
+        return self._miss_path(backend).upload(remote, key)
+
     def stats(self) -> dict[str, float]:
         """This cache's counters in this process: memory_hits, disk_hits, misses, compiles,
         compile_seconds, lost_races, corrupt_entries, publish_failures, evictions, lock_waits,

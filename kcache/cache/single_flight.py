@@ -111,7 +111,7 @@ class SingleFlight:
                 delay = min(delay * 2, 0.25)
         try:
             kernel = self._compiler.compile_and_publish(request)
-            self._upload(remote, request.key)
+            self.upload(remote, request.key)
             return kernel
         finally:
             if lease:
@@ -137,13 +137,16 @@ class SingleFlight:
             self._count(remote_hits=1)
         return kernel
 
-    def _upload(self, remote: RemoteTier, key: str) -> None:
+    def upload(self, remote: RemoteTier, key: str) -> bool:
+        """The local entry `key`, verified, into the remote tier; whether it went."""
         entry = self._store.entry_path(key)
         try:
             files = self._store.read(key)
             manifest = (entry / MANIFEST_NAME).read_bytes()
         except (CorruptEntry, OSError) as err:
             log.debug("kcache: not uploading %s: %s", key[:16], err)
-            return
+            return False
         if files is not None and remote.put(key, {**files, MANIFEST_NAME: manifest}):
             self._count(uploads=1)
+            return True
+        return False

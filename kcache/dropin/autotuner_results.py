@@ -71,6 +71,8 @@ def save_result(tuner: Any, key: str, result: Any) -> None:
     once = _claims().get(id(tuner))
     if once is not None:
         once.upload()
+        if cache.settings.remote_url and saved.kernel_key:
+            cache.share(saved.kernel_key)  # the best kernel travels with its result
 
 
 def load_result(tuner: Any, key: str) -> Any:
