@@ -35,10 +35,12 @@ from kcache.errors import (
 
 if TYPE_CHECKING:
     from kcache.cache.default import default_cache, get_or_compile
+    from kcache.cache.deployment import UnexpectedCompile, guard, record
     from kcache.cache.kernel_cache import KernelCache
     from kcache.compile.pool import CompilePool, Job, JobResult
     from kcache.config import Settings, default_root
     from kcache.dropin import install, is_installed, uninstall
+    from kcache.tools.bundle import BundleError, export_bundle, import_bundle
     from kcache.tools.doctor import doctor
 
 __version__ = "0.1.0"
@@ -57,9 +59,16 @@ _PUBLIC = {
     "is_installed": "kcache.dropin",
     "uninstall": "kcache.dropin",
     "doctor": "kcache.tools.doctor",
+    "record": "kcache.cache.deployment",
+    "guard": "kcache.cache.deployment",
+    "UnexpectedCompile": "kcache.cache.deployment",
+    "export_bundle": "kcache.tools.bundle",
+    "import_bundle": "kcache.tools.bundle",
+    "BundleError": "kcache.tools.bundle",
 }
 
 __all__ = [
+    "BundleError", "UnexpectedCompile", "export_bundle", "guard", "import_bundle", "record",
     "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
     "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
     "Settings", "TargetError", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",

@@ -187,7 +187,8 @@ def test_without_json_the_output_is_a_table(cache_root: Path, populated: dict) -
     assert rows == {"root": str(cache_root), "entries": "6"}, done.stdout
 
 
-COMMANDS = ("stats", "ls", "show", "verify", "prune", "clear", "tunes", "untune", "gc", "doctor", "server", "run")
+COMMANDS = ("stats", "ls", "show", "verify", "prune", "clear", "export", "import", "verify-coverage", "tunes", "untune",
+            "gc", "doctor", "server", "run")
 
 
 def test_every_command_help_lists_dir_and_json(capsys: pytest.CaptureFixture[str]) -> None:

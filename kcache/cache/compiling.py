@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
 from kcache.errors import KCacheError, PublishError
 from kcache.store import access, layout
@@ -39,6 +40,7 @@ class CompileStep:
 
     def compile_and_publish(self, request: KernelRequest) -> Any:
         """Compile `request`, publish its entry, return its kernel (under the key's lock)."""
+        deployment.check_compile(self._backend.kernel_name(request.func), request.key)
         if self._isolation == "inprocess":
             compiled = self._backend.compile_kernel(
                 request.func, request.resolved, request.out_idx, request.pass_configs,
@@ -51,6 +53,7 @@ class CompileStep:
     def compile_private(self, request: KernelRequest, *, in_process: bool = False) -> Any:
         """Compile without writing anything under the root (no entry, lock or log): KCACHE_READONLY,
         and compiles whose context cannot be keyed (`in_process`: nor sent to a worker)."""
+        deployment.check_compile(self._backend.kernel_name(request.func), request.key)
         log_dir = access.private_root() / "logs"  # never a predictable name in a shared tmp
         started = time.perf_counter()
         if in_process or self._isolation == "inprocess":

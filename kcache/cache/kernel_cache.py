@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
 from kcache.config import Settings
 from kcache.errors import KCacheError, UnwritableCache
@@ -154,6 +155,9 @@ class KernelCache:
             return kernel
         request = KernelRequest.build(backend, func, target, out_idx, pass_configs, compile_flags, execution_backend,
                                       target_key, self._toolchain_fingerprint(backend))
+        recorder = deployment.recorder()
+        if recorder is not None:  # KCACHE_RECORD: every key asked for (a memory hit was a miss here first)
+            recorder.note(request.key, backend.kernel_name(func), request.resolved.canonical)
         return memory.put(func, options, self._get_slow(backend, request))
 
     def gc(self) -> GcReport:

@@ -175,6 +175,22 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--max-age", type=_argument(parse_age), help="e.g. 30d (default: KCACHE_MAX_AGE)")
     clear = command("clear", "remove the entries of the installed TileLang version")
     clear.add_argument("--all-versions", action="store_true", help="every entry and autotune result")
+    export = command("export", "write kernel entries to one bundle file, signed with KCACHE_BUNDLE_SECRET")
+    export.add_argument("bundle", help="the bundle file to write")
+    export.add_argument("--keys", metavar="FILE", help="only these keys: one per line, or KCACHE_RECORD's JSON lines")
+    export.add_argument("--arch", action="append", help="only entries built for this arch (repeatable), e.g. sm_90a")
+    export.add_argument("--since", type=_argument(parse_age), help="only entries created within this age, e.g. 2h")
+    bring = command("import", "verify a bundle whole (signature, every byte), then publish its entries here")
+    bring.add_argument("bundle", help="the bundle file to read")
+    bring.add_argument("--arch", action="append", help="only entries built for this arch (repeatable)")
+    bring.add_argument("--unsigned", action="store_true",
+                       help="accept an unsigned bundle (whoever wrote it is trusted with code)")
+    bring.add_argument("--any-toolchain", action="store_true",
+                       help="skip the check that the bundle was built by this toolchain (which imports TileLang)")
+    coverage = command("verify-coverage", "check that a bundle (or the root) holds every recorded key: "
+                       "what is missing would compile")
+    coverage.add_argument("--keys", metavar="FILE", required=True, help="the keys (KCACHE_RECORD's file)")
+    coverage.add_argument("bundle", nargs="?", help="a bundle file (default: the root, --dir)")
     command("tunes", "saved autotune results: key, factory, best config, device, age")
     untune = command("untune", "remove a saved autotune result, so that the next tune of it runs again "
                      "(on this root; in a cluster use tune(force=True), which replaces the remote one too)")
@@ -341,6 +357,52 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
             f"{count_of(results, 'autotune result', 'autotune results')}", 0)
 
 
+def cmd_export(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    from kcache.tools.bundle import export_bundle, read_key_list
+
+    report = export_bundle(args.bundle, root=settings.root, keys=read_key_list(args.keys) if args.keys else None,
+                           archs=args.arch, since=time.time() - args.since if args.since is not None else None)
+    text = (f"exported {count_of(report.entries, 'entry', 'entries')} ({human_size(report.bytes)}; archs "
+            f"{', '.join(report.archs) or '-'}) to {report.bundle}, {'signed' if report.signed else 'unsigned'}")
+    if report.missing:
+        text += f"\n{count_of(len(report.missing), 'key', 'keys')} asked for but not in {settings.root}: " + \
+            ", ".join(k[:16] for k in report.missing[:10])
+    return vars(report), text, 1 if report.missing else 0
+
+
+def cmd_import(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    from kcache.tools.bundle import import_bundle
+
+    options: dict[str, Any] = {"toolchain": None} if args.any_toolchain else {}
+    report = import_bundle(args.bundle, root=settings.root, allow_unsigned=args.unsigned, archs=args.arch, **options)
+    text = (f"imported {count_of(report.imported, 'entry', 'entries')} ({human_size(report.bytes)}) into "
+            f"{settings.root} in {report.seconds:.2f} s; {report.already_present} already there"
+            + (f", {report.filtered_out} of other archs skipped" if report.filtered_out else ""))
+    return vars(report), text, 0
+
+
+def cmd_verify_coverage(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    from kcache.tools.bundle import missing_coverage, read_key_records
+
+    records = read_key_records(args.keys)
+    where = args.bundle or str(settings.root)
+    missing = missing_coverage(records, bundle=args.bundle) if args.bundle else missing_coverage(records,
+                                                                                                root=settings.root)
+    rows = [(r["key"][:16], str(r.get("kernel", "?")), _arch_of_target(r.get("target"))) for r in missing]
+    text = (f"{where} covers all {count_of(len(records), 'key', 'keys')} of {args.keys}" if not missing else
+            f"{count_of(len(missing), 'key', 'keys')} of {len(records)} would compile, missing from {where}:\n"
+            + format_table(["key", "kernel", "arch"], rows))
+    return {"keys": len(records), "missing": missing, "covered_by": where}, text, 1 if missing else 0
+
+
+def _arch_of_target(target: Any) -> str:
+    try:
+        parsed = json.loads(target) if isinstance(target, str) else target
+    except ValueError:
+        return str(target)
+    return str(parsed.get("arch") or parsed.get("kind")) if isinstance(parsed, dict) else str(parsed or "?")
+
+
 def cmd_tunes(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
     now = time.time()
     listing = []
@@ -395,7 +457,8 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings | None) -> tuple[Any
 
 
 COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
-            "clear": cmd_clear, "tunes": cmd_tunes, "untune": cmd_untune, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
+            "clear": cmd_clear, "export": cmd_export, "import": cmd_import,
+            "verify-coverage": cmd_verify_coverage, "tunes": cmd_tunes, "untune": cmd_untune, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
 
 
 # ---------------------------------------------------------------- helpers
