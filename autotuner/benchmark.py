@@ -110,12 +110,3 @@ def _shared_memory_limit() -> int | None:
         return int(torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin)
     except (ImportError, RuntimeError, AttributeError):
         return None
-
-
-def device_name() -> str | None:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    except (ImportError, RuntimeError):
-        return None

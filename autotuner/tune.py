@@ -16,7 +16,7 @@ from typing import Any
 
 import kcache
 from autotuner import trials as t
-from autotuner.benchmark import Profiler, benchmark, cuda_event_profiler, device_name, inputs_for
+from autotuner.benchmark import Profiler, benchmark, cuda_event_profiler, inputs_for
 from kcache.errors import KCacheError
 from kcache.keys import canonical_json
 from kcache.results.autotune import COMPONENTS, NAMESPACE, RESULT_FORMAT, AutotuneResult, ConfigOutcome, result_path
@@ -201,7 +201,7 @@ def _tune_now(kernel_factory: Callable[..., Any], configs: Sequence[dict[str, An
         out_idx=None if out_idx is None else list(out_idx) if isinstance(out_idx, (list, tuple)) else [out_idx],
         target=target if isinstance(target, (dict, str)) or target is None else str(target),
         func=winner.func,
-        metadata={"device": measured_on, "device_name": device_name(), "tune_identity": identity,
+        metadata={"device": measured_on, "tune_identity": identity,
                   "toolchain": getattr(tuning, "_toolchain", None), "tuned": time.time(), "factory": name,
                   "seconds": {"compile": compiled_at - started, "benchmark": time.perf_counter() - compiled_at}},
     )

@@ -176,17 +176,20 @@ class Worker:
         _TUNE_ITEMS = [func for _name, func, _spec in self.items]
         round_ = self.rng.randrange(TUNE_IDENTITIES)
         out_idx = self.items[round_ % len(self.items)][2].out_idx if self.items[0][2] is not None else None
-        configs = [{"index": i} for i, (_n, _f, spec) in enumerate(self.items)
-                   if spec is None or spec.out_idx == out_idx]
+        group = [i for i, (_n, _f, spec) in enumerate(self.items) if spec is None or spec.out_idx == out_idx]
+        # A few configs per identity (a tune of all 64 synthetic kernels would hold a worker for seconds).
+        configs = [{"index": group[(round_ * TUNE_CONFIGS + j) % len(group)]} for j in range(min(TUNE_CONFIGS, len(group)))]
         timed: list[str] = []
 
         def profiler(kernel: Any, inputs: Any) -> float:
             timed.append(_kernel_name(kernel))
             return random.Random(f"{os.getpid()}-{timed[-1]}").random()
 
+        # Synthetic kernels run on no device: naming none spares the workers torch's import (seconds,
+        # on every restart after a kill), which finding the current CUDA device would cost.
         result = autotuner.tune(tune_member, configs, inputs=[], target=self.target, out_idx=out_idx,
                                 cache=self.cache, tune_key={"stress": round_, "out_idx": out_idx}, profiler=profiler,
-                                verbose=False)
+                                device={"kind": "none"} if self.args.synthetic else None, verbose=False)
         return {"tune": f"{round_}:{out_idx}", "config": result.config, "tuned": bool(timed)}
 
     def choose(self) -> str:
@@ -242,6 +245,7 @@ class Worker:
 
 # Identities the tune operation draws from: few, so that processes tune the same one at once.
 TUNE_IDENTITIES = 4
+TUNE_CONFIGS = 4
 _TUNE_ITEMS: list[Any] = []
 
 
