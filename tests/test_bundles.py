@@ -251,8 +251,9 @@ def kcache_verify(root: Path) -> subprocess.CompletedProcess:
 def test_two_importers_at_once_leave_every_entry_whole(tmp_path: Path, bundle) -> None:
     path, keys = bundle
     root = tmp_path / "b"
-    first, second = importer(path, root, "pause"), importer(path, root, "run")
-    assert first.stdout.readline().strip() == "paused"  # mid-import, two entries published
+    first = importer(path, root, "pause")
+    assert first.stdout.readline().strip() == "paused"  # mid-import: two entries published, the third staged
+    second = importer(path, root, "run")  # imports the rest while the first holds its third entry
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
     first.stdin.write("\n")
