@@ -11,16 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kcache.cache.compiling import CompileStep
 from kcache.cache.request import KernelRequest
 from kcache.errors import CacheLockTimeout, CorruptEntry, KCacheError
 from kcache.store import access, layout
-from kcache.store.fsutil import write_durable
 from kcache.store.locks import NOT_A_LOCK_FILE_ERRNOS, KeyLock
-from kcache.store.manifest import MANIFEST_NAME
 from kcache.tiers.disk import DiskTier
 
 if TYPE_CHECKING:
@@ -121,14 +118,8 @@ class SingleFlight:
         files = remote.get(request.key)
         if files is None:
             return None
-
-        def fill(staging: Path) -> None:
-            for name, data in files.items():
-                if name != MANIFEST_NAME:  # the store writes (and checks) its own
-                    write_durable(staging / name, data)
-
         try:
-            self._store.publish(request.key, fill)
+            self._store.publish_files(request.key, files)
         except (KCacheError, OSError) as err:
             log.warning("kcache: could not store the remote entry %s locally: %s", request.key[:16], err)
             return None
@@ -139,14 +130,12 @@ class SingleFlight:
 
     def upload(self, remote: RemoteTier, key: str) -> bool:
         """The local entry `key`, verified, into the remote tier; whether it went."""
-        entry = self._store.entry_path(key)
         try:
-            files = self._store.read(key)
-            manifest = (entry / MANIFEST_NAME).read_bytes()
+            files = self._store.read_with_manifest(key)
         except (CorruptEntry, OSError) as err:
             log.debug("kcache: not uploading %s: %s", key[:16], err)
             return False
-        if files is not None and remote.put(key, {**files, MANIFEST_NAME: manifest}):
+        if files is not None and remote.put(key, files):
             self._count(uploads=1)
             return True
         return False

@@ -28,9 +28,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from kcache.errors import CacheLockTimeout, KCacheError
 from kcache.store import access, layout
 from kcache.store.entries import EntryStore
-from kcache.store.fsutil import write_durable
 from kcache.store.locks import NOT_A_LOCK_FILE_ERRNOS, KeyLock, read_note
-from kcache.store.manifest import MANIFEST_NAME
 
 if TYPE_CHECKING:
     from kcache.tiers.remote import RemoteLease, RemoteTier
@@ -105,14 +103,8 @@ class RemoteResults:
         files = self.tier.get(self.key)
         if files is None:
             return False
-
-        def fill(staging: Path) -> None:
-            for name, data in files.items():
-                if name != MANIFEST_NAME:  # the store writes (and checks) its own
-                    write_durable(staging / name, data)
-
         try:
-            self.store.publish(self.key, fill)
+            self.store.publish_files(self.key, files)
         except (KCacheError, OSError) as err:
             log.warning("kcache: could not store the remote autotune result %s locally: %s", self.key[:16], err)
             return False
@@ -120,12 +112,11 @@ class RemoteResults:
 
     def upload(self) -> bool:
         try:
-            files = self.store.read(self.key)
-            manifest = (self.store.entry_path(self.key) / MANIFEST_NAME).read_bytes()
+            files = self.store.read_with_manifest(self.key)
         except (KCacheError, OSError) as err:
             log.debug("kcache: not uploading the autotune result %s: %s", self.key[:16], err)
             return False
-        return files is not None and self.tier.put(self.key, {**files, MANIFEST_NAME: manifest})
+        return files is not None and self.tier.put(self.key, files)
 
 
 class TuneOnce(Generic[Result]):

@@ -96,6 +96,24 @@ class EntryStore:
             check_bound_key(str(path), files, key)
         return files
 
+    def read_with_manifest(self, key: str) -> dict[str, bytes] | None:
+        """`read(key)`, its manifest.json added: an entry as it travels (a remote value, a bundle)."""
+        files = self.read(key)
+        if files is None:
+            return None
+        return {**files, MANIFEST_NAME: (self.entry_path(key) / MANIFEST_NAME).read_bytes()}
+
+    def publish_files(self, key: str, files: dict[str, bytes]) -> PublishOutcome:
+        """`publish` an entry whose files are in memory (fetched, or from a bundle). A manifest among
+        them is not copied: the store writes its own and verifies the files against it."""
+
+        def fill(staging: Path) -> None:
+            for name, data in files.items():
+                if name != MANIFEST_NAME:
+                    write_durable(staging / name, data)
+
+        return self.publish(key, fill)
+
     def publish(self, key: str, fill: Callable[[Path], None]) -> PublishOutcome:
         """Stage the entry with `fill(staging_dir)`, verify it, publish it atomically.
 

@@ -42,7 +42,6 @@ from kcache.config import default_root
 from kcache.errors import CorruptEntry, KCacheError
 from kcache.store.components import COMPONENTS, KERNELS, META
 from kcache.store.entries import EntryStore, PublishOutcome, check_bound_key
-from kcache.store.fsutil import write_durable
 from kcache.store.layout import is_key
 from kcache.store.manifest import MANIFEST_NAME
 
@@ -129,10 +128,9 @@ def export_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     toolchains: list[Any] = []
     for key in sorted(present if wanted is None else wanted & present):
         try:
-            files = store.read(key)
+            files = store.read_with_manifest(key)
             if files is None:
                 continue
-            manifest = (store.entry_path(key) / MANIFEST_NAME).read_bytes()
         except (CorruptEntry, OSError) as err:
             report.skipped.append(key)
             log.warning("kcache: not exporting %s: %s", key[:16], getattr(err, "reason", err))
@@ -142,7 +140,6 @@ def export_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
             continue
         if since is not None and not float(meta.get("created", 0)) >= since:
             continue
-        files = {**files, MANIFEST_NAME: manifest}
         chosen[key] = files
         if meta.get("toolchain") not in toolchains:
             toolchains.append(meta.get("toolchain"))
@@ -267,13 +264,7 @@ def _publish(store: EntryStore, key: str, files: dict[str, bytes], path: Path) -
         raise BundleError(str(path), corrupt.reason) from None
     if store.entry_path(key).is_dir():
         return PublishOutcome.LOST_RACE
-
-    def fill(staging: Path) -> None:
-        for name, data in files.items():
-            if name != MANIFEST_NAME:  # the store writes (and checks) its own
-                write_durable(staging / name, data)
-
-    return store.publish(key, fill)
+    return store.publish_files(key, files)
 
 
 @contextmanager
