@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcache.cache.compiling import CompileStep
 from kcache.cache.request import KernelRequest
-from kcache.errors import CacheLockTimeout, CorruptEntry, KCacheError
+from kcache.errors import CacheLockTimeout
 from kcache.store import access, layout
 from kcache.store.locks import NOT_A_LOCK_FILE_ERRNOS, KeyLock
 from kcache.tiers.disk import DiskTier
@@ -115,13 +115,7 @@ class SingleFlight:
                 lease.release()
 
     def _load_remote(self, request: KernelRequest, remote: RemoteTier) -> Any | None:
-        files = remote.get(request.key)
-        if files is None:
-            return None
-        try:
-            self._store.publish_files(request.key, files)
-        except (KCacheError, OSError) as err:
-            log.warning("kcache: could not store the remote entry %s locally: %s", request.key[:16], err)
+        if not remote.fetch_into(self._store, request.key):
             return None
         kernel = self._disk.load(request.key, request.loader(self._backend), quarantine=True)
         if kernel is not None:
@@ -130,12 +124,7 @@ class SingleFlight:
 
     def upload(self, remote: RemoteTier, key: str) -> bool:
         """The local entry `key`, verified, into the remote tier; whether it went."""
-        try:
-            files = self._store.read_with_manifest(key)
-        except (CorruptEntry, OSError) as err:
-            log.debug("kcache: not uploading %s: %s", key[:16], err)
-            return False
-        if files is not None and remote.put(key, files):
+        if remote.upload_from(self._store, key):
             self._count(uploads=1)
             return True
         return False

@@ -99,24 +99,11 @@ class RemoteResults:
         self.key = key
 
     def fetch(self) -> bool:
-        """Whether a verified remote result was published into the local root (or one is there)."""
-        files = self.tier.get(self.key)
-        if files is None:
-            return False
-        try:
-            self.store.publish_files(self.key, files)
-        except (KCacheError, OSError) as err:
-            log.warning("kcache: could not store the remote autotune result %s locally: %s", self.key[:16], err)
-            return False
-        return True
+        """Whether a verified remote result was published into the local root."""
+        return self.tier.fetch_into(self.store, self.key)
 
     def upload(self) -> bool:
-        try:
-            files = self.store.read_with_manifest(self.key)
-        except (KCacheError, OSError) as err:
-            log.debug("kcache: not uploading the autotune result %s: %s", self.key[:16], err)
-            return False
-        return files is not None and self.tier.put(self.key, files)
+        return self.tier.upload_from(self.store, self.key)
 
 
 class TuneOnce(Generic[Result]):

@@ -31,8 +31,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kcache.errors import CorruptEntry
-from kcache.store.entries import check_bound_key
+from kcache.errors import CorruptEntry, KCacheError
+from kcache.store.entries import EntryStore, check_bound_key
 from kcache.store.manifest import verify_contents
 
 log = logging.getLogger("kcache")
@@ -178,6 +178,27 @@ class RemoteTier:
             log.debug("kcache: %s is %d bytes, over KCACHE_REMOTE_MAX_ENTRY: not uploaded", key, len(value))
             return False
         return bool(self._call(lambda: self._client.set(self.prefix + key, value, px=self.ttl_ms)))
+
+    def fetch_into(self, store: EntryStore, key: str) -> bool:
+        """The verified remote value of `key` published into `store` (the local root); whether it was."""
+        files = self.get(key)
+        if files is None:
+            return False
+        try:
+            store.publish_files(key, files)
+        except (KCacheError, OSError) as err:
+            log.warning("kcache: could not store the remote entry %s locally: %s", key[:16], err)
+            return False
+        return True
+
+    def upload_from(self, store: EntryStore, key: str) -> bool:
+        """The local entry `key` of `store`, verified, uploaded; whether it went."""
+        try:
+            files = store.read_with_manifest(key)
+        except (KCacheError, OSError) as err:
+            log.debug("kcache: not uploading %s: %s", key[:16], err)
+            return False
+        return files is not None and self.put(key, files)
 
     # ------------------------------------------------------------ leases
 
