@@ -111,9 +111,10 @@ def flip_a_byte(keys):
 
 
 def swap_two_entries(keys):
-    """Entry 0's files under entry 1's name and the reverse, manifest rewritten to match, unsigned:
-    only the entries' own meta.json (which names its key) can tell."""
-    first, second = keys[0], keys[1]
+    """The last two entries' files under each other's names, manifest rewritten to match, unsigned:
+    only the entries' own meta.json (which names its key) can tell, and it must be checked before the
+    entries ahead of them are published."""
+    first, second = keys[-2], keys[-1]
     swapped = {first: second, second: first}
 
     def edit(name, data):

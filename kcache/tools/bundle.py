@@ -228,11 +228,14 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         missing = sorted(set(expected) - set(members))
         if missing:
             raise BundleError(str(path), f"{len(missing)} file(s) its manifest lists are missing, e.g. {missing[0]!r}")
-        # Pass 1: every byte against the signed manifest, before anything is visible.
+        # Pass 1: every byte against the signed manifest, and every entry's meta.json naming its key
+        # (an entry moved under another key, manifest and all), before anything is visible.
         for name, (key, component, (size, digest)) in expected.items():
             data = _read_member(tar, members, name, MAX_ENTRY_FILE_BYTES, path)
             if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
                 raise BundleError(str(path), f"{name} does not match the bundle manifest (changed or swapped)")
+            if component == META:
+                _check_bound(key, data, path)
         allowed_archs = set(archs) if archs is not None else None
         store = EntryStore(root, KERNELS, COMPONENTS, bind_key=True)
         # Pass 2: publish each entry whole (its bytes checked again as they are written).
@@ -257,11 +260,15 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     return report
 
 
-def _publish(store: EntryStore, key: str, files: dict[str, bytes], path: Path) -> PublishOutcome:
+def _check_bound(key: str, meta: bytes, path: Path) -> None:
     try:
-        check_bound_key(f"{path}: {KERNELS}/{key}", files, key)
+        check_bound_key(f"{path}: {KERNELS}/{key}", {META: meta}, key)
     except CorruptEntry as corrupt:
         raise BundleError(str(path), corrupt.reason) from None
+
+
+def _publish(store: EntryStore, key: str, files: dict[str, bytes], path: Path) -> PublishOutcome:
+    _check_bound(key, files[META], path)  # again: the bytes read now are the ones published
     if store.entry_path(key).is_dir():
         return PublishOutcome.LOST_RACE
     return store.publish_files(key, files)
