@@ -8,6 +8,7 @@ profiler whose latencies depend on the process: two tunes would pick differently
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,26 @@ from .helpers import PROJECT, child_env  # noqa: E402
 from .tune_jobs import CONFIGS, scale  # noqa: E402
 
 pytestmark = pytest.mark.tilelang
+
+
+@pytest.fixture(scope="module")
+def compiled_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root holding the three configs' kernels: tests about claims and picks start from a copy of it
+    rather than compiling them again (the first test and the cluster test compile for themselves)."""
+    from stress.kernels import CPU_TARGET
+
+    root = tmp_path_factory.mktemp("compiled") / "root"
+    cache = kcache.KernelCache(root)
+    for config in CONFIGS:
+        cache.get_or_compile(scale(**config), CPU_TARGET, out_idx=[1])
+    return root
+
+
+@pytest.fixture
+def warm_root(compiled_root: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "warm-root"
+    shutil.copytree(compiled_root, root, symlinks=True, ignore=shutil.ignore_patterns(".locks", ".stats"))
+    return root
 
 
 def tuner(root: Path, *args: str, **env: str) -> subprocess.Popen[str]:
@@ -65,7 +86,8 @@ def release(proc: subprocess.Popen[str]) -> None:
     proc.stdin.flush()
 
 
-def test_processes_tuning_one_identity_at_once_get_one_pick_from_one_tune(cache_root: Path) -> None:
+def test_processes_tuning_one_identity_at_once_get_one_pick_from_one_tune_and_waits_are_bounded(
+        cache_root: Path) -> None:
     holder = tuner(cache_root, "--hold")
     wait_for_stdout(holder, "benchmarking")
     waiters = [tuner(cache_root) for _ in range(2)]
@@ -73,6 +95,11 @@ def test_processes_tuning_one_identity_at_once_get_one_pick_from_one_tune(cache_
         said = wait_for_stderr(waiter, "waiting for its result")
         # Whom for, and how far it got: the holder's note in its lock file.
         assert f"pid {holder.pid} on " in said and "benchmarking 0/3" in said, said
+    # A waiter that may wait half a second gives up, naming the holder and the setting.
+    impatient = tuner(cache_root, KCACHE_TUNE_WAIT="0.5")
+    _out, err = impatient.communicate(timeout=120)
+    assert impatient.returncode != 0
+    assert "TuneWaitTimeout" in err and f"pid {holder.pid} on " in err and "KCACHE_TUNE_WAIT" in err, err[-2000:]
     release(holder)
     first, *others = [result_of(p) for p in [holder, *waiters]]
     assert first["timed"] == len(CONFIGS) and first["compiles"] == len(CONFIGS)
@@ -83,7 +110,8 @@ def test_processes_tuning_one_identity_at_once_get_one_pick_from_one_tune(cache_
     assert notes == [b""], notes  # the note ends with the hold
 
 
-def test_a_tuner_killed_while_benchmarking_is_taken_over_and_all_survivors_agree(cache_root: Path) -> None:
+def test_a_tuner_killed_while_benchmarking_is_taken_over_and_all_survivors_agree(warm_root: Path) -> None:
+    cache_root = warm_root
     victim = tuner(cache_root, "--hold")
     wait_for_stdout(victim, "benchmarking")
     heir = tuner(cache_root)
@@ -92,22 +120,9 @@ def test_a_tuner_killed_while_benchmarking_is_taken_over_and_all_survivors_agree
     assert victim.wait(timeout=60) == -signal.SIGKILL
     took_over = result_of(heir)
     assert took_over["timed"] == len(CONFIGS)  # it tuned, after the kernel released the dead one's lock
-    assert took_over["compiles"] == 0  # the dead tuner's compiles were saved: none repeated
+    assert took_over["compiles"] == 0  # the compiles are in the cache: none repeated
     later = result_of(tuner(cache_root))
     assert later["config"] == took_over["config"] and later["timed"] == 0
-
-
-def test_a_waiter_gives_up_after_kcache_tune_wait_naming_the_holder(cache_root: Path) -> None:
-    holder = tuner(cache_root, "--hold")
-    try:
-        wait_for_stdout(holder, "benchmarking")
-        impatient = tuner(cache_root, KCACHE_TUNE_WAIT="0.5")
-        out, err = impatient.communicate(timeout=120)
-        assert impatient.returncode != 0
-        assert "TuneWaitTimeout" in err and f"pid {holder.pid} on " in err and "KCACHE_TUNE_WAIT" in err, err[-2000:]
-    finally:
-        release(holder)
-    assert result_of(holder)["timed"] == len(CONFIGS)
 
 
 def test_two_nodes_sharing_redis_tune_once(tmp_path: Path) -> None:
@@ -128,14 +143,16 @@ def test_two_nodes_sharing_redis_tune_once(tmp_path: Path) -> None:
     assert b["after_load"]["compiles"] == 0 and b["after_load"]["remote_hits"] == 1  # its best kernel too
 
 
-def test_a_forced_retune_shares_its_result_and_best_kernel_compiled_before_the_remote(tmp_path: Path) -> None:
+def test_a_forced_retune_shares_its_result_and_best_kernel_compiled_before_the_remote(tmp_path: Path,
+                                                                                       warm_root: Path) -> None:
     """Node a tuned before the cluster had Redis (its kernels are local only); a forced re-tune with
     Redis uploads the result and its best kernel, and node b compiles nothing."""
     pytest.importorskip("redis", reason="the remote tier needs redis-py (pip install -e '.[test]')")
     from .redis_server import redis_server
 
+    shutil.copytree(warm_root, tmp_path / "node-a", symlinks=True)  # its kernels, compiled without Redis
     local = result_of(tuner(tmp_path / "node-a"))
-    assert local["compiles"] == len(CONFIGS)
+    assert local["compiles"] == 0 and local["timed"] == len(CONFIGS)
     with redis_server(tmp_path) as (url, _server):
         remote = {"KCACHE_REMOTE": url, "KCACHE_REMOTE_SECRET": "cluster-secret"}
         forced = result_of(tuner(tmp_path / "node-a", "--force", **remote))
@@ -162,7 +179,8 @@ def tune_scale(root: Path, fastest: int, calls: list, **options) -> AutotuneResu
                           profiler=fixed_profiler(fastest, calls), verbose=False, **options)
 
 
-def test_a_result_of_one_device_model_is_not_loaded_on_another(cache_root: Path) -> None:
+def test_a_result_of_one_device_model_is_not_loaded_on_another(warm_root: Path) -> None:
+    cache_root = warm_root
     h100 = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "sms": 132, "memory_gib": 80}
     h200 = {"name": "NVIDIA H200", "capability": "9.0", "sms": 132, "memory_gib": 141}
     calls: list = []
@@ -177,7 +195,8 @@ def test_a_result_of_one_device_model_is_not_loaded_on_another(cache_root: Path)
     assert AutotuneResult.load_from_disk(saved_on_h100, device=h100).config == {"block": 128}
 
 
-def test_a_saved_pick_is_replaced_only_by_force(cache_root: Path) -> None:
+def test_a_saved_pick_is_replaced_only_by_force(warm_root: Path) -> None:
+    cache_root = warm_root
     calls: list = []
     assert tune_scale(cache_root, 128, calls).config == {"block": 128}
     assert tune_scale(cache_root, 256, calls).config == {"block": 128} and len(calls) == 3  # loaded
@@ -186,7 +205,8 @@ def test_a_saved_pick_is_replaced_only_by_force(cache_root: Path) -> None:
     assert tune_scale(cache_root, 512, calls).config == {"block": 256} and len(calls) == 6
 
 
-def test_the_cli_lists_tunes_and_untune_makes_the_next_tune_run(cache_root: Path) -> None:
+def test_the_cli_lists_tunes_and_untune_makes_the_next_tune_run(warm_root: Path) -> None:
+    cache_root = warm_root
     calls: list = []
     tune_scale(cache_root, 128, calls)
 
