@@ -220,6 +220,10 @@ class ServicePool(JobRunner):
                     entry[0].set_exception(message[2])
         except (EOFError, OSError, wire.WorkerDied, wire.ReplyUnreadable) as err:
             self._lost(conn, f"the connection closed ({err})" if str(err) else "the connection closed")
+        except ValueError:
+            # This process closed the socket (its pool closing) while this thread waited: fileno()
+            # is -1 then. Nothing is lost that the closer did not give up.
+            self._lost(conn, "the connection was closed by this process")
 
     def _lost(self, conn: socket.socket, why: str) -> None:
         """The service went away: its unfinished jobs run again in the own pool."""
