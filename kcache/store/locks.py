@@ -61,6 +61,7 @@ class KeyLock:
         self.path = Path(path)
         self.key = key
         self._fd: int | None = None
+        self._noted = False  # this hold wrote a note, which its release truncates
 
     @property
     def is_locked(self) -> bool:
@@ -98,11 +99,12 @@ class KeyLock:
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            try:
-                if os.fstat(fd).st_size:
+            if self._noted:  # only a noting holder pays for this: a kernel's lock releases as before
+                self._noted = False
+                try:
                     os.ftruncate(fd, 0)  # a note is the holder's: it ends with the hold
-            except OSError:
-                pass  # a note left behind is only stale text, shown until the next holder writes its own
+                except OSError:
+                    pass  # a note left behind is only stale text, shown until the next holder writes its own
             # Closing the descriptor drops the flock.
             os.close(fd)
 
@@ -111,6 +113,7 @@ class KeyLock:
         for waiters to show (`read_note`). Best effort: a note that cannot be written is not an error."""
         if self._fd is None:
             raise RuntimeError(f"{self.path} is not held by this KeyLock")
+        self._noted = True
         try:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, note[:MAX_NOTE_BYTES], 0)
