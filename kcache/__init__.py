@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kcache.errors import (
+    ArchMismatch,
     CacheLockTimeout,
     CompileAborted,
     CompileError,
@@ -69,7 +70,7 @@ _PUBLIC = {
 
 __all__ = [
     "BundleError", "UnexpectedCompile", "export_bundle", "guard", "import_bundle", "record",
-    "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
+    "ArchMismatch", "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
     "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
     "Settings", "TargetError", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
     "install", "is_installed", "uninstall",

@@ -36,6 +36,24 @@ class TargetError(KCacheError, ValueError):
         super().__init__(f"cannot resolve compile target {target!r}: {reason}. Fix: {fix}")
 
 
+class ArchMismatch(KCacheError, RuntimeError):
+    """A kernel built for one CUDA arch was called on a device of another compute capability."""
+
+    def __init__(self, kernel_name: str, arch: str, device: str, capability: tuple[int, int]) -> None:
+        self.kernel_name = kernel_name
+        self.arch = arch
+        self.device = device
+        self.capability = tuple(capability)
+        self._init_args = (kernel_name, arch, device, capability)
+        major, minor = capability
+        super().__init__(
+            f"kernel {kernel_name!r} was built for {arch}, and {device} is compute capability {major}.{minor} "
+            f"(sm_{major}{minor}): a kernel runs only on the compute capability its target names, exactly. Fix: "
+            f"compile for this device (target \"auto\", or {{\"kind\": \"cuda\", \"arch\": \"sm_{major}{minor}\"}}), or "
+            "call it on a device of its arch. To build kernels for another GPU, compile where no GPU is visible "
+            "(CUDA_VISIBLE_DEVICES=)")
+
+
 class CompileError(KCacheError, RuntimeError):
     """TileLang or nvcc rejected a kernel.
 

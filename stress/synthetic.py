@@ -103,6 +103,10 @@ def key_fields(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: A
     return {"kind": "synthetic", "name": func.name, "toolchain": toolchain}
 
 
+def describe_key_fields(fields: dict) -> dict:
+    return dict(fields)
+
+
 def compile_kernel(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, log_dir: Path,
                    context: Any = None) -> _Compiled:
     time.sleep(COMPILE_SECONDS)  # stands in for the compiler's work, not a synchronization
@@ -115,19 +119,24 @@ COMPILE_PRELOAD = ("stress.synthetic",)
 
 
 def compile_entry(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, log_dir: Path, *,
-                  pool: Any, out_dir: Path, key: str, toolchain: dict, context: Any = None) -> None:
-    pool.run(compile_job, func, str(out_dir), key, toolchain, name=func.name)
+                  pool: Any, out_dir: Path, key: str, toolchain: dict, context: Any = None,
+                  described_fields: dict | None = None) -> None:
+    pool.run(compile_job, func, str(out_dir), key, toolchain, described_fields, name=func.name)
 
 
-def compile_job(func: SyntheticFunc, out_dir: str, key: str, toolchain: dict) -> None:
+def compile_job(func: SyntheticFunc, out_dir: str, key: str, toolchain: dict, described_fields: dict | None = None) -> None:
     empty_staging(Path(out_dir))  # as kcache's own compile job: a run again starts clean
-    write_entry(Path(out_dir), compile_kernel(func, None, None, None, None, Path(out_dir)), key, _Resolved(), toolchain)
+    write_entry(Path(out_dir), compile_kernel(func, None, None, None, None, Path(out_dir)), key, _Resolved(), toolchain,
+                described_fields)
 
 
-def write_entry(staging: Path, compiled: _Compiled, key: str, resolved: Any, toolchain: dict) -> None:
+def write_entry(staging: Path, compiled: _Compiled, key: str, resolved: Any, toolchain: dict,
+                described_fields: dict | None = None) -> None:
     for part, data in compiled.files.items():
         write_durable(staging / part, data)
     meta = {"key": key, "kernel": compiled.name, "created": time.time(), "pid": os.getpid()}
+    if described_fields is not None:
+        meta["key_fields"] = described_fields
     write_durable(staging / META, json.dumps(meta).encode())
 
 

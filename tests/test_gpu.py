@@ -84,3 +84,17 @@ def test_kernels_loaded_from_copies_on_a_noexec_mount_run_correctly(tmp_path: Pa
             assert_matches(spec, kernels[spec.name])
             assert_matches(spec, again.get_or_compile(spec.build(), gpu_target(), out_idx=spec.out_idx))
         assert again.stats()["disk_hits"] == len(POOL)
+
+
+def test_a_kernel_runs_only_on_the_compute_capability_its_target_names(cache_root: Path) -> None:
+    """Arch safety (issue 18): a kernel built for another arch than the device's refuses its first call,
+    compiled here or loaded from disk; one built for the device's arch runs."""
+    major, minor = torch.cuda.get_device_capability()
+    other = "sm_80" if (major, minor) != (8, 0) else "sm_86"
+    spec = POOL[0]
+    for cache in (kcache.KernelCache(cache_root), kcache.KernelCache(cache_root)):  # compiled, then a disk hit
+        kernel = cache.get_or_compile(elementwise_add(), {"kind": "cuda", "arch": other}, out_idx=[2])
+        with pytest.raises(kcache.ArchMismatch, match=f"built for {other}.*compute capability {major}.{minor}"):
+            kernel(*spec.make_inputs("cuda"))
+    assert cache.stats()["disk_hits"] == 1
+    assert_matches(spec, kcache.KernelCache(cache_root).get_or_compile(elementwise_add(), gpu_target(), out_idx=[2]))

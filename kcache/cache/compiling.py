@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kcache.cache import deployment
+from kcache.cache import deployment, miss_explain
 from kcache.cache.request import KernelRequest
 from kcache.errors import KCacheError, PublishError
 from kcache.store import access, layout
@@ -40,7 +40,7 @@ class CompileStep:
 
     def compile_and_publish(self, request: KernelRequest) -> Any:
         """Compile `request`, publish its entry, return its kernel (under the key's lock)."""
-        deployment.check_compile(self._backend.kernel_name(request.func), request.key)
+        self._before_compile(request)
         if self._isolation == "inprocess":
             compiled = self._backend.compile_kernel(
                 request.func, request.resolved, request.out_idx, request.pass_configs,
@@ -49,6 +49,19 @@ class CompileStep:
             self._count(compiles=1, compile_seconds=getattr(compiled, "seconds", 0.0))
             return self._publish(request, compiled)
         return self._compile_isolated(request)
+
+    def _before_compile(self, request: KernelRequest) -> None:
+        """Log the miss (`kcache why-miss`), then let the JIT guard speak: it may refuse the compile."""
+        kernel = self._backend.kernel_name(request.func)
+        miss_explain.log_miss(self._store.root, request.key, kernel, request.described(self._backend),
+                              refused=deployment.guard_mode() == "error")
+        deployment.check_compile(kernel, request.key, self._explainer(request, kernel))
+
+    def _explainer(self, request: KernelRequest, kernel: str) -> Callable[[], str]:
+        def why() -> str:
+            return miss_explain.explain(self._store.root, request.key, kernel, request.described(self._backend)).summary()
+
+        return why
 
     def compile_private(self, request: KernelRequest, *, in_process: bool = False) -> Any:
         """Compile without writing anything under the root (no entry, lock or log): KCACHE_READONLY,
@@ -83,7 +96,7 @@ class CompileStep:
             self._backend.compile_entry(
                 request.func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags,
                 log_dir, pool=pool, out_dir=out_dir, key=request.key, toolchain=request.toolchain,
-                context=request.context,
+                context=request.context, described_fields=request.described(self._backend),
             )
 
         return compile_into
@@ -116,7 +129,8 @@ class CompileStep:
 
     def _publish(self, request: KernelRequest, compiled: Any) -> Any:
         def fill(staging: Path) -> None:
-            self._backend.write_entry(staging, compiled, request.key, request.resolved, request.toolchain)
+            self._backend.write_entry(staging, compiled, request.key, request.resolved, request.toolchain,
+                                      request.described(self._backend))
 
         for _attempt in range(2):
             try:

@@ -1,13 +1,14 @@
 """What a deployment needs, and what it must not do: the key recorder and the JIT guard.
 
 - **Recording** (`KCACHE_RECORD=FILE`, or `kcache.record(path)`): every key a process asks for, hit
-  or miss, is appended to FILE once per process, as a JSON line {"key", "kernel", "target"}: the
+  or miss, is appended to FILE once per process, as a JSON line {"key", "kernel", "target", "fields"}: the
   list a bundle must cover (`kcache export --keys FILE`, `kcache verify-coverage --keys FILE`).
   Lines are appended with O_APPEND, one write each, so processes can share one file.
 - **The JIT guard** (`KCACHE_JIT_GUARD=warn|error`, or `kcache.guard(mode)` after a warm-up): a
   compile that happens anyway warns once per kernel, or raises `UnexpectedCompile` naming the
-  kernel and its key, before anything compiles. For a serving stack that must not compile once it
-  takes traffic.
+  kernel, its key and how it differs from the nearest stored entry of the kernel
+  (kcache.cache.miss_explain), before anything compiles. For a serving stack that must not compile
+  once it takes traffic.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from kcache.errors import KCacheError
@@ -33,15 +35,17 @@ _warned: set[str] = set()
 class UnexpectedCompile(KCacheError, RuntimeError):
     """A compile under `KCACHE_JIT_GUARD=error` (or `kcache.guard("error")`)."""
 
-    def __init__(self, kernel: str, key: str) -> None:
+    def __init__(self, kernel: str, key: str, why: str = "") -> None:
         self.kernel = kernel
         self.key = key
-        self._init_args = (kernel, key)
+        self.why = why  # how the key differs from the nearest stored entry of the kernel
+        self._init_args = (kernel, key, why)
         super().__init__(
             f"kernel {kernel} (key {key[:16]}) would compile, and the JIT guard forbids compiles "
-            f"(KCACHE_JIT_GUARD=error): it is in no local root, bundle or remote tier here. Record the "
-            f"deployment's keys (KCACHE_RECORD), bundle them (kcache export --keys), and check the bundle "
-            f"(kcache verify-coverage) before serving.")
+            f"(KCACHE_JIT_GUARD=error): it is in no local root, bundle or remote tier here. "
+            f"{why + '. ' if why else ''}Record the deployment's keys (KCACHE_RECORD), bundle them "
+            f"(kcache export --keys), and check the bundle (kcache verify-coverage) before serving; "
+            f"`kcache why-miss {key[:16]}` explains this miss again.")
 
 
 class KeyRecorder:
@@ -51,11 +55,16 @@ class KeyRecorder:
         self.path = Path(path)
         self._seen: set[str] = set()
 
-    def note(self, key: str, kernel: str, target: str) -> None:
+    def note(self, key: str, kernel: str, target: str, fields: dict[str, object] | None = None) -> None:
+        """`fields`: the key's fields (as meta.json keeps them), so `kcache why-miss --keys FILE` can
+        explain a recorded key that a bundle or root lacks."""
         if key in self._seen:
             return
         self._seen.add(key)
-        line = json.dumps({"key": key, "kernel": kernel, "target": target}, sort_keys=True) + "\n"
+        record: dict[str, object] = {"key": key, "kernel": kernel, "target": target}
+        if fields is not None:
+            record["fields"] = fields
+        line = json.dumps(record, sort_keys=True) + "\n"
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
@@ -103,14 +112,16 @@ def guard_mode() -> str:
     return configured
 
 
-def check_compile(kernel: str, key: str) -> None:
-    """Before a compile: the guard's warning (once per kernel) or UnexpectedCompile."""
+def check_compile(kernel: str, key: str, why: Callable[[], str] | None = None) -> None:
+    """Before a compile: the guard's warning (once per kernel) or UnexpectedCompile. `why()` says how
+    the key differs from what is stored; it is asked only when the guard speaks."""
     mode = guard_mode()
     if mode == "off":
         return
     if mode == "error":
-        raise UnexpectedCompile(kernel, key)
+        raise UnexpectedCompile(kernel, key, why() if why is not None else "")
     if kernel not in _warned:
         _warned.add(kernel)
         log.warning("kcache: compiling kernel %s (key %s) under the JIT guard (KCACHE_JIT_GUARD=warn): it is in no "
-                    "local root, bundle or remote tier here", kernel, key[:16])
+                    "local root, bundle or remote tier here%s", kernel, key[:16],
+                    f"; {why()}" if why is not None else "")

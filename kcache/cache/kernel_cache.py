@@ -157,7 +157,7 @@ class KernelCache:
                                       target_key, self._toolchain_fingerprint(backend))
         recorder = deployment.recorder()
         if recorder is not None:  # KCACHE_RECORD: every key asked for (a memory hit was a miss here first)
-            recorder.note(request.key, backend.kernel_name(func), request.resolved.canonical)
+            recorder.note(request.key, backend.kernel_name(func), request.resolved.canonical, request.described(backend))
         return memory.put(func, options, self._get_slow(backend, request))
 
     def gc(self) -> GcReport:

@@ -21,6 +21,8 @@ class KernelRequest:
     toolchain: dict[str, object]
     context: Any = None  # the caller's compile context (kcache.tilelang.context), taken at the call
     key: str = ""
+    fields: dict[str, object] | None = None  # what `key` is derived from
+    _described: dict[str, object] | None = None
 
     @classmethod
     def build(cls, backend: Any, func: Any, target: Any, out_idx: Any, pass_configs: Any, compile_flags: Any,
@@ -34,11 +36,19 @@ class KernelRequest:
             toolchain=toolchain,
             context=backend.capture_context(),
         )
-        request.key = derive_key(backend.key_fields(
+        request.fields = backend.key_fields(
             func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags, request.toolchain,
             request.context,
-        ))
+        )
+        request.key = derive_key(request.fields)
         return request
+
+    def described(self, backend: Any) -> dict[str, object]:
+        """The key's fields as meta.json and the miss log keep them (a digest of the source): made
+        on first use, which is a miss or a recording, never a plain hit."""
+        if self._described is None:
+            self._described = backend.describe_key_fields(self.fields or {})
+        return self._described
 
     def loader(self, backend: Any) -> Any:
         """The disk tier's loader for this request: the backend's load_kernel with these arguments."""

@@ -23,6 +23,7 @@ from kcache.tilelang.context import capture as capture_context  # noqa: F401
 from kcache.tilelang.context import token as context_token  # noqa: F401
 from kcache.tilelang.fingerprint import toolchain_fingerprint  # noqa: F401
 from kcache.tilelang.identity import (  # noqa: F401
+    describe_key_fields,
     fast_structural_equal,
     fast_structural_hash,
     kernel_name,
@@ -56,7 +57,7 @@ def write_entry(*args: Any, **kwargs: Any) -> None:
 def compile_entry(
     func: PrimFunc, resolved: ResolvedTarget, out_idx: list[int] | None, pass_configs: dict[str, Any],
     compile_flags: list[str] | None, log_dir: Path, *, pool: Any, out_dir: Path, key: str, toolchain: dict,
-    context: Any = None,
+    context: Any = None, described_fields: dict | None = None,
 ) -> None:
     """Compile in a worker of `pool`, which writes every component of the entry into `out_dir`.
 
@@ -71,7 +72,7 @@ def compile_entry(
     pool.run(
         CallByName("kcache.tilelang.compiler", "compile_job"),
         func, resolved.canonical, resolved.context.execution_backend.name, out_idx, pass_configs,
-        compile_flags, str(log_dir), str(out_dir), key, toolchain, context,
+        compile_flags, str(log_dir), str(out_dir), key, toolchain, context, described_fields,
         name=kernel_name(func),
         output=JobOutput(key, str(out_dir)),  # the entry of `key`: one compile for identical jobs in flight
     )

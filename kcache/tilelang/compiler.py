@@ -38,6 +38,7 @@ from kcache.errors import CompileError
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
 from kcache.store.fsutil import empty_staging, ensure_dir, write_durable
 from kcache.tilelang.context import CompileContext, applied
+from kcache.tilelang.device_arch import check_on_first_call
 from kcache.tilelang.identity import kernel_name
 from kcache.tilelang.target import ResolvedTarget, resolve_target
 
@@ -135,20 +136,22 @@ def compile_kernel(
     if not binaries:
         raise CompileError(name, "TileLang produced no device binary (the nvcc callback never ran)", None)
     binary_format = "fatbin" if len(binaries[-1]) and binaries[-1][:4] == b"\x50\xed\x55\xba" else "cubin"
-    return CompiledKernel(kernel=kernel, name=name, device_binary=binaries[-1], binary_format=binary_format, seconds=seconds)
+    # A kernel compiled here is checked on its first call like one loaded from an entry (device_arch).
+    return CompiledKernel(kernel=check_on_first_call(kernel, name, resolved.canonical), name=name,
+                          device_binary=binaries[-1], binary_format=binary_format, seconds=seconds)
 
 
 def compile_job(
     func: PrimFunc, target_json: str, execution_backend: str, out_idx: list[int] | None, pass_configs: dict[str, Any],
     compile_flags: list[str] | None, log_dir: str, out_dir: str, key: str, toolchain: dict,
-    context: CompileContext | None = None,
+    context: CompileContext | None = None, described_fields: dict | None = None,
 ) -> float:
     """A compile worker's job (see `kcache.tilelang.backend.compile_entry`): compile, write the entry; the seconds it took."""
     empty_staging(Path(out_dir))  # a run again after the compile service died mid-job starts clean
     resolved = resolve_target(json.loads(target_json), execution_backend)
     compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir), context,
                               in_worker=True)
-    write_entry(Path(out_dir), compiled, key, resolved, toolchain)
+    write_entry(Path(out_dir), compiled, key, resolved, toolchain, described_fields)
     return compiled.seconds
 
 
@@ -191,8 +194,10 @@ def linked_library(adapter: Any) -> bytes:
             return linked.read()
 
 
-def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: ResolvedTarget, toolchain: dict) -> None:
-    """Write every component of a kernel entry into `staging` (durably)."""
+def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: ResolvedTarget, toolchain: dict,
+                described_fields: dict | None = None) -> None:
+    """Write every component of a kernel entry into `staging` (durably). `described_fields`: the key's
+    fields as the caller described them (identity.describe_key_fields), kept to explain misses."""
     kernel = compiled.kernel
     adapter = kernel.adapter
     write_durable(staging / DEVICE_SOURCE, (adapter.get_device_source() or "").encode())
@@ -216,4 +221,6 @@ def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: Res
         "pid": os.getpid(),
         "tilelang": tilelang.__version__,
     }
+    if described_fields is not None:
+        meta["key_fields"] = described_fields
     write_durable(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())

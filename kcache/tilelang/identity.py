@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,3 +82,16 @@ def key_fields(
     if extra is not None:  # absent for the plain context: keys made before it existed stay valid
         fields["context"] = extra
     return fields
+
+
+def describe_key_fields(fields: dict[str, object]) -> dict[str, object]:
+    """The key's fields as `meta.json` keeps them, to explain a miss (kcache.cache.miss_explain): the
+    TIR script (kilobytes) as its sha256, the target's canonical JSON as the dict it encodes."""
+    described = {name: value for name, value in fields.items() if name != "script"}
+    script = fields.get("script")
+    if isinstance(script, str):
+        described["source_sha256"] = hashlib.sha256(script.encode()).hexdigest()
+    target = fields.get("target")
+    if isinstance(target, str):
+        described["target"] = json.loads(target)
+    return described

@@ -22,6 +22,7 @@ from tvm.tirx import PrimExpr, PrimFunc
 from kcache.store import exec_copy
 from kcache.store.components import DEVICE_SOURCE, HOST_SOURCE, LIBRARY, PARAMS
 from kcache.store.elf import require_loadable
+from kcache.tilelang.device_arch import check_on_first_call
 from kcache.tilelang.target import ResolvedTarget
 
 
@@ -94,7 +95,8 @@ def load_kernel(
     adapter._post_init()
     kernel.adapter = adapter
     kernel.torch_function = adapter.func
-    return kernel
+    # On a device of another compute capability than the target's arch, the first call raises ArchMismatch.
+    return check_on_first_call(kernel, str(stamped.attrs["global_symbol"]), resolved.canonical)
 
 
 def _load_descriptor_path(path: str) -> Any:

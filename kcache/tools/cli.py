@@ -25,6 +25,7 @@ from kcache.store.entries import EntryStore
 from kcache.store.fsutil import read_regular_at
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import MANIFEST_NAME
+from kcache.tools import why_miss_cli
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size
 from kcache.tools.doctor import doctor, installed_tilelang
 from kcache.tools.server_cli import cmd_server
@@ -41,7 +42,7 @@ MAX_JSON_BYTES = 1 << 20
 EXIT_USER_ERROR = 2  # a bad setting, argument or root: one line on stderr says what and how to fix it
 EXIT_BROKEN_PIPE = 141  # stdout closed early (`kcache ls | head`): 128 + SIGPIPE, as a shell reports it
 # Read-only commands: they never create a root, and say so when there is none.
-READ_ONLY_COMMANDS = frozenset({"stats", "ls", "show", "verify", "tunes"})
+READ_ONLY_COMMANDS = frozenset({"stats", "ls", "show", "verify", "tunes", "why-miss"})
 
 
 class UserMistake(Exception):
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "what is missing would compile")
     coverage.add_argument("--keys", metavar="FILE", required=True, help="the keys (KCACHE_RECORD's file)")
     coverage.add_argument("bundle", nargs="?", help="a bundle file (default: the root, --dir)")
+    why_miss_cli.add_parser(command)
     command("tunes", "saved autotune results: key, factory, best config, device, age")
     untune = command("untune", "remove a saved autotune result, so that the next tune of it runs again "
                      "(on this root; in a cluster use tune(force=True), which replaces the remote one too)")
@@ -458,7 +460,8 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings | None) -> tuple[Any
 
 COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
             "clear": cmd_clear, "export": cmd_export, "import": cmd_import,
-            "verify-coverage": cmd_verify_coverage, "tunes": cmd_tunes, "untune": cmd_untune, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
+            "verify-coverage": cmd_verify_coverage, "why-miss": why_miss_cli.cmd_why_miss, "tunes": cmd_tunes,
+            "untune": cmd_untune, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
 
 
 # ---------------------------------------------------------------- helpers
