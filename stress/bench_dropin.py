@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .gpu import tilelang_target_env
 from .procs import worker_env
 
 PROGRAM = Path(__file__).resolve().parent / "tilelang_programs"
@@ -66,12 +67,8 @@ def seen_call_seconds(matmul, calls: int = 20_000) -> float:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-dropin-"))
-    env = worker_env({"KCACHE_DIR": str(work / "kcache"), "TILELANG_CACHE_DIR": str(work / "tilelang")})
-    if "TILELANG_DEFAULT_TARGET" not in env:
-        import torch
-
-        if not torch.cuda.is_available():
-            env["TILELANG_DEFAULT_TARGET"] = json.dumps({"kind": "cuda", "arch": "sm_90a"})
+    env = worker_env({"KCACHE_DIR": str(work / "kcache"), "TILELANG_CACHE_DIR": str(work / "tilelang"),
+                      **tilelang_target_env()})
     os.environ.update(env)
     sys.path.insert(0, str(PROGRAM))
     import tilelang  # noqa: F401

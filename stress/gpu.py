@@ -1,6 +1,13 @@
-"""The GPU present, as a kcache target, for the GPU tests and `python -m stress.bench_tune`."""
+"""The GPU present, as a kcache target, for the GPU tests and the benches (and the target a machine with
+no GPU compiles unmodified TileLang programs for)."""
 
 from __future__ import annotations
+
+import json
+import os
+
+# What a machine with no GPU compiles for: Hopper, whose GEMMs need the arch-specific sm_90a.
+NO_GPU_TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
 
 def gpu_missing() -> str | None:
@@ -21,3 +28,11 @@ def gpu_target() -> dict:
     major, minor = torch.cuda.get_device_capability()
     # Hopper's wgmma/TMA code needs the arch-specific sm_90a.
     return {"kind": "cuda", "arch": f"sm_{major}{minor}{'a' if major == 9 else ''}"}
+
+
+def tilelang_target_env() -> dict[str, str]:
+    """TILELANG_DEFAULT_TARGET for children that run unmodified TileLang programs (they take TileLang's
+    default target): nothing where it is set already, else the GPU's target, else NO_GPU_TARGET."""
+    if os.environ.get("TILELANG_DEFAULT_TARGET"):
+        return {}
+    return {"TILELANG_DEFAULT_TARGET": json.dumps(gpu_target() if gpu_missing() is None else NO_GPU_TARGET)}

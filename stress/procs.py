@@ -94,12 +94,29 @@ class Barrier:
         results = []
         for i, proc in enumerate(self.procs):
             out, err = proc.communicate(timeout=timeout)
-            payload = None
-            for line in out.splitlines():
-                if line.startswith("result "):
-                    payload = json.loads(line[len("result "):])
-            results.append(WorkerResult(i, proc.returncode, payload, err))
+            results.append(WorkerResult(i, proc.returncode, last_result(out), err))
         return results
+
+
+def last_result(stdout: str) -> dict[str, Any] | None:
+    """The payload of the last `result {json}` line a worker printed, or None."""
+    payload = None
+    for line in stdout.splitlines():
+        if line.startswith("result "):
+            payload = json.loads(line[len("result "):])
+    return payload
+
+
+def run_for_result(command: list[str], what: str, env: dict[str, str] | None = None,
+                   timeout: float = 900) -> dict[str, Any]:
+    """Run a fresh interpreter (`command`, in the project, with worker_env(env)) to its end and return
+    its last `result {json}`; RuntimeError naming `what`, with its stderr's tail, if it reports none."""
+    done = subprocess.run(command, capture_output=True, text=True, env=worker_env(env), cwd=str(PROJECT),
+                          timeout=timeout, check=False)
+    payload = last_result(done.stdout)
+    if done.returncode != 0 or payload is None:
+        raise RuntimeError(f"{what} failed (exit status {done.returncode}): {done.stderr[-3000:]}")
+    return payload
 
 
 def worker_handshake() -> str:
