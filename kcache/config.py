@@ -20,6 +20,7 @@ DEFAULT_GC_INTERVAL_S = 600.0
 # Below the lock timeout, so that a stuck compile fails its own caller before its waiters give up.
 DEFAULT_COMPILE_TIMEOUT_S = 600.0
 ISOLATION_MODES = ("server", "pool", "inprocess")  # the first is the default
+JIT_GUARD_MODES = ("off", "warn", "error")  # KCACHE_JIT_GUARD (kcache.cache.deployment); off by default
 UNWRITABLE_POLICIES = ("fallback", "readonly", "error")
 DEFAULT_MAX_SIZE = 10 << 30
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
@@ -145,7 +146,13 @@ class Settings:
         # bad value must fail when the cache opens, not in the middle of a compile.
         sharing.configured_umask()
         sharing.configured_group()
+        jit_guard_setting()  # read at each compile, where a bad value would first show
         return self
+
+
+def jit_guard_setting() -> str:
+    """KCACHE_JIT_GUARD, checked: one of JIT_GUARD_MODES."""
+    return _env_choice("KCACHE_JIT_GUARD", JIT_GUARD_MODES)
 
 
 def _number_and_unit(text: str, units: dict[str, int], what: str) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ def _session_runtime() -> Iterator[None]:
     """The compile services that tests start by default (KCACHE_COMPILE_ISOLATION's default is `server`)
     live in a runtime directory of this session's own, exit after a minute idle, and are stopped at
     its end: nothing of the suite's keeps running, and no test reaches the developer's service."""
-    from kcache.compile import service_client as client
+    from stress.service_runtime import stop_services
 
     directory = Path(tempfile.mkdtemp(prefix="ks-", dir="/tmp"))  # short: a socket's path has 107 bytes
     saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "KCACHE_SERVER_IDLE")}
@@ -37,26 +36,7 @@ def _session_runtime() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    stop_services_in(directory, client)
-
-
-def stop_services_in(directory: Path, client: object) -> None:
-    """Ask every service with a socket in `directory` to stop, then remove it."""
-    previous = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = str(directory)
-    try:
-        for socket_file in (directory / "kcache").glob("*.sock"):
-            name = socket_file.name.removeprefix("compile-").removesuffix(".sock")
-            try:
-                client.request(name, ("stop",))  # type: ignore[attr-defined]
-            except (OSError, EOFError):
-                pass
-    finally:
-        if previous is None:
-            os.environ.pop("XDG_RUNTIME_DIR", None)
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = previous
-    shutil.rmtree(directory, ignore_errors=True)
+    stop_services(directory)
 
 
 @pytest.fixture
@@ -79,9 +59,9 @@ def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A private runtime directory (XDG_RUNTIME_DIR) of this test's own: the compile services it
     starts are its own, and stopped at its end."""
-    from kcache.compile import service_client as client
+    from stress.service_runtime import stop_services
 
     directory = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: a socket's path has 107 bytes
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
     yield directory
-    stop_services_in(directory, client)  # what the test left running
+    stop_services(directory)  # what the test left running

@@ -20,11 +20,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from kcache.config import JIT_GUARD_MODES, jit_guard_setting
 from kcache.errors import KCacheError
 
 log = logging.getLogger("kcache")
 
-GUARD_MODES = ("off", "warn", "error")
 _lock = threading.Lock()
 _recorder: KeyRecorder | None = None
 _recorder_from_env = False
@@ -98,18 +98,13 @@ def guard(mode: str) -> None:
     """Turn the JIT guard on ("warn", "error") or off ("off") for this process, whatever
     KCACHE_JIT_GUARD says: a serving process calls guard("error") once its warm-up is done."""
     global _guard
-    if mode not in GUARD_MODES:
-        raise ValueError(f"the JIT guard is one of {', '.join(GUARD_MODES)}, not {mode!r}")
+    if mode not in JIT_GUARD_MODES:
+        raise ValueError(f"the JIT guard is one of {', '.join(JIT_GUARD_MODES)}, not {mode!r}")
     _guard = mode
 
 
 def guard_mode() -> str:
-    if _guard is not None:
-        return _guard
-    configured = os.environ.get("KCACHE_JIT_GUARD", "").strip().lower() or "off"
-    if configured not in GUARD_MODES:
-        raise ValueError(f"KCACHE_JIT_GUARD={configured!r}: use one of {', '.join(GUARD_MODES)}")
-    return configured
+    return _guard if _guard is not None else jit_guard_setting()
 
 
 def check_compile(kernel: str, key: str, why: Callable[[], str] | None = None) -> None:
