@@ -77,11 +77,12 @@ def test_a_library_cut_short_or_wrong_with_a_matching_manifest_is_a_corrupt_entr
     assert probe.returncode == -signal.SIGBUS, f"dlopen of the half library gave {probe.returncode}, not SIGBUS"
 
     for name, library in faults(good).items():
+        # Each fault damages the entry the previous one's recompile published: found corrupt, it was whole.
         damage(entry, library)
         assert fresh_get(root) == {"compiles": 1, "corrupt": 1}, name  # quarantined, recompiled, no death
-        assert fresh_get(root) == {"compiles": 0, "corrupt": 0}, name  # and the next process hits
         quarantined = sorted((root / ".quarantine").iterdir(), key=lambda p: p.stat().st_mtime)[-1]
         assert (quarantined / LIBRARY).read_bytes() == library, name
+    assert fresh_get(root) == {"compiles": 0, "corrupt": 0}  # and the next process hits
 
 
 def test_a_fifo_as_an_entrys_meta_never_blocks_the_command_line(tmp_path: Path) -> None:
@@ -173,17 +174,19 @@ def test_a_tuned_result_loads_in_a_process_that_has_not_imported_tilelang(tmp_pa
 @needs_root
 @pytest.mark.tilelang
 def test_a_cache_filesystem_that_fills_up_at_any_step_still_returns_the_kernel(tmp_path: Path) -> None:
-    """Free space from 0 to 128 KiB in 8 KiB steps, on a real 1 MiB tmpfs: whichever write runs out
+    """Free space from 0 to 96 KiB in 8 KiB steps, on a real 1 MiB tmpfs: whichever write runs out
     (a component, the linker's output, the manifest, the publish), the caller gets its kernel, with
-    no partial entry and no staging left after gc."""
+    no partial entry and no staging left after gc. (The entry, its lock and the miss log take about
+    80 KiB of tmpfs pages: the top step saves, which the test checks, so every write was reached.)"""
     pytest.importorskip("tilelang")
     import kcache
     from kcache.tilelang.backend import toolchain_fingerprint
     from stress.kernels import CPU_TARGET, elementwise_add
 
     unsaved = 0
+    saved_at_the_top = False
     with tmpfs(tmp_path / "tiny", size="1m") as mount:
-        for leave_kib in range(0, 129, 8):
+        for leave_kib in range(0, 97, 8):
             root = mount / f"cache-{leave_kib}"
             cache = kcache.KernelCache(root)
             toolchain_fingerprint(cache.root)  # the small files that come before the entry
@@ -193,6 +196,7 @@ def test_a_cache_filesystem_that_fills_up_at_any_step_still_returns_the_kernel(t
                 assert kernel is not None, leave_kib
                 stats = cache.stats()
                 unsaved += stats["publish_failures"] > 0
+                saved_at_the_top = stats["publish_failures"] == 0
                 if stats["publish_failures"] == 0:
                     assert len(cache.store.keys()) == 1 and cache.store.read(cache.store.keys()[0]), leave_kib
                 else:
@@ -203,6 +207,7 @@ def test_a_cache_filesystem_that_fills_up_at_any_step_still_returns_the_kernel(t
             assert not any((root / ".staging").iterdir()), leave_kib
             shutil.rmtree(root)
     assert unsaved >= 1  # the fault fired: at the low levels nothing could be saved
+    assert saved_at_the_top  # and the steps reached past the last write
 
 
 def test_a_message_that_stops_half_way_is_a_dead_peer_within_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
