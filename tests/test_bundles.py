@@ -153,8 +153,24 @@ def symlink_member(keys):
     return edit, "not a regular file"
 
 
-@pytest.mark.parametrize("tamper", [flip_a_byte, swap_two_entries, dot_dot_member, symlink_member],
-                         ids=["flipped byte", "swapped entries", "dot-dot path", "symlink member"])
+def interleaved_entries(keys):
+    """The first entry's last file moved after the second entry's first: every byte still matches the
+    signed manifest, but an importer would have to hold entries open without bound."""
+    held = []
+
+    def edit(name, data):
+        parts = name.split("/")
+        if len(parts) == 3 and parts[1] == keys[0] and name.endswith("params.json"):
+            held.append((same(name, data), data))
+            return []
+        if len(parts) == 3 and parts[1] == keys[1] and held:
+            return [(same(name, data), data), held.pop()]
+        return [(same(name, data), data)]
+    return edit, "holds each entry's files together"
+
+
+@pytest.mark.parametrize("tamper", [flip_a_byte, swap_two_entries, dot_dot_member, symlink_member, interleaved_entries],
+                         ids=["flipped byte", "swapped entries", "dot-dot path", "symlink member", "interleaved"])
 def test_a_tampered_bundle_is_refused_and_nothing_of_it_is_visible(tmp_path: Path, bundle, tamper) -> None:
     path, keys = bundle
     edit, says = tamper(keys)
@@ -224,22 +240,24 @@ IMPORTER = """
 import sys
 from kcache.store.entries import EntryStore
 from kcache.tools.bundle import import_bundle
-published = []
-def pause_on_the_third(step):
-    if step == "components_written":
-        published.append(step)
-        if len(published) == 3:
+seen = []
+def pause_at_the_third(step):
+    if step == sys.argv[3]:
+        seen.append(step)
+        if len(seen) == 3:
             print("paused", flush=True)
             sys.stdin.readline()
-if sys.argv[3] == "pause":
-    EntryStore.fault_hook = staticmethod(pause_on_the_third)
+if sys.argv[3] != "run":
+    EntryStore.fault_hook = staticmethod(pause_at_the_third)
 report = import_bundle(sys.argv[1], root=sys.argv[2], toolchain=None, secret="bundle-test-secret")
 print("done", report.imported, report.already_present, flush=True)
 """
 
 
-def importer(path: Path, root: Path, mode: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", IMPORTER, str(path), str(root), mode], stdin=subprocess.PIPE,
+def importer(path: Path, root: Path, pause_at: str) -> subprocess.Popen[str]:
+    """An importer in a fresh process that pauses (until a line on its stdin) at the third time it
+    reaches publish step `pause_at`, or runs straight through ("run")."""
+    return subprocess.Popen([sys.executable, "-c", IMPORTER, str(path), str(root), pause_at], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                             cwd=str(PROJECT))
 
@@ -252,9 +270,9 @@ def kcache_verify(root: Path) -> subprocess.CompletedProcess:
 def test_two_importers_at_once_leave_every_entry_whole(tmp_path: Path, bundle) -> None:
     path, keys = bundle
     root = tmp_path / "b"
-    first = importer(path, root, "pause")
-    assert first.stdout.readline().strip() == "paused"  # mid-import: two entries published, the third staged
-    second = importer(path, root, "run")  # imports the rest while the first holds its third entry
+    first = importer(path, root, "components_written")
+    assert first.stdout.readline().strip() == "paused"  # mid-import: its third entry half staged, none visible
+    second = importer(path, root, "run")  # imports everything while the first holds its third entry
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
     first.stdin.write("\n")
@@ -264,21 +282,29 @@ def test_two_importers_at_once_leave_every_entry_whole(tmp_path: Path, bundle) -
     counts = [tuple(map(int, o.split()[1:3])) for o in (out_first.strip(), out.strip())]
     assert sum(imported for imported, _ in counts) == len(keys)
     assert all(imported + present == len(keys) for imported, present in counts)
-    assert visible(root) == keys and kcache_verify(root).returncode == 0
+    assert visible(root) == keys and kcache_verify(root).returncode == 0 and staging_left(root) == []
 
 
-def test_an_importer_killed_mid_import_leaves_only_whole_entries(tmp_path: Path, bundle) -> None:
+@pytest.mark.parametrize("pause_at, visible_after_kill", [("components_written", 0), ("renamed", 3)],
+                         ids=["while staging", "while renaming"])
+def test_an_importer_killed_mid_import_leaves_only_whole_entries(tmp_path: Path, bundle, pause_at: str,
+                                                                 visible_after_kill: int) -> None:
+    """Killed while it stages, an importer has published nothing (the batch renames only once every
+    entry is staged and synced); killed between its renames, it leaves whole entries and the rest
+    staged. gc removes what it staged; a new import brings the rest."""
     path, keys = bundle
     root = tmp_path / "b"
-    victim = importer(path, root, "pause")
+    victim = importer(path, root, pause_at)
     assert victim.stdout.readline().strip() == "paused"
     victim.kill()
     victim.wait()
-    assert len(visible(root)) == 2 and kcache_verify(root).returncode == 0
-    assert staging_left(root)  # the third entry's staging, which gc removes
+    assert len(visible(root)) == visible_after_kill and kcache_verify(root).returncode == 0
+    assert staging_left(root)  # the staged entries not renamed, which gc removes
     kcache.KernelCache(root).gc()
     assert staging_left(root) == []
-    assert import_bundle(path, root=root, toolchain=None, secret=SECRET).imported == len(keys) - 2 and visible(root) == keys
+    report = import_bundle(path, root=root, toolchain=None, secret=SECRET)
+    assert (report.imported, report.already_present) == (len(keys) - visible_after_kill, visible_after_kill)
+    assert visible(root) == keys
 
 
 def test_the_cli_exports_and_imports(tmp_path: Path) -> None:

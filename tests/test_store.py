@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from kcache.errors import CorruptEntry, PublishError
-from kcache.store.entries import PUBLISH_STEPS, EntryStore, PublishOutcome
-from kcache.store.fsutil import write_durable
+from kcache.maintenance.gc import collect_garbage
+from kcache.store import entries
+from kcache.store.entries import BATCH_STEPS, PUBLISH_STEPS, EntryStore, PublishOutcome
+from kcache.store.fsutil import fsync_tree_at, sha256_hex, sync_filesystem, write_durable
 from kcache.store.layout import StagingName
-from kcache.store.manifest import MANIFEST_NAME
+from kcache.store.manifest import MANIFEST_NAME, build_manifest
 
 from .faults import fill_filesystem, needs_root, readonly_bind, tmpfs
+from .helpers import expect_line, snapshot, spawn
 
 REQUIRED = frozenset({"kernel.so", "params.json"})
 KEY = "ab" * 32
@@ -191,3 +194,158 @@ def test_real_read_only_filesystem_is_a_publish_error_and_hits_still_work(tmp_pa
             store.publish(other, filler())
         assert caught.value.errno == errno.EROFS
     assert not store.entry_path(other).exists()
+
+
+# ---------------------------------------------------------------- batch publish (bundle import)
+
+BATCH = {f"{index:02x}" * 32: dict(FILES, **{"kernel.so": os.urandom(3000) + bytes([index])}) for index in range(4)}
+
+
+class Crash(BaseException):
+    """A crash injected through fault_hook: not an Exception, so nothing on the way catches it."""
+
+
+def test_a_batch_publishes_every_entry_with_the_stores_own_manifest(cache_root: Path) -> None:
+    store = make_store(cache_root)
+    first = next(iter(BATCH))
+    store.publish(first, filler(BATCH[first]))  # already there: the batch loses that race
+    with store.publish_batch() as batch:
+        for key, files in BATCH.items():
+            batch.stage(key, {**files, MANIFEST_NAME: b"not copied"},
+                        {name: sha256_hex(data) for name, data in files.items()})
+        assert store.keys() == [first]  # staged, verified: still invisible
+        outcomes = batch.publish()
+    assert outcomes == {key: PublishOutcome.LOST_RACE if key == first else PublishOutcome.PUBLISHED for key in BATCH}
+    for key, files in BATCH.items():
+        assert store.read(key) == files
+        entry = store.entry_path(key)
+        assert (entry / MANIFEST_NAME).read_bytes() == build_manifest(entry)  # one format, shared
+        assert all(path.stat().st_mode & 0o222 == 0 for path in entry.iterdir())  # written once: read-only
+    assert staging_leftovers(cache_root) == []
+
+
+def test_syncfs_is_what_makes_a_batch_durable_here(cache_root: Path) -> None:
+    fd = os.open(cache_root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert sync_filesystem(fd) is True  # this Linux has syncfs: the batch path the tests run is the real one
+    finally:
+        os.close(fd)
+
+
+def test_without_syncfs_a_batch_fsyncs_every_staged_entry(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+
+    def record(dir_fd: int, name: str) -> None:
+        synced.append(name)
+        fsync_tree_at(dir_fd, name)
+
+    monkeypatch.setattr(entries, "sync_filesystem", lambda fd: False)
+    monkeypatch.setattr(entries, "fsync_tree_at", record)
+    store = make_store(cache_root)
+    with store.publish_batch() as batch:
+        for key, files in BATCH.items():
+            batch.stage(key, files)
+        assert set(batch.publish().values()) == {PublishOutcome.PUBLISHED}
+    assert sorted(StagingName.parse(name).key for name in synced) == sorted(BATCH)
+    assert store.keys() == sorted(BATCH)
+
+
+def test_a_batch_with_one_bad_entry_publishes_none_and_leaves_no_staging(cache_root: Path) -> None:
+    store = make_store(cache_root)
+    keys = list(BATCH)
+    with pytest.raises(CorruptEntry, match="does not match its sha256") as caught:
+        with store.publish_batch() as batch:
+            for key in keys[:2]:
+                batch.stage(key, BATCH[key])
+            wrong = {name: sha256_hex(data) for name, data in BATCH[keys[2]].items()}
+            wrong["kernel.so"] = sha256_hex(b"other bytes")  # a digest not of the bytes staged
+            batch.stage(keys[2], BATCH[keys[2]], wrong)
+    assert keys[2][:16] in str(caught.value)  # the original error, naming the bad entry's staging
+    assert store.keys() == [] and staging_leftovers(cache_root) == []
+
+
+def test_a_batch_whose_failed_stage_was_caught_is_never_published(cache_root: Path) -> None:
+    store = make_store(cache_root)
+    keys = list(BATCH)
+    with store.publish_batch() as batch:
+        batch.stage(keys[0], BATCH[keys[0]])
+        with pytest.raises(Exception, match="lacks required component"):
+            batch.stage(keys[1], {"kernel.so": b"x"})
+        with pytest.raises(RuntimeError, match="published once"):
+            batch.publish()
+    assert store.keys() == [] and staging_leftovers(cache_root) == []
+
+
+@pytest.mark.parametrize("step", PUBLISH_STEPS[:-1] + BATCH_STEPS)
+def test_a_crash_anywhere_before_the_renames_publishes_nothing(cache_root: Path, step: str) -> None:
+    store = make_store(cache_root)
+    fired = []
+
+    def crash_at(name: str) -> None:
+        fired.append(name)
+        if name == step and fired.count(step) == (1 if step in BATCH_STEPS else 3):  # the third entry's
+            raise Crash(name)
+
+    store.fault_hook = crash_at
+    with pytest.raises(Crash):
+        with store.publish_batch() as batch:
+            for key, files in BATCH.items():
+                batch.stage(key, files)
+            batch.publish()
+    assert step in fired and "renamed" not in fired
+    assert store.keys() == [] and staging_leftovers(cache_root) == []
+
+
+BATCH_WRITER = """
+import os, sys
+from pathlib import Path
+from kcache.store.entries import EntryStore
+store = EntryStore(Path(os.environ["BATCH_ROOT"]), "kernels", frozenset({"kernel.so", "params.json"}))
+def stop(step):
+    if step == "synced":
+        print("synced", flush=True)
+        sys.stdin.readline()
+store.fault_hook = stop
+with store.publish_batch() as batch:
+    for index in range(3):
+        batch.stage(f"{index:02x}" * 32, {"kernel.so": os.urandom(2000), "params.json": b"{}"})
+    batch.publish()
+"""
+
+
+def test_a_batch_killed_after_its_sync_leaves_staging_only_which_gc_removes(cache_root: Path) -> None:
+    writer = spawn(BATCH_WRITER, BATCH_ROOT=str(cache_root))
+    expect_line(writer, "synced")
+    writer.kill()
+    writer.wait()
+    store = make_store(cache_root)
+    assert store.keys() == []
+    assert len(staging_leftovers(cache_root)) == 3  # whole, synced, never renamed
+    assert collect_garbage(cache_root, staging_ttl_s=3600).staging_removed == 3  # its process is dead
+    assert staging_leftovers(cache_root) == []
+
+
+@pytest.mark.parametrize("swapped", [".staging", "kernels"])
+def test_a_link_swapped_in_during_a_batch_is_never_written_or_renamed_through(tmp_path: Path, swapped: str) -> None:
+    """Between two entries of a batch, the directory is moved away and a link to elsewhere put in its
+    place: the batch stages into, syncs and renames between the directories it opened, never the link."""
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    store = make_store(root)
+    keys = list(BATCH)
+    before = snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns
+    with store.publish_batch() as batch:
+        batch.stage(keys[0], BATCH[keys[0]])
+        os.rename(root / swapped, root / f"{swapped}.moved")
+        os.symlink(elsewhere, root / swapped)
+        for key in keys[1:]:
+            batch.stage(key, BATCH[key])
+        assert set(batch.publish().values()) == {PublishOutcome.PUBLISHED}
+    assert (root / swapped).is_symlink()  # the link stayed in place all along
+    assert (snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns) == before
+    moved = root / f"{swapped}.moved"
+    if swapped == "kernels":  # every entry landed in the directory the batch held
+        assert sorted(os.listdir(moved)) == sorted(keys)
+    else:  # every entry was staged in the held .staging, and renamed out of it
+        assert os.listdir(moved) == []
+        assert sorted(os.listdir(root / "kernels")) == sorted(keys)

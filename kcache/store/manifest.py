@@ -11,7 +11,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from hashlib import sha256
 from pathlib import Path
 
@@ -34,15 +34,22 @@ def build_manifest(directory: Path) -> bytes:
 
 def build_manifest_at(dir_fd: int, directory: Path) -> bytes:
     """build_manifest of the directory open as `dir_fd` (`directory` names it in errors)."""
-    files: dict[str, dict[str, object]] = {}
+    files: dict[str, tuple[int, str]] = {}
     for item in sorted(os.scandir(dir_fd), key=lambda e: e.name):
         if item.name == MANIFEST_NAME:
             continue
         if not item.is_file(follow_symlinks=False):
             raise ValueError(f"{directory / item.name}: staging directories may hold only regular files")
         data = read_regular_at(dir_fd, item.name, MAX_COMPONENT_BYTES)
-        files[item.name] = {"size": len(data), "sha256": sha256_hex(data)}
-    return json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1, sort_keys=True).encode()
+        files[item.name] = (len(data), sha256_hex(data))
+    return format_manifest(files)
+
+
+def format_manifest(files: Mapping[str, tuple[int, str]]) -> bytes:
+    """The manifest of files given as name -> (size, sha256 hex): what build_manifest writes, for a
+    writer that already hashed the bytes it stages (a batch publish)."""
+    listing = {name: {"size": size, "sha256": digest} for name, (size, digest) in sorted(files.items())}
+    return json.dumps({"format": MANIFEST_FORMAT, "files": listing}, indent=1, sort_keys=True).encode()
 
 
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO planted in an entry never hangs us
@@ -183,6 +190,12 @@ def _check_names(where: str, listed: Iterable[str], required: frozenset[str], ex
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
+def is_entry_file_name(name: str) -> bool:
+    """Whether `name` may name a file of an entry: one plain path component (no `/`, no `..`, not
+    hidden), never the manifest itself."""
+    return isinstance(name, str) and _SAFE_NAME.fullmatch(name) is not None and name != MANIFEST_NAME
+
+
 def _parse_manifest(directory: Path, raw: bytes) -> dict[str, dict]:
     try:
         doc = json.loads(raw)
@@ -190,7 +203,7 @@ def _parse_manifest(directory: Path, raw: bytes) -> dict[str, dict]:
         if doc.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
             raise ValueError("unknown manifest format")
         for name, meta in files.items():
-            if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or name == MANIFEST_NAME:
+            if not is_entry_file_name(name):
                 raise ValueError(f"bad file name {name!r}")
             if not isinstance(meta.get("size"), int) or meta["size"] < 0 or not isinstance(meta.get("sha256"), str):
                 raise ValueError(f"bad record for {name!r}")

@@ -11,10 +11,12 @@ size) of, in this order:
 Import trusts nothing in the file but what the signature covers: member names must be exactly
 those the manifest lists (no `..`, no absolute path, no link or device, no duplicate), every file
 must match its size and sha256, every entry must hold exactly a kernel entry's components and its
-meta.json must name its key. The whole bundle is verified before any entry is published; each entry
-is then published with the store's protocol (staging, verify, one rename), so a reader, a second
-importer or a crash never sees half an entry. Unsigned bundles import only when asked
-(`allow_unsigned`), since whoever wrote one is trusted with code.
+meta.json must name its key. The file is read once, in order (the manifest first, each entry's files
+together); each entry is verified and staged in a worker thread as soon as it is read, and only once
+the whole bundle is verified and staged are the entries renamed into place, in one batch of the
+store's protocol (`EntryStore.publish_batch`: one syncfs, then the renames), so a reader, a second
+importer or a crash never sees half an entry, and a refused bundle leaves nothing. Unsigned bundles
+import only when asked (`allow_unsigned`), since whoever wrote one is trusted with code.
 
 Why HMAC and not Ed25519: the `cryptography` package is not a dependency, and a bundle goes from one
 organisation's build to its own servers, which can share a secret as they share the remote tier's.
@@ -32,16 +34,19 @@ import stat
 import tarfile
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kcache.config import default_root
 from kcache.errors import CorruptEntry, KCacheError
 from kcache.store.components import COMPONENTS, KERNELS, META
-from kcache.store.entries import EntryStore, PublishOutcome, check_bound_key
+from kcache.store.entries import EntryStore, PublishBatch, PublishOutcome, check_bound_key
 from kcache.store.layout import is_key
 from kcache.store.manifest import MANIFEST_NAME
 
@@ -53,7 +58,12 @@ SIGNATURE_MEMBER = "kcache-bundle.sig"
 SIGNATURE_LABEL = b"kcache-bundle-v1\0"
 ENTRY_FILES = COMPONENTS | {MANIFEST_NAME}
 MAX_MANIFEST_BYTES = 256 << 20  # a bundle manifest is about 1 KB an entry
+MAX_SIGNATURE_BYTES = 1024
 MAX_ENTRY_FILE_BYTES = 1 << 30
+# Import verifies and stages entries in threads (sha256, writes and reads release the GIL); a few
+# entries per worker are read ahead, so a bundle's bytes are never all in memory at once.
+MAX_IMPORT_WORKERS = 16
+IN_FLIGHT_PER_WORKER = 2
 
 
 class BundleError(KCacheError, ValueError):
@@ -191,7 +201,11 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     one, a signed bundle cannot be checked and is refused, and an unsigned one imports only with
     `allow_unsigned=True`. `archs`: import only entries built for these archs. `toolchain`: a
     bundle built by another toolchain than this (default: this machine's, which imports TileLang;
-    None: no check) is refused, naming the fields that differ."""
+    None: no check) is refused, naming the fields that differ.
+
+    The file is read once: each entry, as soon as its files are read, is verified and staged in a
+    worker thread (`EntryStore.publish_batch`); the staged entries are renamed into place only once
+    the whole bundle is verified and staged, and are all removed when anything is refused."""
     started = time.perf_counter()
     path = Path(bundle)
     root = Path(root) if root is not None else default_root()
@@ -201,14 +215,13 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
 
         toolchain = toolchain_fingerprint(root, persist=False)
     report = ImportReport(str(path))
-    with _open_bundle(path) as (tar, members):
-        manifest_bytes = _read_member(tar, members, MANIFEST_MEMBER, MAX_MANIFEST_BYTES, path)
-        signature = members.get(SIGNATURE_MEMBER)
+    with _open_bundle(path) as reader:
+        manifest_bytes = reader.read_manifest()
+        signature = reader.read_signature()
         if secret:
             if signature is None:
                 raise BundleError(str(path), "it is not signed, and KCACHE_BUNDLE_SECRET is set: refused")
-            given = _read_member(tar, members, SIGNATURE_MEMBER, 1024, path)
-            if not hmac.compare_digest(given, _sign(secret, manifest_bytes)):
+            if not hmac.compare_digest(signature, _sign(secret, manifest_bytes)):
                 raise BundleError(str(path), "its signature does not verify with KCACHE_BUNDLE_SECRET (another "
                                   "secret, or the bundle was changed after it was signed)")
         elif signature is not None:
@@ -220,42 +233,20 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         if toolchain is not None and manifest["toolchains"] != [toolchain]:
             raise BundleError(str(path), _toolchain_mismatch(manifest["toolchains"], toolchain))
         entries: dict[str, Any] = manifest["entries"]
-        expected = {f"{KERNELS}/{key}/{name}": (key, name, tuple(spec))
-                    for key, entry in entries.items() for name, spec in entry["files"].items()}
-        extra = sorted(set(members) - set(expected) - {MANIFEST_MEMBER, SIGNATURE_MEMBER})
-        if extra:
-            raise BundleError(str(path), f"it holds {len(extra)} member(s) its manifest does not list, e.g. {extra[0]!r}")
-        missing = sorted(set(expected) - set(members))
-        if missing:
-            raise BundleError(str(path), f"{len(missing)} file(s) its manifest lists are missing, e.g. {missing[0]!r}")
-        # Pass 1: every byte against the signed manifest, and every entry's meta.json naming its key
-        # (an entry moved under another key, manifest and all), before anything is visible.
-        for name, (key, component, (size, digest)) in expected.items():
-            data = _read_member(tar, members, name, MAX_ENTRY_FILE_BYTES, path)
-            if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-                raise BundleError(str(path), f"{name} does not match the bundle manifest (changed or swapped)")
-            if component == META:
-                _check_bound(key, data, path)
         allowed_archs = set(archs) if archs is not None else None
         store = EntryStore(root, KERNELS, COMPONENTS, bind_key=True)
-        # Pass 2: publish each entry whole (its bytes checked again as they are written).
-        for key in sorted(entries):
-            entry = entries[key]
-            if allowed_archs is not None and entry["arch"] not in allowed_archs:
-                report.filtered_out += 1
-                continue
-            files = {component: _read_member(tar, members, f"{KERNELS}/{key}/{component}", MAX_ENTRY_FILE_BYTES, path)
-                     for component in entry["files"]}
-            for component, data in files.items():
-                size, digest = entry["files"][component]
-                if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-                    raise BundleError(str(path), f"{KERNELS}/{key}/{component} changed while it was imported")
-            outcome = _publish(store, key, files, path)
-            if outcome is PublishOutcome.PUBLISHED:
-                report.imported += 1
-                report.bytes += sum(len(d) for d in files.values())
-            else:
-                report.already_present += 1
+        with store.publish_batch() as batch:
+            fates = _verify_and_stage_all(reader, entries, _EntryImport(store, batch, allowed_archs, path))
+            # Every entry of the bundle is verified and every wanted one staged: only now is any visible.
+            outcomes = batch.publish()
+    report.filtered_out = sum(fate is _Fate.FILTERED_OUT for fate in fates.values())
+    report.already_present = sum(fate is _Fate.ALREADY_PRESENT for fate in fates.values())
+    for key, outcome in outcomes.items():
+        if outcome is PublishOutcome.PUBLISHED:
+            report.imported += 1
+            report.bytes += sum(size for size, _digest in entries[key]["files"].values())
+        else:  # another importer published it meanwhile
+            report.already_present += 1
     report.seconds = time.perf_counter() - started
     return report
 
@@ -267,17 +258,146 @@ def _check_bound(key: str, meta: bytes, path: Path) -> None:
         raise BundleError(str(path), corrupt.reason) from None
 
 
-def _publish(store: EntryStore, key: str, files: dict[str, bytes], path: Path) -> PublishOutcome:
-    _check_bound(key, files[META], path)  # again: the bytes read now are the ones published
-    if store.entry_path(key).is_dir():
-        return PublishOutcome.LOST_RACE
-    return store.publish_files(key, files)
+class _Fate(Enum):
+    STAGED = "staged"
+    FILTERED_OUT = "filtered_out"  # built for an arch not asked for
+    ALREADY_PRESENT = "already_present"
+
+
+@dataclass(frozen=True)
+class _EntryImport:
+    """What a worker needs to verify one entry's bytes and stage it."""
+
+    store: EntryStore
+    batch: PublishBatch
+    allowed_archs: set[str] | None
+    path: Path
+
+    def verify_and_stage(self, key: str, entry: dict[str, Any], files: dict[str, bytes]) -> _Fate:
+        """Every file of `key` against the signed bundle manifest and its meta.json naming `key`
+        (filtered and present entries too: a bundle is refused whole), then staged where wanted."""
+        digests = {component: hashlib.sha256(data).hexdigest() for component, data in files.items()}
+        for component, data in files.items():
+            size, digest = entry["files"][component]
+            if len(data) != size or digests[component] != digest:
+                raise BundleError(str(self.path), f"{KERNELS}/{key}/{component} does not match the bundle manifest "
+                                  "(changed or swapped)")
+        _check_bound(key, files[META], self.path)
+        if self.allowed_archs is not None and entry["arch"] not in self.allowed_archs:
+            return _Fate.FILTERED_OUT
+        if self.store.entry_path(key).is_dir():
+            return _Fate.ALREADY_PRESENT
+        self.batch.stage(key, files, digests)
+        return _Fate.STAGED
+
+
+def _verify_and_stage_all(reader: _BundleReader, entries: dict[str, Any], job: _EntryImport) -> dict[str, _Fate]:
+    """Read the entries' files in archive order, once, in this thread (tarfile is not thread-safe),
+    and verify and stage each entry in a worker as soon as its last file is read: hashing, writing
+    and reading back release the GIL. At most IN_FLIGHT_PER_WORKER entries per worker wait or run,
+    and an entry's files must lie together, so memory stays bounded whatever the bundle's size. The
+    first failure stops the reading and is raised once every worker has stopped."""
+    path = job.path
+    expected = {f"{KERNELS}/{key}/{component}": (key, component)
+                for key, entry in entries.items() for component in entry["files"]}
+    workers = min(MAX_IMPORT_WORKERS, os.cpu_count() or 1)
+    fates: dict[str, _Fate] = {}
+    in_flight: deque[tuple[str, Future[_Fate]]] = deque()
+    collecting: str | None = None  # the entry whose files are being read
+    files: dict[str, bytes] = {}
+    with ThreadPoolExecutor(workers, thread_name_prefix="kcache-import") as pool:
+        try:
+            for member in reader:
+                if member.name not in expected:
+                    raise BundleError(str(path), f"it holds a member its manifest does not list: {member.name!r}")
+                key, component = expected[member.name]
+                if collecting not in (None, key):
+                    raise BundleError(str(path), f"{member.name} comes before every file of {KERNELS}/{collecting} "
+                                      "was read: a bundle holds each entry's files together")
+                collecting = key
+                files[component] = reader.read(member, MAX_ENTRY_FILE_BYTES)
+                if len(files) < len(entries[key]["files"]):
+                    continue
+                in_flight.append((key, pool.submit(job.verify_and_stage, key, entries[key], files)))
+                collecting, files = None, {}
+                while len(in_flight) >= workers * IN_FLIGHT_PER_WORKER:
+                    done_key, future = in_flight.popleft()
+                    fates[done_key] = future.result()
+            missing = sorted(set(expected) - reader.seen)
+            if missing:
+                raise BundleError(str(path), f"{len(missing)} file(s) its manifest lists are missing, e.g. {missing[0]!r}")
+            while in_flight:
+                done_key, future = in_flight.popleft()
+                fates[done_key] = future.result()
+        except BaseException:
+            for _key, future in in_flight:
+                future.cancel()  # those not started; the pool's exit waits for those running
+            raise
+    return fates
+
+
+class _BundleReader:
+    """A bundle's members in archive order, each checked as it is reached: a regular file with a
+    plain relative name, seen once. A link, a device, an absolute or `..` name or a duplicate refuses
+    the bundle. tarfile parses the headers, in one thread; a member's bytes are read with one pread
+    at the offset it found (a member is contiguous: sparse members are refused)."""
+
+    def __init__(self, tar: tarfile.TarFile, fd: int, path: Path) -> None:
+        self._members = iter(tar)
+        self._fd = fd
+        self._path = path
+        self._put_back: tarfile.TarInfo | None = None
+        self.seen: set[str] = set()
+
+    def __iter__(self) -> Iterator[tarfile.TarInfo]:
+        return self
+
+    def __next__(self) -> tarfile.TarInfo:
+        if self._put_back is not None:
+            member, self._put_back = self._put_back, None
+            return member
+        member = next(self._members)
+        name = member.name
+        parts = name.split("/")
+        if name.startswith("/") or ".." in parts or "" in parts or "." in parts:
+            raise BundleError(str(self._path), f"member {name!r} is not a plain relative path")
+        if not member.isreg() or member.issparse():
+            raise BundleError(str(self._path), f"member {name!r} is not a regular file (a link or a device)")
+        if name in self.seen:
+            raise BundleError(str(self._path), f"member {name!r} appears twice")
+        self.seen.add(name)
+        return member
+
+    def read_manifest(self) -> bytes:
+        """The bundle manifest: the first member, always."""
+        first = next(self, None)
+        if first is None or first.name != MANIFEST_MEMBER:
+            raise BundleError(str(self._path), f"its first member is not {MANIFEST_MEMBER}: not a kcache bundle")
+        return self.read(first, MAX_MANIFEST_BYTES)
+
+    def read_signature(self) -> bytes | None:
+        """The signature, the member right after the manifest where the bundle is signed."""
+        second = next(self, None)
+        if second is not None and second.name == SIGNATURE_MEMBER:
+            return self.read(second, MAX_SIGNATURE_BYTES)
+        self._put_back = second
+        return None
+
+    def read(self, member: tarfile.TarInfo, cap: int) -> bytes:
+        name = member.name
+        if member.size > cap:
+            raise BundleError(str(self._path), f"{name} is {member.size} bytes, more than a bundle's "
+                              f"{name.rsplit('/', 1)[-1]} may be")
+        data = os.pread(self._fd, member.size, member.offset_data)
+        if len(data) != member.size:
+            raise BundleError(str(self._path), f"{name} is cut short: the archive is truncated")
+        return data
 
 
 @contextmanager
-def _open_bundle(path: Path) -> Iterator[tuple[tarfile.TarFile, dict[str, tarfile.TarInfo]]]:
-    """The bundle's tar and its members by name, each checked: a regular file with a plain relative
-    name, listed once. A link, a device, an absolute or `..` name or a duplicate refuses the bundle."""
+def _open_bundle(path: Path) -> Iterator[_BundleReader]:
+    """The bundle's members, read as they come (`_BundleReader`); a file that is not a whole tar
+    archive is a BundleError."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
@@ -287,33 +407,9 @@ def _open_bundle(path: Path) -> Iterator[tuple[tarfile.TarFile, dict[str, tarfil
             raise BundleError(str(path), "not a regular file")
         try:
             with tarfile.open(fileobj=raw, mode="r:") as tar:
-                members: dict[str, tarfile.TarInfo] = {}
-                for member in tar.getmembers():
-                    name = member.name
-                    parts = name.split("/")
-                    if name.startswith("/") or ".." in parts or "" in parts or "." in parts:
-                        raise BundleError(str(path), f"member {name!r} is not a plain relative path")
-                    if not member.isreg():
-                        raise BundleError(str(path), f"member {name!r} is not a regular file (a link or a device)")
-                    if name in members:
-                        raise BundleError(str(path), f"member {name!r} appears twice")
-                    members[name] = member
-                if MANIFEST_MEMBER not in members:
-                    raise BundleError(str(path), f"no {MANIFEST_MEMBER}: not a kcache bundle")
-                yield tar, members
+                yield _BundleReader(tar, raw.fileno(), path)
         except (tarfile.TarError, EOFError) as err:
             raise BundleError(str(path), f"not a whole tar archive (truncated?): {err}") from err
-
-
-def _read_member(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name: str, cap: int, path: Path) -> bytes:
-    member = members[name]
-    if member.size > cap:
-        raise BundleError(str(path), f"{name} is {member.size} bytes, more than a bundle's {name.rsplit('/', 1)[-1]} may be")
-    source: IO[bytes] | None = tar.extractfile(member)
-    data = source.read() if source is not None else b""
-    if len(data) != member.size:
-        raise BundleError(str(path), f"{name} is cut short: the archive is truncated")
-    return data
 
 
 def _parse_manifest(data: bytes, path: Path) -> dict[str, Any]:
@@ -377,8 +473,8 @@ def bundle_keys(bundle: str | os.PathLike[str]) -> dict[str, str]:
     """The keys a bundle holds, with their archs, from its manifest (checked in form, not in content:
     `import_bundle` verifies the rest)."""
     path = Path(bundle)
-    with _open_bundle(path) as (tar, members):
-        manifest = _parse_manifest(_read_member(tar, members, MANIFEST_MEMBER, MAX_MANIFEST_BYTES, path), path)
+    with _open_bundle(path) as reader:
+        manifest = _parse_manifest(reader.read_manifest(), path)
     return {key: entry["arch"] for key, entry in manifest["entries"].items()}
 
 
