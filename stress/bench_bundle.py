@@ -4,8 +4,9 @@ the disk's limit), beside a plain copy of the same bytes as the disk's reference
 Entries come from stress's synthetic compiler at `--entry-kb` each (a TileLang GEMM's entry is a few
 hundred KB); `--entries` of them are exported signed, then imported into an empty root on the same
 filesystem (verify everything, then publish each with staging and rename), timed from the call to
-its return. The reference copies the bundle file once (`shutil.copyfile` and fsync: what the disk
-does for the same bytes). Prints one line "result {json}".
+its return. Two references: the bundle file copied once (`shutil.copyfile` and fsync: what the disk
+does for the same bytes in one file), and the bundle extracted by GNU tar, then synced (`tar -xf`
+and `sync -f`: what the disk does for the same files, unverified). Prints one line "result {json}".
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,12 +54,20 @@ def main(argv: list[str] | None = None) -> int:
         with open(work / "copy.kcb", "rb") as copy:
             os.fsync(copy.fileno())
         copy_s = time.perf_counter() - started
+        extracted = work / "extracted"
+        extracted.mkdir()
+        started = time.perf_counter()
+        subprocess.run(["tar", "-xf", str(bundle), "-C", str(extracted)], check=True)
+        subprocess.run(["sync", "-f", str(extracted)], check=True)
+        tar_s = time.perf_counter() - started
         imported = import_bundle(bundle, root=work / "b", secret="bench", toolchain=None)
         gb = imported.bytes / 1e9
         print("result " + json.dumps({
             "entries": imported.imported, "bytes": imported.bytes, "bundle_bytes": bundle.stat().st_size,
             "export_s": round(export_s, 3), "import_s": round(imported.seconds, 3),
-            "import_gb_per_s": round(gb / imported.seconds, 3), "copy_s": round(copy_s, 3),
+            "import_gb_per_s": round(gb / imported.seconds, 3), "stage_s": round(imported.stage_seconds, 3),
+            "publish_s": round(imported.publish_seconds, 3), "copy_s": round(copy_s, 3),
+            "tar_extract_sync_s": round(tar_s, 3), "tar_gb_per_s": round(gb / tar_s, 3),
             "copy_gb_per_s": round(bundle.stat().st_size / 1e9 / copy_s, 3), "exported": exported.entries,
         }), flush=True)
     finally:
