@@ -21,6 +21,7 @@ import pytest
 import kcache
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore
+from kcache.tools import bundle as bundle_module
 from kcache.tools.bundle import (
     MANIFEST_MEMBER,
     SIGNATURE_MEMBER,
@@ -52,6 +53,22 @@ def staging_left(root: Path) -> list[str]:
     return os.listdir(staging) if staging.exists() else []
 
 
+@pytest.fixture(params=["threads", "processes"])
+def staging(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """How the import stages: in threads (what a small bundle gets), or in two stager processes (what
+    a large one gets; kcache/tools/bundle_stager.py). The list records each process staging made."""
+    made: list[object] = [request.param]
+    if request.param == "processes":
+        class Counted(bundle_module.ProcessStaging):
+            def __init__(self, *args: object) -> None:
+                super().__init__(*args)
+                made.append(self)
+
+        monkeypatch.setattr(bundle_module, "stager_count", lambda entries, size: 2)
+        monkeypatch.setattr(bundle_module, "ProcessStaging", Counted)
+    return made
+
+
 @pytest.fixture
 def bundle(tmp_path: Path) -> tuple[Path, list[str]]:
     keys = filled_root(tmp_path / "a")
@@ -61,9 +78,10 @@ def bundle(tmp_path: Path) -> tuple[Path, list[str]]:
     return path, keys
 
 
-def test_a_bundle_imports_whole_and_serves_hits_without_compiling(tmp_path: Path, bundle) -> None:
+def test_a_bundle_imports_whole_and_serves_hits_without_compiling(tmp_path: Path, bundle, staging) -> None:
     path, keys = bundle
     report = import_bundle(path, root=tmp_path / "b", toolchain=None, secret=SECRET)
+    assert len(staging) == (2 if staging[0] == "processes" else 1)  # the stager processes were used
     assert (report.imported, report.already_present) == (len(keys), 0)
     assert visible(tmp_path / "b") == keys
     for key in keys:
@@ -171,7 +189,7 @@ def interleaved_entries(keys):
 
 @pytest.mark.parametrize("tamper", [flip_a_byte, swap_two_entries, dot_dot_member, symlink_member, interleaved_entries],
                          ids=["flipped byte", "swapped entries", "dot-dot path", "symlink member", "interleaved"])
-def test_a_tampered_bundle_is_refused_and_nothing_of_it_is_visible(tmp_path: Path, bundle, tamper) -> None:
+def test_a_tampered_bundle_is_refused_and_nothing_of_it_is_visible(tmp_path: Path, bundle, tamper, staging) -> None:
     path, keys = bundle
     edit, says = tamper(keys)
     tampered = tmp_path / "tampered.kcb"
@@ -185,7 +203,27 @@ def test_a_tampered_bundle_is_refused_and_nothing_of_it_is_visible(tmp_path: Pat
     assert not (tmp_path / "escaped").exists()
 
 
-def test_a_truncated_a_missigned_and_an_unsigned_bundle_are_refused(tmp_path: Path, bundle) -> None:
+def test_a_stager_process_that_dies_refuses_the_import_and_leaves_nothing(tmp_path: Path, bundle,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _keys = bundle
+    killed: list[int] = []
+
+    class OneKilled(bundle_module.ProcessStaging):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)
+            victim = self._stagers[0][0]
+            victim.kill()  # a real SIGKILL, before it stages anything
+            killed.append(victim.wait())
+
+    monkeypatch.setattr(bundle_module, "stager_count", lambda entries, size: 2)
+    monkeypatch.setattr(bundle_module, "ProcessStaging", OneKilled)
+    with pytest.raises(BundleError, match=r"a staging process exited with status -9"):
+        import_bundle(path, root=tmp_path / "b", toolchain=None, secret=SECRET)
+    assert killed == [-9]
+    assert visible(tmp_path / "b") == [] and staging_left(tmp_path / "b") == []  # the other's were discarded
+
+
+def test_a_truncated_a_missigned_and_an_unsigned_bundle_are_refused(tmp_path: Path, bundle, staging) -> None:
     path, _keys = bundle
     cut = tmp_path / "cut.kcb"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -201,7 +239,7 @@ def test_a_truncated_a_missigned_and_an_unsigned_bundle_are_refused(tmp_path: Pa
         with pytest.raises(BundleError) as refused:
             import_bundle(bundle_path, root=tmp_path / "b", toolchain=None, **options)
         assert says in str(refused.value), (bundle_path.name, options, str(refused.value))
-        assert visible(tmp_path / "b") == []
+        assert visible(tmp_path / "b") == [] and staging_left(tmp_path / "b") == []
     assert import_bundle(unsigned, root=tmp_path / "b", toolchain=None, secret=None,
                          allow_unsigned=True).imported == len(NAMES)
 

@@ -388,6 +388,27 @@ class PublishBatch:
             store._fsync_entries_dir(self._entries_fd, f"{len(outcomes)} entries")
         return outcomes
 
+    def release(self, key: str) -> str:
+        """Hand `key`'s staged entry over to another process's batch (`adopt`): this batch neither
+        publishes nor removes it any more. Its staging directory's name."""
+        with self._lock:
+            return self._staged.pop(key)
+
+    def adopt(self, key: str, name: str) -> None:
+        """Take into this batch an entry another process staged and verified under `name` in the
+        same root's `.staging` (its batch `release`d it): published or discarded with the others. The
+        name must be a staging directory's name for `key`; the rename is by this batch's held
+        `.staging` descriptor, so a `.staging` swapped under the other process only fails it."""
+        parsed = layout.StagingName.parse(name)
+        if parsed is None or parsed.key != layout.staging_key(key):
+            raise ValueError(f"{name!r} is no staging directory of {key[:16]}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this batch was published or discarded: it adopts nothing more")
+            if key in self._staged:
+                raise ValueError(f"{key} is staged twice in one batch")
+            self._staged[key] = name
+
     def discard(self) -> None:
         """Remove every staging directory the batch still holds; no more stage() after it. Failures
         are logged, never raised: a rollback must not hide the error that led to it."""

@@ -39,16 +39,17 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from kcache.config import default_root
-from kcache.errors import CorruptEntry, KCacheError
+from kcache.errors import CorruptEntry
 from kcache.store.components import COMPONENTS, KERNELS, META
-from kcache.store.entries import EntryStore, PublishBatch, PublishOutcome, check_bound_key
+from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.layout import is_key
 from kcache.store.manifest import MANIFEST_NAME
+from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport, read_exactly
+from kcache.tools.bundle_stager import ProcessStaging, stager_count
 
 log = logging.getLogger("kcache")
 
@@ -67,16 +68,6 @@ MAX_ENTRY_FILE_BYTES = 1 << 30
 # file, and the allocator for each file's bytes) more than they overlap.
 MAX_IMPORT_WORKERS = 4
 IN_FLIGHT_PER_WORKER = 2
-
-
-class BundleError(KCacheError, ValueError):
-    """A bundle that cannot be written or is refused; `path` and `reason` say which and why."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        self._init_args = (path, reason)
-        super().__init__(f"bundle {path}: {reason}")
 
 
 @dataclass
@@ -242,13 +233,13 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         store = EntryStore(root, KERNELS, COMPONENTS, bind_key=True)
         with store.publish_batch() as batch:
             staging_started = time.perf_counter()
-            fates = _verify_and_stage_all(reader, entries, _EntryImport(store, batch, allowed_archs, path))
+            fates = _verify_and_stage_all(reader, entries, EntryImport(store, batch, allowed_archs, path))
             report.stage_seconds = time.perf_counter() - staging_started
             # Every entry of the bundle is verified and every wanted one staged: only now is any visible.
             outcomes = batch.publish()
             report.publish_seconds = time.perf_counter() - staging_started - report.stage_seconds
-    report.filtered_out = sum(fate is _Fate.FILTERED_OUT for fate in fates.values())
-    report.already_present = sum(fate is _Fate.ALREADY_PRESENT for fate in fates.values())
+    report.filtered_out = sum(fate is EntryFate.FILTERED_OUT for fate in fates.values())
+    report.already_present = sum(fate is EntryFate.ALREADY_PRESENT for fate in fates.values())
     for key, outcome in outcomes.items():
         if outcome is PublishOutcome.PUBLISHED:
             report.imported += 1
@@ -259,89 +250,78 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     return report
 
 
-def _check_bound(key: str, meta: bytes, path: Path) -> None:
-    try:
-        check_bound_key(f"{path}: {KERNELS}/{key}", {META: meta}, key)
-    except CorruptEntry as corrupt:
-        raise BundleError(str(path), corrupt.reason) from None
-
-
-class _Fate(Enum):
-    STAGED = "staged"
-    FILTERED_OUT = "filtered_out"  # built for an arch not asked for
-    ALREADY_PRESENT = "already_present"
-
-
-@dataclass(frozen=True)
-class _EntryImport:
-    """What a worker needs to verify one entry's bytes and stage it."""
-
-    store: EntryStore
-    batch: PublishBatch
-    allowed_archs: set[str] | None
-    path: Path
-
-    def verify_and_stage(self, key: str, entry: dict[str, Any], files: dict[str, bytes]) -> _Fate:
-        """Every file of `key` against the signed bundle manifest and its meta.json naming `key`
-        (filtered and present entries too: a bundle is refused whole), then staged where wanted."""
-        digests = {component: hashlib.sha256(data).hexdigest() for component, data in files.items()}
-        for component, data in files.items():
-            size, digest = entry["files"][component]
-            if len(data) != size or digests[component] != digest:
-                raise BundleError(str(self.path), f"{KERNELS}/{key}/{component} does not match the bundle manifest "
-                                  "(changed or swapped)")
-        _check_bound(key, files[META], self.path)
-        if self.allowed_archs is not None and entry["arch"] not in self.allowed_archs:
-            return _Fate.FILTERED_OUT
-        if self.store.entry_path(key).is_dir():
-            return _Fate.ALREADY_PRESENT
-        self.batch.stage(key, files, digests)
-        return _Fate.STAGED
-
-
-def _verify_and_stage_all(reader: _BundleReader, entries: dict[str, Any], job: _EntryImport) -> dict[str, _Fate]:
-    """Read the entries' files in archive order, once, in this thread (tarfile is not thread-safe),
-    and verify and stage each entry in a worker as soon as its last file is read: hashing, writing
-    and reading back release the GIL. At most IN_FLIGHT_PER_WORKER entries per worker wait or run,
-    and an entry's files must lie together, so memory stays bounded whatever the bundle's size. The
-    first failure stops the reading and is raised once every worker has stopped."""
+def _verify_and_stage_all(reader: _BundleReader, entries: dict[str, Any], job: EntryImport) -> dict[str, EntryFate]:
+    """Read the archive's members in order, once, in this thread (tarfile is not thread-safe), and
+    have each entry verified and staged as soon as its last member is reached: in stager processes
+    for a large bundle (kcache.tools.bundle_stager), else in threads (`_ThreadStaging`). An entry's
+    files must lie together, so memory stays bounded whatever the bundle's size. The first failure
+    stops the reading and is raised once every worker has stopped."""
     path = job.path
     expected = {f"{KERNELS}/{key}/{component}": (key, component)
                 for key, entry in entries.items() for component in entry["files"]}
-    workers = min(MAX_IMPORT_WORKERS, os.cpu_count() or 1)
-    fates: dict[str, _Fate] = {}
-    in_flight: deque[tuple[str, Future[_Fate]]] = deque()
-    collecting: str | None = None  # the entry whose files are being read
-    files: dict[str, bytes] = {}
-    with ThreadPoolExecutor(workers, thread_name_prefix="kcache-import") as pool:
-        try:
-            for member in reader:
-                if member.name not in expected:
-                    raise BundleError(str(path), f"it holds a member its manifest does not list: {member.name!r}")
-                key, component = expected[member.name]
-                if collecting not in (None, key):
-                    raise BundleError(str(path), f"{member.name} comes before every file of {KERNELS}/{collecting} "
-                                      "was read: a bundle holds each entry's files together")
-                collecting = key
-                files[component] = reader.read(member, MAX_ENTRY_FILE_BYTES)
-                if len(files) < len(entries[key]["files"]):
-                    continue
-                in_flight.append((key, pool.submit(job.verify_and_stage, key, entries[key], files)))
-                collecting, files = None, {}
-                while len(in_flight) >= workers * IN_FLIGHT_PER_WORKER:
-                    done_key, future = in_flight.popleft()
-                    fates[done_key] = future.result()
-            missing = sorted(set(expected) - reader.seen)
-            if missing:
-                raise BundleError(str(path), f"{len(missing)} file(s) its manifest lists are missing, e.g. {missing[0]!r}")
-            while in_flight:
-                done_key, future = in_flight.popleft()
-                fates[done_key] = future.result()
-        except BaseException:
-            for _key, future in in_flight:
-                future.cancel()  # those not started; the pool's exit waits for those running
-            raise
-    return fates
+    processes = stager_count(len(entries), sum(size for entry in entries.values()
+                                               for size, _digest in entry["files"].values()))
+    staging: ProcessStaging | _ThreadStaging = (ProcessStaging(job, processes) if processes
+                                                else _ThreadStaging(job, reader))
+    collecting: str | None = None  # the entry whose members are being reached
+    members: dict[str, tarfile.TarInfo] = {}
+    try:
+        for member in reader:
+            if member.name not in expected:
+                raise BundleError(str(path), f"it holds a member its manifest does not list: {member.name!r}")
+            key, component = expected[member.name]
+            if collecting not in (None, key):
+                raise BundleError(str(path), f"{member.name} comes before every file of {KERNELS}/{collecting} "
+                                  "was read: a bundle holds each entry's files together")
+            if member.size > MAX_ENTRY_FILE_BYTES:
+                raise BundleError(str(path), f"{member.name} is {member.size} bytes, more than a bundle's "
+                                  f"{component} may be")
+            collecting = key
+            members[component] = member
+            if len(members) == len(entries[key]["files"]):
+                staging.submit(key, entries[key], {name: (m.offset_data, m.size) for name, m in members.items()})
+                collecting, members = None, {}
+        missing = sorted(set(expected) - reader.seen)
+        if missing:
+            raise BundleError(str(path), f"{len(missing)} file(s) its manifest lists are missing, e.g. {missing[0]!r}")
+        return staging.finish()
+    except BaseException:
+        staging.abort()
+        raise
+
+
+class _ThreadStaging:
+    """Entries verified and staged in threads (hashing, writing and reading back release the GIL),
+    their bytes read here; at most IN_FLIGHT_PER_WORKER entries per worker wait or run."""
+
+    def __init__(self, job: EntryImport, reader: _BundleReader) -> None:
+        self._job = job
+        self._reader = reader
+        self._workers = min(MAX_IMPORT_WORKERS, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="kcache-import")
+        self._in_flight: deque[tuple[str, Future[EntryFate]]] = deque()
+        self._fates: dict[str, EntryFate] = {}
+
+    def submit(self, key: str, entry: dict[str, Any], offsets: dict[str, tuple[int, int]]) -> None:
+        files = {name: self._reader.read_at(name, offset, size, key) for name, (offset, size) in offsets.items()}
+        self._in_flight.append((key, self._pool.submit(self._job.verify_and_stage, key, entry, files)))
+        while len(self._in_flight) >= self._workers * IN_FLIGHT_PER_WORKER:
+            self._settle_oldest()
+
+    def finish(self) -> dict[str, EntryFate]:
+        while self._in_flight:
+            self._settle_oldest()
+        self._pool.shutdown()
+        return self._fates
+
+    def abort(self) -> None:
+        for _key, future in self._in_flight:
+            future.cancel()  # those not started; shutdown waits for those running
+        self._pool.shutdown()
+
+    def _settle_oldest(self) -> None:
+        done_key, future = self._in_flight.popleft()
+        self._fates[done_key] = future.result()
 
 
 class _BundleReader:
@@ -396,10 +376,10 @@ class _BundleReader:
         if member.size > cap:
             raise BundleError(str(self._path), f"{name} is {member.size} bytes, more than a bundle's "
                               f"{name.rsplit('/', 1)[-1]} may be")
-        data = os.pread(self._fd, member.size, member.offset_data)
-        if len(data) != member.size:
-            raise BundleError(str(self._path), f"{name} is cut short: the archive is truncated")
-        return data
+        return self.read_at(name, member.offset_data, member.size)
+
+    def read_at(self, name: str, offset: int, size: int, key: str | None = None) -> bytes:
+        return read_exactly(self._fd, offset, size, self._path, f"{KERNELS}/{key}/{name}" if key is not None else name)
 
 
 @contextmanager

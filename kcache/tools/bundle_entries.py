@@ -1,0 +1,78 @@
+"""One bundle entry's import: its bytes checked against the signed bundle manifest, then staged.
+
+Shared by the two ways an import stages (kcache.tools.bundle: threads, for small bundles;
+kcache.tools.bundle_stager: processes, for large ones), so both check exactly the same things.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from kcache.errors import CorruptEntry, KCacheError
+from kcache.store.components import KERNELS, META
+from kcache.store.entries import EntryStore, PublishBatch, check_bound_key
+
+
+class BundleError(KCacheError, ValueError):
+    """A bundle that cannot be written or is refused; `path` and `reason` say which and why."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        self._init_args = (path, reason)
+        super().__init__(f"bundle {path}: {reason}")
+
+
+def check_bound(key: str, meta: bytes, path: Path) -> None:
+    """BundleError unless the entry's meta.json names `key` (an entry moved under another key)."""
+    try:
+        check_bound_key(f"{path}: {KERNELS}/{key}", {META: meta}, key)
+    except CorruptEntry as corrupt:
+        raise BundleError(str(path), corrupt.reason) from None
+
+
+def read_exactly(fd: int, offset: int, size: int, path: Path, where: str) -> bytes:
+    """`size` bytes of the bundle at `offset`, with one pread (a member is contiguous); a short read
+    means the archive was cut."""
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise BundleError(str(path), f"{where} is cut short: the archive is truncated")
+    return data
+
+
+class EntryFate(Enum):
+    STAGED = "staged"
+    FILTERED_OUT = "filtered_out"  # built for an arch not asked for
+    ALREADY_PRESENT = "already_present"
+
+
+@dataclass(frozen=True)
+class EntryImport:
+    """What a worker needs to verify one entry's bytes and stage it."""
+
+    store: EntryStore
+    batch: PublishBatch
+    allowed_archs: set[str] | None
+    path: Path
+
+    def verify_and_stage(self, key: str, entry: dict[str, Any], files: dict[str, bytes]) -> EntryFate:
+        """Every file of `key` against the signed bundle manifest and its meta.json naming `key`
+        (filtered and present entries too: a bundle is refused whole), then staged where wanted."""
+        digests = {component: hashlib.sha256(data).hexdigest() for component, data in files.items()}
+        for component, data in files.items():
+            size, digest = entry["files"][component]
+            if len(data) != size or digests[component] != digest:
+                raise BundleError(str(self.path), f"{KERNELS}/{key}/{component} does not match the bundle manifest "
+                                  "(changed or swapped)")
+        check_bound(key, files[META], self.path)
+        if self.allowed_archs is not None and entry["arch"] not in self.allowed_archs:
+            return EntryFate.FILTERED_OUT
+        if self.store.entry_path(key).is_dir():
+            return EntryFate.ALREADY_PRESENT
+        self.batch.stage(key, files, digests)
+        return EntryFate.STAGED
