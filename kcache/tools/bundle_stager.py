@@ -67,7 +67,7 @@ class ProcessStaging:
         for _ in range(count):
             stderr = tempfile.TemporaryFile()  # a pipe nobody reads until the end could fill and block it
             process = subprocess.Popen([sys.executable, "-m", "kcache.tools.bundle_stager"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=stderr)
+                                       stdout=subprocess.PIPE, stderr=stderr, env=_stager_environment())
             assert process.stdin is not None
             process.stdin.write(header.encode() + b"\n")
             answers = threading.Thread(target=self._collect, args=(process,), daemon=True,
@@ -148,6 +148,14 @@ class ProcessStaging:
             first = self._errors[0] if self._errors else None
         if first is not None:
             raise BundleError(str(self._job.path), first)
+
+
+def _stager_environment() -> dict[str, str]:
+    """This environment, with this kcache first on the path: the importer may have found it through
+    a sys.path its program set, which a fresh interpreter would not have."""
+    here = str(Path(__file__).resolve().parent.parent.parent)
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else "")}
 
 
 # ---------------------------------------------------------------- the stager process
