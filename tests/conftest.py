@@ -36,7 +36,7 @@ def _session_runtime() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    stop_services(directory)
+    stop_services(directory, wait=False)
 
 
 @pytest.fixture
@@ -64,4 +64,4 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: a socket's path has 107 bytes
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
     yield directory
-    stop_services(directory)  # what the test left running
+    stop_services(directory, wait=False)  # what the test left running

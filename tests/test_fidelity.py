@@ -90,7 +90,7 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         runs.update({name: finish_driver(started) for name, started in again.items()})
         yield {"runs": runs, "arch": arch, "runtime": runtime}
     finally:
-        stop_services(runtime)
+        stop_services(runtime, wait=False)
 
 
 def test_the_server_mode_compiled_in_the_service(table: dict) -> None:
