@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from kcache.compile.pool import CompilePool, Job, JobResult
     from kcache.config import Settings, default_root
     from kcache.dropin import install, is_installed, uninstall
-    from kcache.tools.bundle import BundleError, export_bundle, import_bundle
+    from kcache.tools.bundle import export_bundle, import_bundle
+    from kcache.tools.bundle_entries import BundleError
     from kcache.tools.doctor import doctor
 
 __version__ = "0.1.0"
@@ -65,7 +66,7 @@ _PUBLIC = {
     "UnexpectedCompile": "kcache.cache.deployment",
     "export_bundle": "kcache.tools.bundle",
     "import_bundle": "kcache.tools.bundle",
-    "BundleError": "kcache.tools.bundle",
+    "BundleError": "kcache.tools.bundle_entries",
 }
 
 __all__ = [
