@@ -64,16 +64,22 @@ class ProcessStaging:
         self._waited = False
         header = json.dumps({"bundle": str(job.path), "root": str(job.store.root),
                              "archs": sorted(job.allowed_archs) if job.allowed_archs is not None else None})
-        for _ in range(count):
-            stderr = tempfile.TemporaryFile()  # a pipe nobody reads until the end could fill and block it
-            process = subprocess.Popen([sys.executable, "-m", "kcache.tools.bundle_stager"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=stderr, env=_stager_environment())
-            assert process.stdin is not None
-            process.stdin.write(header.encode() + b"\n")
-            answers = threading.Thread(target=self._collect, args=(process,), daemon=True,
-                                       name="kcache-import-answers")
-            answers.start()
-            self._stagers.append((process, stderr, answers))
+        try:
+            for _ in range(count):
+                self._start(header)
+        except OSError as err:  # no process could be started (a limit, a broken interpreter)
+            self.abort()
+            raise BundleError(str(job.path), f"cannot start a staging process: {err}") from err
+
+    def _start(self, header: str) -> None:
+        stderr = tempfile.TemporaryFile()  # a pipe nobody reads until the end could fill and block it
+        process = subprocess.Popen([sys.executable, "-m", "kcache.tools.bundle_stager"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=stderr, env=_stager_environment())
+        assert process.stdin is not None
+        answers = threading.Thread(target=self._collect, args=(process,), daemon=True, name="kcache-import-answers")
+        answers.start()
+        self._stagers.append((process, stderr, answers))
+        process.stdin.write(header.encode() + b"\n")
 
     def submit(self, key: str, entry: dict[str, Any], offsets: dict[str, tuple[int, int]]) -> None:
         """Send `key` (its files at these offsets and sizes in the bundle) to the next stager. A stager
