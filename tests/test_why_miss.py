@@ -94,6 +94,17 @@ def test_entries_keep_their_key_fields_and_misses_are_logged(stored_root: Path) 
     assert compiled and not compiled[0]["refused"] and compiled[0]["fields"] == fields
 
 
+@pytest.mark.tilelang
+def test_why_miss_of_a_key_stored_since_says_so(stored_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (key,) = kcache.KernelCache(stored_root).store.keys()
+    explained = why_miss(stored_root, key[:10], capsys=capsys)  # its compile logged it as a miss
+    assert explained["key"] == key and explained["stored"] and not explained["refused"]
+    assert explained["nearest"] is None and explained["candidates"] == 0
+    assert cli.main(["--dir", str(stored_root), "why-miss", key[:10]]) == 0
+    shown = capsys.readouterr().out
+    assert "stored in" in shown and "now: yes" in shown and "no other entry of kernel add_4096_256_float32" in shown
+
+
 def test_why_miss_explains_a_recorded_key_against_an_entry_stored_before_key_fields(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A key from another machine's KCACHE_RECORD file, against an entry whose meta.json predates key
@@ -132,3 +143,14 @@ def test_an_isolated_compile_keeps_the_key_fields_the_caller_derived_its_key_fro
     (key,) = cache.store.keys()
     meta = json.loads((tmp_path / "root" / "kernels" / key / "meta.json").read_text())
     assert meta["key_fields"] == {"kind": "synthetic", "name": "k0", "toolchain": synthetic.toolchain_fingerprint(tmp_path)}
+
+
+def test_a_key_prefix_that_matches_two_misses_asks_for_more_digits(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "root").mkdir()
+    for key in ("abcd" + "0" * 60, "abcd" + "1" * 60):
+        miss_explain.log_miss(tmp_path / "root", key, "main", {"out_idx": None})
+    assert len(miss_explain.logged_misses(tmp_path / "root")) == 2  # both lines were written
+    assert cli.main(["--dir", str(tmp_path / "root"), "why-miss", "abcd"]) == cli.EXIT_USER_ERROR
+    assert "'abcd' matches 2 keys" in capsys.readouterr().err
+    assert why_miss(tmp_path / "root", "abcd1", capsys=capsys)["key"] == "abcd" + "1" * 60

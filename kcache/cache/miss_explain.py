@@ -106,8 +106,8 @@ class MissExplanation:
     def headline(self) -> str:
         """What the nearest entry is and how many fields differ (the differences follow it)."""
         if self.nearest is None:
-            return (f"no entry of kernel {self.kernel} is stored in {self.root}: it was never compiled, imported "
-                    "or fetched here")
+            return (f"no other entry of kernel {self.kernel} is stored in {self.root} to compare with: none was "
+                    "compiled, imported or fetched here under another key")
         count = len(self.differences)
         also = f" (of {self.candidates} stored entries of {self.kernel})" if self.candidates > 1 else ""
         partial = (" (stored before kcache kept key fields, so compared on target, backend and toolchain only)"
