@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-# What a machine with no GPU compiles for: Hopper, whose GEMMs need the arch-specific sm_90a.
-NO_GPU_TARGET = {"kind": "cuda", "arch": "sm_90a"}
+from .kernels import CPU_TARGET as NO_GPU_TARGET  # what a machine with no GPU compiles for (sm_90a)
 
 
 def gpu_missing() -> str | None:

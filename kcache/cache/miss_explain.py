@@ -137,7 +137,8 @@ class MissExplanation:
 def stored_metas(root: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(key, meta.json) of every kernel entry whose meta.json reads and parses, trust-checked."""
     try:
-        names = sorted(os.listdir(Path(root) / KERNELS))
+        with dirfd.subdir(Path(root), KERNELS) as kernels_fd:  # by descriptor: a linked `kernels` is refused
+            names = sorted(os.listdir(kernels_fd)) if kernels_fd is not None else []
     except OSError:
         return
     for key in names:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -11,6 +12,7 @@ import shutil
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from kcache.store import sharing
 
@@ -62,7 +64,17 @@ def write_new_at(dir_fd: int | None, name: str | Path, data: bytes, mode: int = 
 
 
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing the dirty pages back, do not wait
-_sync_file_range: list = []  # libc's sync_file_range, looked up once (None: there is none)
+
+
+@functools.cache
+def _libc_function(name: str) -> Any:
+    """libc's function `name` (errno kept), or None where this libc has none; looked up once."""
+    import ctypes  # here: a batch needs it, a cache hit does not
+
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):  # not Linux, or a libc without it
+        return None
 
 
 def start_writeback(fd: int) -> None:
@@ -70,18 +82,11 @@ def start_writeback(fd: int) -> None:
     dirty pages now (a machine with much memory would otherwise keep them dirty until the batch's
     sync, and the disk would sit idle meanwhile). Best effort: no durability is promised by it, and
     a failure or a libc without it changes nothing but the timing."""
-    if not _sync_file_range:
-        import ctypes  # here: a batch needs it, a cache hit does not
+    import ctypes
 
-        try:
-            function = ctypes.CDLL(None, use_errno=True).sync_file_range
-            function.argtypes = (ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint)
-        except (OSError, AttributeError):
-            function = None
-        _sync_file_range.append(function)
-    function = _sync_file_range[0]
+    function = _libc_function("sync_file_range")
     if function is not None:
-        function(fd, 0, 0, SYNC_FILE_RANGE_WRITE)
+        function(fd, ctypes.c_longlong(0), ctypes.c_longlong(0), ctypes.c_uint(SYNC_FILE_RANGE_WRITE))
 
 
 def sync_filesystem(fd: int) -> bool:
@@ -89,11 +94,10 @@ def sync_filesystem(fd: int) -> bool:
     journal committed, the disk's cache flushed), in one call rather than an fsync per file. False
     where this libc or kernel has no syncfs: the caller then fsyncs what it wrote, file by file.
     Raises OSError when the write-back failed (Linux reports it since 5.8)."""
-    import ctypes  # here: a batch publish needs it, a cache hit does not
+    import ctypes
 
-    try:
-        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):  # not Linux, or a libc without it
+    syncfs = _libc_function("syncfs")
+    if syncfs is None:
         return False
     if syncfs(fd) == 0:
         return True
