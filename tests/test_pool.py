@@ -326,3 +326,23 @@ def test_a_failure_in_the_pools_own_thread_reaches_the_caller(monkeypatch: pytes
         with pytest.raises(kcache.CompilePoolError, match="a bug in the pool's thread"):
             pool.submit(pool_jobs.double, 1).result(timeout=60)
         assert pool.submit(pool_jobs.double, 2).result(timeout=120) == 4
+
+
+def test_aborting_a_job_that_just_finished_never_kills_the_next_job_on_its_worker() -> None:
+    """The service aborts a gone client's running job (`CompilePool.abort`). A job that finished at
+    that moment shares its worker with the next job; the abort must not kill that one. The abort is
+    made from the finished future's callback: its pool thread has set the result and not yet taken
+    the next job, the window a disconnect hit in a stress run (CompilerCrashed by SIGKILL)."""
+    with CompilePool(1, preload=()) as pool:
+        pool.warm()
+        worker = pool.worker_pids()[0]
+        first = pool.submit(pool_jobs.double, 1)
+        aborts: list[bool] = []
+        first.add_done_callback(lambda finished: aborts.append(pool.abort(finished, "its client went away")))
+        second = pool.submit(pool_jobs.double, 2)
+        assert first.result(timeout=60) == 2
+        assert second.result(timeout=60) == 4
+        # The abort found the job still on its worker and killed it: the fault fired, and the
+        # second job ran on a replacement.
+        assert aborts == [True]
+        assert worker not in pool.worker_pids()

@@ -156,14 +156,17 @@ class CompilePool(JobRunner):
         then raises CompileAborted). Returns whether it was stopped."""
         if future.cancel():
             return True
+        # Under the lock that guards `slot.pending`: a slot whose job just finished may already run
+        # another client's job on the same worker, and that one must not be killed. A kill that
+        # lands after the job's reply was read leaves a dead worker, so `_drive` discards the
+        # worker of every aborted job (see there).
         with self._lock:
-            running = [slot for slot in self._slots if slot.pending is not None and slot.pending.future is future]
-        for slot in running:
-            pending, worker = slot.pending, slot.worker
-            if pending is not None and worker is not None:
-                pending.aborted = why
-                worker.kill_process()
-                return True
+            for slot in self._slots:
+                pending, worker = slot.pending, slot.worker
+                if pending is not None and pending.future is future and worker is not None:
+                    pending.aborted = why
+                    worker.kill_process()
+                    return True
         return False
 
     def worker_pids(self) -> list[int]:
@@ -249,8 +252,13 @@ class CompilePool(JobRunner):
                     except CompilePoolError as err:
                         pending.future.set_exception(err)
                         continue
-                slot.busy, slot.pending = True, pending
+                with self._lock:
+                    slot.busy, slot.pending = True, pending
                 self._run_one(slot, pending)
+                if pending.aborted is not None and slot.worker is not None:
+                    # abort() killed it, or is about to, after its reply came: never hand it a job.
+                    slot.worker.kill()
+                    slot.worker = None
                 if slot.worker is None and not self.closed:
                     # Replace a dead worker now, not when the next job is already waiting.
                     slot.ready.clear()
@@ -268,8 +276,8 @@ class CompilePool(JobRunner):
                     slot.worker = None
                 slot.ready.set()
             finally:
-                slot.busy, slot.pending = False, None
                 with self._lock:
+                    slot.busy, slot.pending = False, None
                     self._outstanding -= 1
         if slot.worker is not None:
             slot.worker.close()
