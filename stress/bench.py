@@ -244,14 +244,15 @@ def bench_many(procs: int, configs: int, env: dict[str, str]) -> list[dict[str, 
 
 
 def bench_disk_hit(work: Path, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
-    samples: dict[str, list[float]] = {}
+    samples: dict[str, list[float]] = {backend: [] for backend in BACKENDS}
     opens: list[float] = []
     for backend in BACKENDS:
-        root = work / f"disk-{backend}"
-        run_workers(backend, root, 1, 1, env)  # populate
-        samples[backend] = []
-        for _ in range(repeats):
-            _, results = run_workers(backend, root, 1, 1, env)
+        run_workers(backend, work / f"disk-{backend}", 1, 1, env)  # populate
+    # The backends take turns, one fresh process each: a drift of the machine over the run (page
+    # cache, clocks, other tenants) then weighs on both sides alike instead of on one.
+    for _ in range(repeats):
+        for backend in BACKENDS:
+            _, results = run_workers(backend, work / f"disk-{backend}", 1, 1, env)
             samples[backend] += get_seconds(results)
             if backend == "kcache":
                 opens += [r.result["open_s"] * 1e3 for r in results]
