@@ -101,7 +101,8 @@ class Settings:
     max_size_bytes: int | None = DEFAULT_MAX_SIZE
     # Entries unused for longer than this are evicted (None: no age limit).
     max_age_s: float | None = None
-    # The remote tier: redis://host:port/db (None: none).
+    # The remote tiers, nearest first, comma-separated: redis://host:port/db, s3://bucket/prefix
+    # (None: none). See remote_urls.
     remote_url: str | None = None
     # Signs remote entries with an HMAC; unsigned or mis-signed ones are refused.
     remote_secret: str | None = field(default=None, repr=False)
@@ -147,7 +148,25 @@ class Settings:
         sharing.configured_umask()
         sharing.configured_group()
         jit_guard_setting()  # read at each compile, where a bad value would first show
+        remote_urls(self.remote_url)  # used at the first miss, where a typo would only warn
         return self
+
+
+REMOTE_SCHEMES = ("redis", "rediss", "unix", "s3")
+
+
+def remote_urls(value: str | None) -> list[str]:
+    """The remote tiers of KCACHE_REMOTE, nearest first: "redis://h:6379/0,s3://bucket/prefix" is Redis,
+    then S3. ValueError naming the entry for an unknown scheme or an empty entry."""
+    if not value:
+        return []
+    urls = [part.strip() for part in value.split(",")]
+    for url in urls:
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        if scheme not in REMOTE_SCHEMES:
+            raise ValueError(f"KCACHE_REMOTE={value!r}: {url!r} is not a remote tier's URL; use redis://HOST:PORT/DB "
+                             "or s3://BUCKET/PREFIX, nearest first, separated by commas")
+    return urls
 
 
 def jit_guard_setting() -> str:

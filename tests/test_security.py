@@ -272,7 +272,7 @@ def remote_keys(url: str, secret: str | None = None) -> dict[str, str]:
     """kernel name -> its Redis key, from the values' meta.json."""
     import redis
 
-    from kcache.tiers.remote import unpack
+    from kcache.tiers.redis_tier import unpack
 
     client = redis.Redis.from_url(url)
     found = {}
@@ -306,7 +306,7 @@ def test_malformed_remote_values_are_refused_with_a_warning_never_raised(tmp_pat
                                                                          caplog) -> None:
     import redis
 
-    from kcache.tiers.remote import pack
+    from kcache.tiers.redis_tier import pack
 
     first = node(tmp_path / "a", redis_url)
     get(first, "k0")

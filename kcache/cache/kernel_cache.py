@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
-from kcache.config import Settings
+from kcache.config import Settings, remote_urls
 from kcache.errors import KCacheError, UnwritableCache
 from kcache.keys import ENTRY_FORMAT, canonical_json
 from kcache.maintenance.gc import GcReport, collect_garbage, gc_is_due
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from kcache.cache.compiling import CompileStep
     from kcache.cache.single_flight import SingleFlight
     from kcache.compile.pool import CompilePool
-    from kcache.tiers.remote import RemoteTier
+    from kcache.tiers.remote_chain import RemoteTiers
 
 log = logging.getLogger("kcache")
 
@@ -91,7 +91,7 @@ class KernelCache:
         self._toolchain: dict[str, object] | None = None
         self._pool = compile_pool
         self._serves_through_service = False  # compiles go to the shared compile service
-        self._remote_tier: RemoteTier | None = None
+        self._remote_tier: RemoteTiers | None = None
         self._warned: set[str] = set()
         if not self.readonly:
             self._maybe_gc()
@@ -261,25 +261,23 @@ class KernelCache:
             )
         return self._misses
 
-    def _remote(self, backend: Any) -> RemoteTier | None:
+    def _remote(self, backend: Any) -> RemoteTiers | None:
         if self._remote_tier is None:
             self._remote_tier = self.remote_tier_for(f"e{ENTRY_FORMAT}", self.store.required, backend)
         return self._remote_tier
 
-    def remote_tier_for(self, kind: str, required: frozenset[str], backend: Any = None) -> RemoteTier | None:
+    def remote_tier_for(self, kind: str, required: frozenset[str], backend: Any = None) -> RemoteTiers | None:
         """This cache's remote tier (KCACHE_REMOTE) for values of `kind` made of the files `required`,
         in a namespace of this toolchain's; None without a remote. Autotune results use it beside
         kernel entries."""
-        if not self.settings.remote_url:
+        urls = remote_urls(self.settings.remote_url)
+        if not urls:
             return None
-        from kcache.tiers.remote import RemoteTier
+        from kcache.tiers.remote_chain import open_remote_tiers
 
         toolchain = self._toolchain_fingerprint(backend if backend is not None else self._tilelang())
         namespace = f"{kind}:t{hashlib.sha256(canonical_json(toolchain).encode()).hexdigest()[:16]}"
-        return RemoteTier(
-            self.settings.remote_url, namespace, required, secret=self.settings.remote_secret,
-            ttl_s=self.settings.remote_ttl_s, max_entry_bytes=self.settings.remote_max_entry_bytes,
-        )
+        return open_remote_tiers(urls, namespace, required, self.settings)
 
     # ------------------------------------------------------------ internals
 

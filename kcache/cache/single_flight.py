@@ -21,7 +21,7 @@ from kcache.store.locks import NOT_A_LOCK_FILE_ERRNOS, KeyLock
 from kcache.tiers.disk import DiskTier
 
 if TYPE_CHECKING:
-    from kcache.tiers.remote import RemoteTier  # loaded only where KCACHE_REMOTE is set
+    from kcache.tiers.remote_chain import RemoteTiers  # loaded only where KCACHE_REMOTE is set
 
 log = logging.getLogger("kcache")
 
@@ -30,7 +30,7 @@ class SingleFlight:
     """lock -> disk -> remote -> compile -> publish, for the misses of one cache."""
 
     def __init__(self, backend: Any, disk: DiskTier, compiler: CompileStep, *, lock_timeout_s: float,
-                 remote: Callable[[], RemoteTier | None], remote_lease_s: float,
+                 remote: Callable[[], RemoteTiers | None], remote_lease_s: float,
                  count: Callable[..., None], warn_once: Callable[..., None]) -> None:
         self._backend = backend
         self._disk = disk
@@ -86,7 +86,7 @@ class SingleFlight:
 
     # ------------------------------------------------------------ the remote tier
 
-    def _cluster_once(self, request: KernelRequest, remote: RemoteTier) -> Any:
+    def _cluster_once(self, request: KernelRequest, remote: RemoteTiers) -> Any:
         """Under the local lock: a remote hit, or wait for the node holding the remote lease, or compile
         and upload."""
         delay = 0.005
@@ -114,15 +114,16 @@ class SingleFlight:
             if lease:
                 lease.release()
 
-    def _load_remote(self, request: KernelRequest, remote: RemoteTier) -> Any | None:
-        if not remote.fetch_into(self._store, request.key):
+    def _load_remote(self, request: KernelRequest, remote: RemoteTiers) -> Any | None:
+        tier = remote.fetch_into(self._store, request.key)
+        if tier is None:
             return None
         kernel = self._disk.load(request.key, request.loader(self._backend), quarantine=True)
         if kernel is not None:
-            self._count(remote_hits=1)
+            self._count(remote_hits=1, **{f"{tier}_hits": 1})
         return kernel
 
-    def upload(self, remote: RemoteTier, key: str) -> bool:
+    def upload(self, remote: RemoteTiers, key: str) -> bool:
         """The local entry `key`, verified, into the remote tier; whether it went."""
         if remote.upload_from(self._store, key):
             self._count(uploads=1)

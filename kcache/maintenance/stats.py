@@ -38,7 +38,9 @@ FLUSH_INTERVAL_S = 1.0
 class CacheStats:
     memory_hits: int = 0
     disk_hits: int = 0
-    remote_hits: int = 0
+    remote_hits: int = 0  # from any remote tier; by tier below
+    redis_hits: int = 0
+    s3_hits: int = 0
     misses: int = 0  # found nothing usable in memory or on disk at first look
     compiles: int = 0
     compile_seconds: float = 0.0

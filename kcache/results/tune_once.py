@@ -31,7 +31,7 @@ from kcache.store.entries import EntryStore
 from kcache.store.locks import NOT_A_LOCK_FILE_ERRNOS, KeyLock, read_note
 
 if TYPE_CHECKING:
-    from kcache.tiers.remote import RemoteLease, RemoteTier
+    from kcache.tiers.remote_chain import RemoteLease, RemoteTiers
 
 log = logging.getLogger("kcache")
 
@@ -93,14 +93,14 @@ class HolderNote:
 class RemoteResults:
     """Autotune results in the remote tier: fetched into the local root, uploaded from it."""
 
-    def __init__(self, tier: RemoteTier, store: EntryStore, key: str) -> None:
+    def __init__(self, tier: RemoteTiers, store: EntryStore, key: str) -> None:
         self.tier = tier
         self.store = store
         self.key = key
 
     def fetch(self) -> bool:
         """Whether a verified remote result was published into the local root."""
-        return self.tier.fetch_into(self.store, self.key)
+        return self.tier.fetch_into(self.store, self.key) is not None
 
     def upload(self) -> bool:
         return self.tier.upload_from(self.store, self.key)

@@ -20,7 +20,6 @@ circuit breaker that leaves Redis alone for a while before trying again.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -31,15 +30,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kcache.errors import CorruptEntry, KCacheError
-from kcache.store.entries import EntryStore, check_bound_key
+from kcache.errors import CorruptEntry
+from kcache.store.entries import check_bound_key
 from kcache.store.manifest import verify_contents
+from kcache.tiers.remote_guard import DIGEST_SIZE, CircuitBreaker, RemoteCorrupt, bound_mac
 
 log = logging.getLogger("kcache")
 
 MAGIC = b"KCR1"
 _LEN = struct.Struct(">I")
-DIGEST_SIZE = 32
 DEFAULT_TIMEOUT_S = 0.5
 DEFAULT_RETRY_AFTER_S = 30.0
 # One whole command, its reply included, within this long. The socket timeout bounds each read, not
@@ -55,22 +54,11 @@ LEASE_SKEW_S = 10.0
 DOWN = object()  # what a Redis command "returns" while Redis is unavailable
 
 
-class RemoteCorrupt(ValueError):
-    """A remote value that is not a whole, authentic entry."""
-
-
-def _mac(secret: bytes, bound_to: str, body: bytes) -> bytes:
-    """The HMAC of a value bound to its Redis key (namespace and cache key): a signed value copied
-    under another key, or into another toolchain's namespace, does not verify there."""
-    label = bound_to.encode()
-    return hmac.new(secret, _LEN.pack(len(label)) + label + body, hashlib.sha256).digest()
-
-
 def pack(files: dict[str, bytes], secret: bytes | None, bound_to: str) -> bytes:
     names = sorted(files)
     header = json.dumps({"files": [[name, len(files[name])] for name in names]}).encode()
     body = b"".join([MAGIC, _LEN.pack(len(header)), header, *(files[name] for name in names)])
-    return body + (_mac(secret, bound_to, body) if secret else b"")
+    return body + (bound_mac(secret, bound_to, body) if secret else b"")
 
 
 def unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_to: str) -> dict[str, bytes]:
@@ -87,7 +75,7 @@ def unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_t
 def _unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_to: str) -> dict[str, bytes]:
     if secret:
         body, signature = value[:-DIGEST_SIZE], value[-DIGEST_SIZE:]
-        if len(value) <= DIGEST_SIZE or not hmac.compare_digest(signature, _mac(secret, bound_to, body)):
+        if len(value) <= DIGEST_SIZE or not hmac.compare_digest(signature, bound_mac(secret, bound_to, body)):
             raise RemoteCorrupt("its signature does not verify with KCACHE_REMOTE_SECRET for this key (unsigned, "
                                 "another secret, or a value copied from another key)")
     else:
@@ -114,8 +102,10 @@ def _unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_
     return files
 
 
-class RemoteTier:
+class RedisTier:
     """Entries of one namespace (entry format and toolchain) in one Redis."""
+
+    name = "redis"
 
     def __init__(self, url: str, namespace: str, required: frozenset[str], *, secret: str | None = None,
                  ttl_s: float | None = None, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
@@ -129,12 +119,8 @@ class RemoteTier:
         self.secret = secret.encode() if secret else None
         self.ttl_ms = int(ttl_s * 1000) if ttl_s else None
         self.max_entry_bytes = max_entry_bytes
-        self.retry_after_s = retry_after_s
-        self.operation_timeout_s = operation_timeout_s
+        self._breaker = CircuitBreaker(url, operation_timeout_s, retry_after_s)
         self._client = client or redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        self._down_until = 0.0
-        self._warned = False
-        self._guard = threading.Lock()
         # The size (and type) is checked inside Redis before a byte is sent: a planted multi-GB value or a
         # hash under an entry's name costs the reader one small reply, not its memory.
         self._get_capped = self._client.register_script(
@@ -179,30 +165,9 @@ class RemoteTier:
             return False
         return bool(self._call(lambda: self._client.set(self.prefix + key, value, px=self.ttl_ms)))
 
-    def fetch_into(self, store: EntryStore, key: str) -> bool:
-        """The verified remote value of `key` published into `store` (the local root); whether it was."""
-        files = self.get(key)
-        if files is None:
-            return False
-        try:
-            store.publish_files(key, files)
-        except (KCacheError, OSError) as err:
-            log.warning("kcache: could not store the remote entry %s locally: %s", key[:16], err)
-            return False
-        return True
-
-    def upload_from(self, store: EntryStore, key: str) -> bool:
-        """The local entry `key` of `store`, verified, uploaded; whether it went."""
-        try:
-            files = store.read_with_manifest(key)
-        except (KCacheError, OSError) as err:
-            log.debug("kcache: not uploading %s: %s", key[:16], err)
-            return False
-        return files is not None and self.put(key, files)
-
     # ------------------------------------------------------------ leases
 
-    def try_lease(self, key: str, lease_s: float = DEFAULT_LEASE_S) -> RemoteLease | bool | None:
+    def try_lease(self, key: str, lease_s: float = DEFAULT_LEASE_S) -> RedisLease | bool | None:
         """A lease on compiling `key` (renewed until released); False if another node holds it;
         None if Redis is unavailable."""
         token = uuid.uuid4().hex
@@ -211,7 +176,7 @@ class RemoteTier:
                            failed=DOWN)
         if taken is DOWN:
             return None
-        return RemoteLease(self, key, token, lease_s, value) if taken else False
+        return RedisLease(self, key, token, lease_s, value) if taken else False
 
     def lease_held(self, key: str, lease_s: float = DEFAULT_LEASE_S) -> bool | None:
         """Whether a node holds a valid compile lease of `key`; None if Redis is unavailable.
@@ -234,7 +199,7 @@ class RemoteTier:
     def _lease_value(self, key: str, token: str, lease_s: float) -> bytes:
         body = f"{token}.{int((time.time() + lease_s) * 1000)}"
         if self.secret:
-            body += "." + _mac(self.secret, self._lease_key(key), body.encode()).hex()
+            body += "." + bound_mac(self.secret, self._lease_key(key), body.encode()).hex()
         return body.encode()
 
     def _lease_invalid(self, key: str, value: Any, lease_s: float) -> str:
@@ -242,7 +207,7 @@ class RemoteTier:
             parts = bytes(value).decode().split(".")
             body = ".".join(parts[:2])
             if self.secret and (len(parts) != 3 or not hmac.compare_digest(
-                    parts[2], _mac(self.secret, self._lease_key(key), body.encode()).hex())):
+                    parts[2], bound_mac(self.secret, self._lease_key(key), body.encode()).hex())):
                 return "its signature does not verify with KCACHE_REMOTE_SECRET"
             expires = int(parts[1]) / 1000
         except (ValueError, IndexError, TypeError, UnicodeDecodeError):
@@ -260,58 +225,20 @@ class RemoteTier:
     # ------------------------------------------------------------ availability
 
     def available(self) -> bool:
-        return time.monotonic() >= self._down_until
+        return self._breaker.available()
 
     def _call(self, operation: Callable[[], Any], failed: Any = None) -> Any:
-        """Run one Redis command within `operation_timeout_s`; on any failure (whatever the client
-        raised: a wrong endpoint makes redis-py raise AttributeError, say) or past the deadline, mark
-        Redis down for a while and return `failed`.
-
-        The command runs on a thread of its own so that the deadline holds whatever the socket does;
-        one that overruns is left to finish or fail there (its connection is not reused: it is not
-        back in the pool). A lease taken by such a late command is never renewed and lapses."""
-        if not self.available():
-            return failed
-        outcome: dict[str, Any] = {}
-        finished = threading.Event()
-
-        def run() -> None:
-            try:
-                outcome["value"] = operation()
-            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread below
-                outcome["error"] = err
-            finally:
-                finished.set()
-
-        threading.Thread(target=run, name="kcache-remote", daemon=True).start()
-        if not finished.wait(self.operation_timeout_s):
-            self._mark_down(TimeoutError(f"no whole answer within {self.operation_timeout_s:g} s"))
-            return failed
-        error = outcome.get("error")
-        if error is not None:
-            if not isinstance(error, Exception):
-                raise error  # KeyboardInterrupt and friends are not Redis's
-            self._mark_down(error)
-            return failed
-        if self._warned:
-            with self._guard:
-                self._warned = False
-                log.warning("kcache: the remote cache %s is back", self.url)
-        return outcome["value"]
-
-    def _mark_down(self, err: BaseException) -> None:
-        with self._guard:
-            self._down_until = time.monotonic() + self.retry_after_s
-            if not self._warned:
-                self._warned = True
-                log.warning("kcache: the remote cache %s is unavailable (%s: %s); working locally, retrying in "
-                            "%.0f s", self.url, type(err).__name__, err, self.retry_after_s)
+        """One Redis command within the breaker's deadline (remote_guard.CircuitBreaker): whatever the
+        client raised (a wrong endpoint makes redis-py raise AttributeError, say) or an overrun marks
+        Redis down for a while and returns `failed`. A lease taken by a command that overran is never
+        renewed and lapses."""
+        return self._breaker.call(operation, failed)
 
 
-class RemoteLease:
+class RedisLease:
     """A held compile lease; a thread renews it (a new expiry, re-signed) until `release()`."""
 
-    def __init__(self, tier: RemoteTier, key: str, token: str, lease_s: float, value: bytes) -> None:
+    def __init__(self, tier: RedisTier, key: str, token: str, lease_s: float, value: bytes) -> None:
         self.tier = tier
         self.key = key
         self.token = token
