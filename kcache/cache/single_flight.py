@@ -107,6 +107,12 @@ class SingleFlight:
                 time.sleep(delay)  # polling a remote lease has no event to wait on
                 delay = min(delay * 2, 0.25)
         try:
+            if lease:
+                # The node before us may have uploaded and released between our last look and our
+                # lease: look once more, or the key compiles twice.
+                kernel = self._load_remote(request, remote)
+                if kernel is not None:
+                    return kernel
             kernel = self._compiler.compile_and_publish(request)
             self.upload(remote, request.key)
             return kernel

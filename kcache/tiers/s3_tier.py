@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 from kcache.errors import CorruptEntry
 from kcache.store.entries import check_bound_key
-from kcache.store.manifest import verify_contents
+from kcache.store.manifest import MANIFEST_NAME, verify_contents
 from kcache.tiers.remote_guard import CircuitBreaker, RemoteCorrupt, bound_mac
 
 log = logging.getLogger("kcache")
@@ -129,6 +129,46 @@ def _canonical(document: dict[str, Any]) -> bytes:
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
 
+class BucketCheckFailed(RuntimeError):
+    """`check_bucket` found the bucket unusable; the message says which step failed and why."""
+
+
+def check_bucket(url: str) -> str:
+    """What `kcache doctor` checks of an S3 tier: the bucket answers, these credentials can write, read
+    and delete, and a create-only write of an existing object is refused (without that, two nodes
+    could both publish one entry); returns a line with the latency. The probe object goes under
+    `<prefix>/doctor/` and is deleted."""
+    obstore = _obstore()
+    store = open_bucket(url)
+    probe = f"doctor/{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    step = "write"
+    try:
+        started = time.monotonic()
+        obstore.put(store, probe, b"kcache doctor", mode="create")
+        wrote = time.monotonic() - started
+        step = "read"
+        started = time.monotonic()
+        if bytes(obstore.get(store, probe).bytes()) != b"kcache doctor":
+            raise BucketCheckFailed(f"{url}: the probe object {probe} read back different bytes")
+        read = time.monotonic() - started
+        step = "create-only write"
+        try:
+            obstore.put(store, probe, b"again", mode="create")
+        except _exists_errors():
+            pass
+        else:
+            raise BucketCheckFailed(f"{url}: a create-only write (If-None-Match: *) replaced an existing object; "
+                                    "this store cannot make one writer win, so kcache cannot publish entries in it")
+        step = "delete"
+        obstore.delete(store, probe)
+    except BucketCheckFailed:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever the store answered, as one line
+        raise BucketCheckFailed(f"{url}: the {step} of a probe object failed ({type(err).__name__}: "
+                                f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    return f"{url} answers: write {wrote * 1e3:.1f} ms, read {read * 1e3:.1f} ms, create-only writes refused when the object exists"
+
+
 class S3Tier:
     """Entries of one namespace (entry format and toolchain) in one bucket and prefix."""
 
@@ -147,6 +187,7 @@ class S3Tier:
         self._breaker = CircuitBreaker(url, operation_timeout_s, retry_after_s)
         self._threads = ThreadPoolExecutor(BLOB_THREADS, thread_name_prefix="kcache-s3")
         self._bad_blobs: set[str] = set()  # found corrupt here: the next upload rewrites them
+        self._refused: dict[str, str] = {}  # key -> e_tag of a manifest whose files did not verify here
         self._bad_lock = threading.Lock()
 
     # ------------------------------------------------------------ names
@@ -191,19 +232,27 @@ class S3Tier:
         found = self._read_manifest(key)
         if found is ABSENT or isinstance(found, RemoteCorrupt):
             return found
-        listing, _ = found
+        listing, e_tag = found
         blobs = list(self._threads.map(lambda item: self._read_blob(item[2], item[1]), listing))
         files: dict[str, bytes] = {}
-        for (name, _size, digest), blob in zip(listing, blobs, strict=True):
+        for (name, _size, _digest), blob in zip(listing, blobs, strict=True):
             if isinstance(blob, RemoteCorrupt):
-                return blob
+                return self._refuse(key, e_tag, blob)
             files[name] = blob
         try:
             verify_contents("remote entry", files, self.required)  # exactly the kind's components, each as listed
             check_bound_key("remote entry", files, key)
         except CorruptEntry as err:
-            return RemoteCorrupt(err.reason)
+            return self._refuse(key, e_tag, RemoteCorrupt(err.reason))
         return files
+
+    def _refuse(self, key: str, e_tag: str, why: RemoteCorrupt) -> RemoteCorrupt:
+        """An entry whose manifest reads well but whose files do not verify: the version this process
+        saw is remembered, so that its next upload of `key` replaces exactly that version (a compile
+        need not reproduce the bytes of a corrupt blob, so rewriting blobs alone may not mend it)."""
+        with self._bad_lock:
+            self._refused[key] = e_tag
+        return why
 
     def _read_manifest(self, key: str) -> tuple[list[tuple[str, int, str]], str] | RemoteCorrupt | object:
         """(listing, e_tag) of the manifest of `key`; ABSENT; or RemoteCorrupt (with `.e_tag` set)."""
@@ -246,8 +295,9 @@ class S3Tier:
         except Exception as err:  # any parse failure of untrusted bytes is a refused manifest, never a crash
             raise RemoteCorrupt(f"unreadable manifest: {type(err).__name__}: {err}") from None
         names = [name for name, _, _ in listing]
-        if len(set(names)) != len(names) or set(names) != self.required:
-            raise RemoteCorrupt(f"it lists {sorted(names)}, not the entry's components {sorted(self.required)}")
+        expected = self.required | {MANIFEST_NAME}  # the components, and the entry's own manifest of them
+        if len(set(names)) != len(names) or set(names) != expected:
+            raise RemoteCorrupt(f"it lists {sorted(names)}, not the entry's files {sorted(expected)}")
         if sum(size for _, size, _ in listing) > self.max_entry_bytes:
             raise RemoteCorrupt(f"its files add up to more than the {self.max_entry_bytes} bytes of "
                                 "KCACHE_REMOTE_MAX_ENTRY (not downloaded)")
@@ -281,10 +331,18 @@ class S3Tier:
         return bytes(result.bytes()), str(result.meta.get("e_tag") or "")
 
     def _publish(self, key: str, files: dict[str, bytes]) -> bool:
-        obstore = _obstore()
+        return self._write_manifest(key, self._upload_blobs(files))
+
+    def _upload_blobs(self, files: dict[str, bytes]) -> list[tuple[str, int, str]]:
+        """Every file as a blob (skipped where the bucket has it); the manifest's listing of them."""
         listing = sorted((name, len(data), hashlib.sha256(data).hexdigest()) for name, data in files.items())
         by_digest = {digest: files[name] for name, _, digest in listing}
         list(self._threads.map(lambda item: self._upload_blob(*item), by_digest.items()))
+        return listing
+
+    def _write_manifest(self, key: str, listing: list[tuple[str, int, str]]) -> bool:
+        """The publish point: the manifest, create-only, after every blob it lists is stored."""
+        obstore = _obstore()
         document: dict[str, Any] = {"format": ENTRY_FORMAT, "key": key, "files": [list(item) for item in listing]}
         if self.secret:
             document["mac"] = bound_mac(self.secret, self.entry_name(key), _canonical(document)).hex()
@@ -297,9 +355,14 @@ class S3Tier:
         existing = self._read_manifest(key)
         if existing is ABSENT:
             return False  # deleted meanwhile (a lifecycle rule): the next upload writes it
-        if not isinstance(existing, RemoteCorrupt):
+        with self._bad_lock:
+            refused = self._refused.pop(key, None)
+        if isinstance(existing, RemoteCorrupt):
+            e_tag = getattr(existing, "e_tag", "")
+        elif existing[1] == refused:
+            e_tag, existing = refused, RemoteCorrupt("its files did not verify when this node read it")
+        else:
             return True  # the first writer's entry stands; ours, of the same key, is not needed
-        e_tag = getattr(existing, "e_tag", "")
         try:
             obstore.put(self._store, self.entry_name(key), body, mode={"e_tag": e_tag})  # only that version
         except _changed_errors():

@@ -8,7 +8,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache.config import Settings, default_root
+from kcache.config import Settings, default_root, remote_urls
 from kcache.maintenance.eviction import scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
 from kcache.store import access, exec_copy, layout, sharing
@@ -88,7 +88,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
         finding.fixed, cleanup.fixed = over, leftovers > 0
     findings += [finding, cleanup]
     findings.append(_toolchain())
-    findings.append(_remote(settings.remote_url))
+    findings += _remotes(settings.remote_url)
     findings.append(_compile_service(settings))
     return findings
 
@@ -149,9 +149,18 @@ def _exec(root: Path) -> Finding:
                    "point KCACHE_DIR at a filesystem mounted with exec to load kernels in place")
 
 
-def _remote(url: str | None) -> Finding:
-    if not url:
-        return Finding("remote", False, "no remote tier configured (KCACHE_REMOTE)")
+def _remotes(value: str | None) -> list[Finding]:
+    """One finding for each remote tier of KCACHE_REMOTE."""
+    try:
+        urls = remote_urls(value)
+    except ValueError as err:
+        return [Finding("remote", True, str(err), "fix KCACHE_REMOTE")]
+    if not urls:
+        return [Finding("remote", False, "no remote tier configured (KCACHE_REMOTE)")]
+    return [_s3(url) if url.lower().startswith("s3://") else _redis(url) for url in urls]
+
+
+def _redis(url: str) -> Finding:
     try:
         import redis
 
@@ -161,6 +170,20 @@ def _remote(url: str | None) -> Finding:
     except (redis.RedisError, OSError) as err:
         return Finding("remote", True, f"{url} is unreachable: {err}", "start Redis or fix KCACHE_REMOTE")
     return Finding("remote", False, f"{url} answers")
+
+
+def _s3(url: str) -> Finding:
+    from kcache.tiers.s3_tier import BucketCheckFailed, S3UrlError, check_bucket
+
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return Finding("remote", True, f"KCACHE_REMOTE has {url} but obstore is not installed", "pip install 'kcache[s3]'")
+    try:
+        return Finding("remote", False, check_bucket(url))
+    except (BucketCheckFailed, S3UrlError) as err:
+        return Finding("remote", True, str(err), "check AWS_ENDPOINT_URL, AWS_REGION, the credentials and the "
+                       "bucket policy (kcache needs GetObject, PutObject and DeleteObject under the prefix)")
 
 
 def _compile_service(settings: Settings) -> Finding:
