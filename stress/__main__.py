@@ -36,7 +36,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="SIGKILLs of the run's compile service per second (with --isolation server)")
     p.add_argument("--synthetic", action="store_true", help="a fake compiler with realistic artifacts: store stress without TileLang")
     p.add_argument("--backend", choices=["kcache", "tilelang"], default="kcache", help="the cache under load")
-    p.add_argument("--remote", help="a Redis URL: every worker uses it as its remote tier (KCACHE_REMOTE)")
+    p.add_argument("--remote", help="every worker's remote tiers (KCACHE_REMOTE): redis://..., s3://BUCKET/PREFIX (with "
+                   "the AWS_* settings), both comma-separated, or 'local-s3': an S3-protocol server started for the run")
     p.add_argument("--check-gpu", action="store_true", help="run every loaded kernel on the GPU against torch")
     p.add_argument("--json", help="also write the summary as JSON to this file")
     p.add_argument("--keep-logs", action="store_true",
@@ -46,7 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-grace", type=float, default=420.0,
                    help="seconds after the end a worker may take to finish before it counts as hung (default 420)")
     args = p.parse_args(argv)
-    if args.remote:
+    if args.remote and args.remote != LOCAL_S3:
         os.environ["KCACHE_REMOTE"] = args.remote  # the workers inherit it
     if args.synthetic and args.backend == "tilelang":
         p.error("--synthetic replaces the compiler of kcache; TileLang's own cache has no such mode")
@@ -71,7 +72,8 @@ def print_report(summary: dict) -> None:
         print(f"{name:<10} {row['count']:>8} {row['p50_ms']:>9.3f} {row['p99_ms']:>9.3f}")
     c = summary["corruptions"]
     print(f"\nops {summary['ops']} in {summary['wall_s']} s ({summary['ops_per_s']}/s); "
-          f"hits: memory {summary['hits']['memory']}, disk {summary['hits']['disk']}; misses {summary['misses']}")
+          f"hits: memory {summary['hits']['memory']}, disk {summary['hits']['disk']}, remote {summary['hits']['remote']}; "
+          f"misses {summary['misses']}")
     print(f"compiles {summary['compiles']} (nvcc saw {'-' if summary.get('nvcc_compiles') is None else summary['nvcc_compiles']}; "
           f"{summary['compiles_interrupted']} interrupted by kills); lost races {summary['lost_races']}; "
           f"lock waits {summary['lock_waits']}")
@@ -88,8 +90,23 @@ def print_report(summary: dict) -> None:
     print("invariants:", "PASS" if summary["invariants"]["pass"] else "FAIL")
 
 
+LOCAL_S3 = "local-s3"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.remote == LOCAL_S3:
+        from .s3_server import s3_server
+
+        with s3_server() as bucket:
+            os.environ.update(bucket.env)  # the workers inherit the endpoint and credentials
+            os.environ["KCACHE_REMOTE"] = bucket.url(f"stress-{args.seed}")
+            print(f"stress: remote tier {os.environ['KCACHE_REMOTE']} at {bucket.endpoint} (stress.s3_server)")
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.fresh:
         root = Path(tempfile.mkdtemp(prefix="kcache-stress-"))
     elif args.cache_dir:

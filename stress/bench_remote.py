@@ -1,65 +1,104 @@
-"""The remote-tier scenario of `python -m stress.bench` (needs redis-server on PATH).
+"""The remote-tier scenario of `python -m stress.bench` (needs redis-server on PATH; the S3 rows need
+moto's server and obstore, `pip install -e '.[test]'`).
 
-- latency: one TileLang kernel: a cold compile on node A (uploaded), then remote hits on fresh
-  roots (fetch, verify, publish locally, load) against disk hits on A, in-process, p50 of N.
-- cold-cluster herd: 16 fresh processes over 4 roots sharing one Redis, an empty cluster, one
-  kernel; compiler runs counted by the nvcc wrapper, against the same herd with no remote tier.
+- latency: one TileLang kernel compiled on node A and uploaded to Redis and to S3 (a real
+  S3-protocol server process, stress.s3_server); then remote hits of fresh processes on fresh roots
+  (import the client, fetch, verify, publish locally, load), Redis and S3 in turns, against disk
+  hits of fresh processes on A; p50 of N each.
+- cold-cluster herds: fresh processes over several roots, an empty cluster, one kernel; compiler runs
+  counted by the nvcc wrapper; sharing one Redis, sharing one bucket, and with no remote tier.
+  With `check_gpu`, every process also runs its kernel against torch.
 """
 
 from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 
-def latency(url: str, work: Path, repeats: int) -> dict[str, float]:
-    import tilelang  # noqa: F401 - before kcache opens
+def fresh_get(root: Path, url: str, env: dict[str, str], check_gpu: bool = False) -> dict[str, Any]:
+    """One fresh process on `root` with KCACHE_REMOTE=`url`: its get of the add kernel, from the call
+    until the kernel is usable (the remote tier's client is imported inside it, as on a new node)."""
+    from .procs import Barrier
 
-    import kcache
-
-    from .kernels import CPU_TARGET, elementwise_add
-
-    def timed(root: Path) -> float:
-        cache = kcache.KernelCache(root, remote=url)
-        func = elementwise_add()
-        start = time.perf_counter()
-        cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
-        return (time.perf_counter() - start) * 1e3
-
-    compile_ms = timed(work / "node-a")
-    disk = [timed(work / "node-a") for _ in range(repeats)]
-    remote = [timed(work / f"node-{i}") for i in range(repeats)]
-    return {"compile_ms": compile_ms, "disk_hit_ms": statistics.median(disk), "remote_hit_ms": statistics.median(remote)}
+    barrier = Barrier("stress.worker", 1, ["--root", str(root), "--kernels", "1",
+                                           *(["--check-gpu"] if check_gpu else [])],
+                      env={**env, "KCACHE_REMOTE": url})
+    barrier.wait_ready()
+    barrier.release()
+    (result,) = barrier.collect()
+    if result.result is None or result.result["errors"]:
+        raise RuntimeError(f"{url}: the worker failed: {result.stderr[-2000:]}")
+    (op,) = result.result["ops"]
+    return {"ms": (op["end"] - op["start"]) * 1e3, "stats": result.result["stats"],
+            "wrong": result.result["wrong_results"]}
 
 
-def herd(url: str | None, work: Path, procs: int, roots: int, env: dict[str, str]) -> int:
+def latency(urls: dict[str, str], work: Path, repeats: int, env: dict[str, str]) -> dict[str, float]:
+    """`urls`: tier name -> KCACHE_REMOTE value. Node A compiles and uploads to all of them at once;
+    then fresh processes on fresh roots, the tiers in turns (drift weighs on each alike)."""
+    everything = ",".join(urls.values())
+    first = fresh_get(work / "node-a", everything, env)
+    out: dict[str, float] = {"compile_ms": first["ms"]}
+    out["disk_hit_ms"] = statistics.median(fresh_get(work / "node-a", everything, env)["ms"] for _ in range(repeats))
+    samples: dict[str, list[float]] = {name: [] for name in urls}
+    for index in range(repeats):
+        for name, url in urls.items():
+            got = fresh_get(work / f"node-{name}-{index}", url, env)
+            if got["stats"]["remote_hits"] != 1:
+                raise RuntimeError(f"{url}: a fresh root was no remote hit ({got['stats']})")
+            samples[name].append(got["ms"])
+    for name, values in samples.items():
+        out[f"{name}_hit_ms"] = statistics.median(values)
+    return out
+
+
+def herd(url: str | None, label: str, work: Path, procs: int, roots: int, env: dict[str, str],
+         check_gpu: bool = False) -> dict[str, int]:
     from .nvcc_counter import NvccCounter
     from .procs import Barrier
 
-    counter = NvccCounter(work / f"nvcc-{'remote' if url else 'local'}")
+    counter = NvccCounter(work / f"nvcc-{label}")
     extra = {**env, **counter.env(), **({"KCACHE_REMOTE": url} if url else {})}
-    barrier = Barrier("stress.worker", procs, ["--kernels", "1"], env=extra,
-                      per_worker=lambda i: ["--root", str(work / f"herd-{'remote' if url else 'local'}-{i % roots}")])
+    barrier = Barrier("stress.worker", procs, ["--kernels", "1", *(["--check-gpu"] if check_gpu else [])], env=extra,
+                      per_worker=lambda i: ["--root", str(work / f"herd-{label}-{i % roots}")])
     barrier.wait_ready()
     barrier.release()
+    wrong = 0
     for result in barrier.collect():
         if result.result is None or result.result["errors"]:
             raise RuntimeError(f"herd worker {result.index} failed: {result.stderr[-2000:]}")
-    return counter.count()
+        wrong += result.result["wrong_results"]
+    return {"compiles": counter.count(), "wrong": wrong}
 
 
-def measure(repeats: int, procs: int, roots: int, env: dict[str, str]) -> dict[str, Any]:
+def measure(repeats: int, procs: int, roots: int, env: dict[str, str], *, s3: bool = True,
+            fleet_procs: int = 32, fleet_roots: int = 8, check_gpu: bool = False) -> dict[str, Any]:
     from .redis_server import redis_server  # RedisServerMissing where there is none
+    from .s3_server import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-"))
-    with redis_server(work) as (url, _server):
-        out: dict[str, Any] = latency(url, work, repeats)
+    with redis_server(work) as (redis_url, _server), (s3_server() if s3 else _nothing()) as bucket:
+        urls = {"redis": redis_url}
+        if bucket is not None:
+            env = {**env, **bucket.env}
+            urls["s3"] = bucket.url("bench-latency")
+        out: dict[str, Any] = latency(urls, work, repeats, env)
         import redis
 
-        redis.Redis.from_url(url).flushall()  # the herd starts on an empty cluster
-        out["herd_compiles_remote"] = herd(url, work, procs, roots, env)
-    out["herd_compiles_local"] = herd(None, work, procs, roots, env)
+        redis.Redis.from_url(redis_url).flushall()  # the herd starts on an empty cluster
+        out["herd_redis"] = herd(redis_url, "redis", work, procs, roots, env)
+        if bucket is not None:
+            out["herd_s3"] = herd(bucket.url("bench-fleet"), "s3", work, fleet_procs, fleet_roots, env, check_gpu)
+    out["herd_local"] = herd(None, "local", work, procs, roots, env)
     return out
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

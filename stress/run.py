@@ -324,7 +324,7 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
         "root": str(root), "run_dir": str(run_dir), "wall_s": round(wall, 2),
         "ops": len(ops), "ops_per_s": round(len(ops) / max(wall, 1e-9), 1),
         "ops_by_type": {k: {"count": len(v), "p50_ms": _pct(v, 50), "p99_ms": _pct(v, 99)} for k, v in sorted(by_type.items())},
-        "hits": {"memory": outcome["memory_hits"], "disk": outcome["disk_hits"]},
+        "hits": {"memory": outcome["memory_hits"], "disk": outcome["disk_hits"], "remote": outcome["remote_hits"]},
         "misses": outcome["misses"], "compiles": compiles, "compiles_interrupted": interrupted,
         "repairs": len(quarantined_by_workers),
         "lost_races": outcome["lost_races"], "lock_waits": outcome["lock_waits"],

@@ -73,14 +73,15 @@ def test_a_second_node_gets_the_kernel_from_the_bucket_with_no_compile(tmp_path:
     assert fetched.library_sha == made.library_sha  # the same bytes on both nodes
     assert second.store.keys() == first.store.keys()  # published locally through the staging protocol
     stored = objects(s3)
-    assert len(entry_names(s3)) == 1 and sum(name.startswith("blobs/") for name in stored) == 7
+    # Five blobs: meta.json is inside the entry's manifest, manifest.json is made from it.
+    assert len(entry_names(s3)) == 1 and sum(name.startswith("blobs/") for name in stored) == 5
 
 
 def test_identical_files_of_sixteen_entries_are_stored_once(tmp_path: Path, s3: str) -> None:
     """16 entries under 16 keys whose device code, host code, cubin, library and params are the same
     bytes (one kernel under 16 keys: the same code with options that change nothing): those five are
-    stored once; only meta.json and manifest.json, which name the key, are stored per entry. Every
-    entry still reads back whole on a fresh node."""
+    stored once, as the compiled entry's blobs; meta.json, which names the key, lives in each entry's
+    manifest. Every entry still reads back whole on a fresh node."""
     import hashlib
 
     from kcache.store.manifest import MANIFEST_NAME, format_manifest
@@ -98,7 +99,8 @@ def test_identical_files_of_sixteen_entries_are_stored_once(tmp_path: Path, s3: 
         assert tier.put(variant, files)
     blobs = {name: size for name, size in objects(s3).items() if name.startswith("blobs/")}
     assert len(entry_names(s3)) == 17  # the compiled one and the 16
-    assert len(blobs) == 7 + 16 * 2  # the compiled entry's 7, then 2 of each variant's own
+    assert len(blobs) == 5  # the compiled entry's, shared by all 16
+    assert sum(blobs.values()) == sum(len(data) for data in shared.values())
     logical = 16 * sum(len(data) for data in shared.values())
     print(f"16 entries share {logical} bytes of files; the bucket holds {sum(blobs.values())} bytes of blobs")
     reader = S3Tier(s3, tier._space.replace("/", ":"), tier.required)
@@ -138,7 +140,7 @@ def test_a_writer_killed_between_its_blobs_and_its_manifest_leaves_no_entry(tmp_
 import sys, kcache
 from kcache.tiers import s3_tier
 from stress import synthetic
-def stop_before_the_manifest(self, key, listing):
+def stop_before_the_manifest(self, key, *listing_and_files):
     print("blobs stored", flush=True); sys.stdin.readline()
 s3_tier.S3Tier._write_manifest = stop_before_the_manifest
 kcache.KernelCache({str(tmp_path / "a")!r}, backend=synthetic, remote={s3!r}).get_or_compile(

@@ -47,6 +47,18 @@ def test_synthetic_run_with_kills_and_corruption_keeps_every_invariant(tmp_path:
     assert summary["corruptions"]["detected"] == summary["corruptions"]["injected"]
 
 
+def test_synthetic_run_with_an_s3_tier_kills_and_corruption_keeps_every_invariant(tmp_path: Path) -> None:
+    """`--remote local-s3`: the workers share a bucket of a real S3-protocol server process besides the
+    root; a corrupted local entry is then mended from the bucket instead of by a compile."""
+    pytest.importorskip("obstore", reason="the S3 tier needs obstore (pip install -e '.[test]')")
+    summary = run_stress(tmp_path, "--synthetic", "--procs", "4", "--duration", "8", "--kill-rate", "1",
+                         "--corrupt-rate", "4", "--remote", "local-s3")
+    assert summary["invariants"]["pass"]
+    assert summary["kills"] >= 1 and summary["corruptions"]["injected"] >= 5
+    assert summary["corruptions"]["detected"] == summary["corruptions"]["injected"]
+    assert summary["hits"]["remote"] >= 1
+
+
 @pytest.mark.tilelang
 def test_short_real_tilelang_run_keeps_every_invariant(tmp_path: Path) -> None:
     pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")

@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 from kcache.errors import CorruptEntry
 from kcache.store.entries import check_bound_key
-from kcache.store.manifest import MANIFEST_NAME, verify_contents
+from kcache.store.manifest import MANIFEST_NAME, format_manifest, verify_contents
 from kcache.tiers.remote_guard import CircuitBreaker, RemoteCorrupt, bound_mac
 
 log = logging.getLogger("kcache")
@@ -60,6 +60,10 @@ DEFAULT_MAX_ENTRY_BYTES = 64 << 20
 # Slack for the clocks of different nodes when a lease's expiry (wall-clock time) is judged.
 LEASE_SKEW_S = 10.0
 BLOB_THREADS = 8
+# Stored inside the entry's manifest, not as blobs: meta.json names the key, so no two entries share
+# it, and reading it inline saves a request per hit. It is JSON text.
+INLINE_FILES = frozenset({"meta.json"})
+Parsed = tuple[list[tuple[str, int, str]], dict[str, bytes]]  # a manifest's listing, and its inline files
 
 ABSENT = object()  # an object the bucket does not have
 
@@ -77,11 +81,32 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
+_stores: dict[tuple[str, ...], Any] = {}
+_stores_lock = threading.Lock()
+
+
 def open_bucket(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     """An obstore S3Store for `url`, configured the standard way: AWS_* variables (obstore reads them,
     and the instance's or container's credentials where none are set). An http:// endpoint (a local
     MinIO or moto) is allowed explicitly; requests are not retried, so a store that is down costs one
-    timeout, and the circuit breaker then leaves it alone."""
+    timeout, and the circuit breaker then leaves it alone.
+
+    One store per URL and configuration in a process: making one costs ~14 ms (its HTTP client), and
+    its connections are reused by every cache of the process."""
+    identity = (url, str(timeout_s), *(os.environ.get(name, "") for name in _CONFIG_VARIABLES))
+    with _stores_lock:
+        store = _stores.get(identity)
+        if store is None:
+            store = _stores[identity] = _new_store(url, timeout_s)
+    return store
+
+
+# What a store is made from (obstore reads the credentials itself): another value, another store.
+_CONFIG_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID",
+                     "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
+
+def _new_store(url: str, timeout_s: float) -> Any:
     from obstore.store import S3Store
 
     bucket, prefix = parse_s3_url(url)
@@ -224,6 +249,12 @@ class S3Tier:
         if sum(len(data) for data in files.values()) > self.max_entry_bytes:
             log.debug("kcache: %s is over KCACHE_REMOTE_MAX_ENTRY: not uploaded", key)
             return False
+        try:
+            for name in INLINE_FILES & set(files):
+                files[name].decode()
+        except UnicodeDecodeError:
+            log.debug("kcache: %s has a meta.json that is no text: not uploaded", key)
+            return False
         return bool(self._breaker.call(lambda: self._publish(key, files), failed=False))
 
     # ------------------------------------------------------------ entries: the store's side
@@ -232,13 +263,16 @@ class S3Tier:
         found = self._read_manifest(key)
         if found is ABSENT or isinstance(found, RemoteCorrupt):
             return found
-        listing, e_tag = found
-        blobs = list(self._threads.map(lambda item: self._read_blob(item[2], item[1]), listing))
-        files: dict[str, bytes] = {}
-        for (name, _size, _digest), blob in zip(listing, blobs, strict=True):
+        (listing, inline), e_tag = found
+        fetched = [item for item in listing if item[0] not in inline]
+        blobs = list(self._threads.map(lambda item: self._read_blob(item[2], item[1]), fetched))
+        files: dict[str, bytes] = dict(inline)
+        for (name, _size, _digest), blob in zip(fetched, blobs, strict=True):
             if isinstance(blob, RemoteCorrupt):
                 return self._refuse(key, e_tag, blob)
             files[name] = blob
+        # The entry's own manifest.json is this manifest's listing, as the store writes it.
+        files[MANIFEST_NAME] = format_manifest({name: (size, digest) for name, size, digest in listing})
         try:
             verify_contents("remote entry", files, self.required)  # exactly the kind's components, each as listed
             check_bound_key("remote entry", files, key)
@@ -254,8 +288,9 @@ class S3Tier:
             self._refused[key] = e_tag
         return why
 
-    def _read_manifest(self, key: str) -> tuple[list[tuple[str, int, str]], str] | RemoteCorrupt | object:
-        """(listing, e_tag) of the manifest of `key`; ABSENT; or RemoteCorrupt (with `.e_tag` set)."""
+    def _read_manifest(self, key: str) -> tuple[Parsed, str] | RemoteCorrupt | object:
+        """((listing, inline files), e_tag) of the manifest of `key`; ABSENT; or RemoteCorrupt (with
+        `.e_tag` set)."""
         found = self._read(self.entry_name(key), MAX_MANIFEST_BYTES)
         if found is ABSENT:
             return ABSENT
@@ -269,7 +304,7 @@ class S3Tier:
             return corrupt
         return listing, e_tag
 
-    def _parse_manifest(self, key: str, body: bytes) -> list[tuple[str, int, str]]:
+    def _parse_manifest(self, key: str, body: bytes) -> Parsed:
         try:
             document = json.loads(body)
             if not isinstance(document, dict):
@@ -290,18 +325,20 @@ class S3Tier:
                         and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
                     raise RemoteCorrupt(f"bad file entry {item!r}")
                 listing.append((name, size, digest))
+            inline = {name: text.encode() for name, text in document.get("inline", {}).items()}
         except RemoteCorrupt:
             raise
         except Exception as err:  # any parse failure of untrusted bytes is a refused manifest, never a crash
             raise RemoteCorrupt(f"unreadable manifest: {type(err).__name__}: {err}") from None
         names = [name for name, _, _ in listing]
-        expected = self.required | {MANIFEST_NAME}  # the components, and the entry's own manifest of them
-        if len(set(names)) != len(names) or set(names) != expected:
-            raise RemoteCorrupt(f"it lists {sorted(names)}, not the entry's files {sorted(expected)}")
+        if len(set(names)) != len(names) or set(names) != self.required:
+            raise RemoteCorrupt(f"it lists {sorted(names)}, not the entry's components {sorted(self.required)}")
+        if not set(inline) <= INLINE_FILES & self.required:
+            raise RemoteCorrupt(f"it holds {sorted(inline)} inline, where only {sorted(INLINE_FILES)} may be")
         if sum(size for _, size, _ in listing) > self.max_entry_bytes:
             raise RemoteCorrupt(f"its files add up to more than the {self.max_entry_bytes} bytes of "
                                 "KCACHE_REMOTE_MAX_ENTRY (not downloaded)")
-        return listing
+        return listing, inline
 
     def _read_blob(self, digest: str, size: int) -> bytes | RemoteCorrupt:
         found = self._read(self.blob_name(digest), size, exact=True)
@@ -331,19 +368,23 @@ class S3Tier:
         return bytes(result.bytes()), str(result.meta.get("e_tag") or "")
 
     def _publish(self, key: str, files: dict[str, bytes]) -> bool:
-        return self._write_manifest(key, self._upload_blobs(files))
+        # The entry's own manifest.json is not stored: the bucket's manifest lists the same sizes and
+        # sha256s, and a reader makes manifest.json from it.
+        components = {name: data for name, data in files.items() if name != MANIFEST_NAME}
+        return self._write_manifest(key, self._upload_blobs(components), components)
 
     def _upload_blobs(self, files: dict[str, bytes]) -> list[tuple[str, int, str]]:
-        """Every file as a blob (skipped where the bucket has it); the manifest's listing of them."""
+        """Every file but the inline ones as a blob (skipped where the bucket has it); the listing of all."""
         listing = sorted((name, len(data), hashlib.sha256(data).hexdigest()) for name, data in files.items())
-        by_digest = {digest: files[name] for name, _, digest in listing}
+        by_digest = {digest: files[name] for name, _, digest in listing if name not in INLINE_FILES}
         list(self._threads.map(lambda item: self._upload_blob(*item), by_digest.items()))
         return listing
 
-    def _write_manifest(self, key: str, listing: list[tuple[str, int, str]]) -> bool:
+    def _write_manifest(self, key: str, listing: list[tuple[str, int, str]], files: dict[str, bytes]) -> bool:
         """The publish point: the manifest, create-only, after every blob it lists is stored."""
         obstore = _obstore()
-        document: dict[str, Any] = {"format": ENTRY_FORMAT, "key": key, "files": [list(item) for item in listing]}
+        document: dict[str, Any] = {"format": ENTRY_FORMAT, "key": key, "files": [list(item) for item in listing],
+                                    "inline": {name: files[name].decode() for name in sorted(INLINE_FILES & set(files))}}
         if self.secret:
             document["mac"] = bound_mac(self.secret, self.entry_name(key), _canonical(document)).hex()
         body = _canonical(document)
