@@ -1,6 +1,10 @@
 # Sourced by the GPU scripts: unpack the TileLang bundle, add the wheels the GPU image lacks.
 OUT="${OUT:-/tmp/kcache-gpu-out}"; mkdir -p "$OUT"
-mkdir -p /tmp/site && tar xJf .gpu/tilelang-bundle.tar.xz -C /tmp/site || exit 1
+mkdir -p /tmp/site
+# The S3 tier's client and moto's S3 server (.ci/gpu-s3.sh made it), first: TileLang's bundle wins
+# where both hold a package.
+if [ -f .gpu/s3-bundle.tar.xz ]; then tar xJf .gpu/s3-bundle.tar.xz -C /tmp/site || exit 1; fi
+tar xJf .gpu/tilelang-bundle.tar.xz -C /tmp/site || exit 1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi

@@ -16,8 +16,11 @@ Scenarios (each measured for both caches on the same kernels):
 - many: 8 fresh processes that each `compile_many` the same 16 matmul configs at once, with
   per-process pools and with the compile service: wall, peak compile workers machine-wide and
   their memory (stress/bench_many.py).
-- remote: with a real redis-server, remote-hit latency against a local disk hit and a compile;
-  a cold cluster (16 processes over 4 roots) compiling one kernel, with and without the remote tier.
+- remote: with a real redis-server and a real S3-protocol server (stress.s3_server), the remote
+  hit of a fresh process on a fresh root, Redis's against a local disk hit and a compile, S3's
+  against Redis's and a compile; a cold cluster (16 processes over 4 roots) on one Redis, with and
+  without it; a cold fleet (32 processes over 8 roots) on one bucket, compiler runs counted, and on
+  a GPU every kernel checked against torch (stress/bench_remote.py).
 - compile: kcache's isolated compile pool against compiling in-process,
   sequential and parallel (see stress/bench_compile.py); the baseline column
   is kcache's in-process compile there, not TileLang.
