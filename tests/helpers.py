@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -46,3 +47,32 @@ def snapshot(root: Path) -> dict[str, tuple[int, float]]:
             info = os.stat(os.path.join(current, name), follow_symlinks=False)
             found[os.path.relpath(os.path.join(current, name), root)] = (info.st_size, info.st_mtime_ns)
     return found
+
+
+NODE = """
+import json, sys, kcache
+from stress import synthetic
+cache = kcache.KernelCache({root!r}, backend=synthetic, remote={url!r})
+print("ready", flush=True); sys.stdin.readline()
+for name in {names!r}:
+    cache.get_or_compile(synthetic.SyntheticFunc(name), "synthetic")
+print(json.dumps(cache.stats()), flush=True)
+"""
+
+
+def cold_cluster(tmp_path: Path, url: str, names: list[str], procs: int = 16, roots: int = 4,
+                 **env: str) -> tuple[list[dict], str]:
+    """`procs` fresh processes over `roots` roots sharing the remote tiers `url`, released together to
+    get the synthetic kernels `names`: each one's stats, and on failure a line per process that
+    compiled or warned (with what it warned)."""
+    children = [spawn(NODE.format(root=str(tmp_path / f"node{i % roots}"), url=url, names=names),
+                      KCACHE_SYNTHETIC_COMPILE_S="0.5", **env) for i in range(procs)]
+    for child in children:
+        expect_line(child, "ready")
+    for child in children:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    finished = [child.communicate() for child in children]
+    stats = [json.loads(out.strip().splitlines()[-1]) for out, _err in finished]
+    said = "\n".join(f"{s} {err.strip()[-400:]}" for s, (_out, err) in zip(stats, finished) if s["compiles"] or err.strip())
+    return stats, said

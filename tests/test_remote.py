@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -17,7 +16,7 @@ import kcache  # noqa: E402
 from kcache.config import Settings  # noqa: E402
 from stress import synthetic  # noqa: E402
 
-from .helpers import expect_line, spawn  # noqa: E402
+from .helpers import cold_cluster, expect_line, spawn  # noqa: E402
 from .redis_server import redis_server  # noqa: E402
 
 
@@ -48,26 +47,8 @@ def test_a_second_node_gets_the_kernel_with_no_compile(tmp_path: Path, redis_url
 
 def test_sixteen_processes_on_four_roots_compile_each_key_once(tmp_path: Path, redis_url: str) -> None:
     names = ["k0", "k1", "k2"]
-    worker = """
-import json, sys, kcache
-from stress import synthetic
-cache = kcache.KernelCache({root!r}, backend=synthetic, remote={url!r})
-print("ready", flush=True); sys.stdin.readline()
-for name in {names!r}:
-    cache.get_or_compile(synthetic.SyntheticFunc(name), "synthetic")
-print(json.dumps(cache.stats()), flush=True)
-"""
-    procs = [spawn(worker.format(root=str(tmp_path / f"node{i % 4}"), url=redis_url, names=names),
-                   KCACHE_SYNTHETIC_COMPILE_S="0.5") for i in range(16)]
-    for proc in procs:
-        expect_line(proc, "ready")
-    for proc in procs:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    finished = [proc.communicate() for proc in procs]
-    stats = [json.loads(out.strip().splitlines()[-1]) for out, _err in finished]
     # On failure: which process compiled what, and what it warned (a Redis deadline missed under load?).
-    said = "\n".join(f"{s} {err.strip()[-400:]}" for s, (_out, err) in zip(stats, finished) if s["compiles"] or err.strip())
+    stats, said = cold_cluster(tmp_path, redis_url, names)
     assert sum(s["compiles"] for s in stats) == len(names), said
     assert sum(s["remote_hits"] for s in stats) == 3 * len(names), said  # each other root fetched each key once
 

@@ -26,7 +26,7 @@ from kcache.config import Settings  # noqa: E402
 from kcache.tiers.s3_tier import S3Tier, open_bucket  # noqa: E402
 from stress import synthetic  # noqa: E402
 
-from .helpers import expect_line, spawn  # noqa: E402
+from .helpers import cold_cluster, expect_line, spawn  # noqa: E402
 from .redis_server import redis_server  # noqa: E402
 from .s3_server import s3_server  # noqa: E402
 
@@ -111,25 +111,7 @@ def test_sixteen_processes_on_four_roots_compile_each_key_once(tmp_path: Path, s
     """S3 alone: the cluster's single flight is the lease object (create-only), the publish point the
     manifest (create-only)."""
     names = ["k0", "k1", "k2"]
-    worker = """
-import json, sys, kcache
-from stress import synthetic
-cache = kcache.KernelCache({root!r}, backend=synthetic, remote={url!r})
-print("ready", flush=True); sys.stdin.readline()
-for name in {names!r}:
-    cache.get_or_compile(synthetic.SyntheticFunc(name), "synthetic")
-print(json.dumps(cache.stats()), flush=True)
-"""
-    procs = [spawn(worker.format(root=str(tmp_path / f"node{i % 4}"), url=s3, names=names),
-                   KCACHE_SYNTHETIC_COMPILE_S="0.5", **server.env) for i in range(16)]
-    for proc in procs:
-        expect_line(proc, "ready")
-    for proc in procs:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    finished = [proc.communicate() for proc in procs]
-    stats = [json.loads(out.strip().splitlines()[-1]) for out, _err in finished]
-    said = "\n".join(f"{s} {err.strip()[-400:]}" for s, (_out, err) in zip(stats, finished) if s["compiles"] or err.strip())
+    stats, said = cold_cluster(tmp_path, s3, names, **server.env)
     assert sum(s["compiles"] for s in stats) == len(names), said
     assert sum(s["s3_hits"] for s in stats) == 3 * len(names), said  # each other root fetched each key once
     assert len(entry_names(s3)) == len(names)

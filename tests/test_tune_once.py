@@ -7,6 +7,7 @@ profiler whose latencies depend on the process: two tunes would pick differently
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -125,12 +126,28 @@ def test_a_tuner_killed_while_benchmarking_is_taken_over_and_all_survivors_agree
     assert later["config"] == took_over["config"] and later["timed"] == 0
 
 
-def test_two_nodes_sharing_redis_tune_once(tmp_path: Path) -> None:
-    pytest.importorskip("redis", reason="the remote tier needs redis-py (pip install -e '.[test]')")
-    from .redis_server import redis_server
+@contextlib.contextmanager
+def cluster(kind: str, workdir: Path):
+    """The environment of nodes sharing a real redis-server, or a real S3-protocol server's bucket
+    (whose lease objects then make the tune once)."""
+    if kind == "redis":
+        pytest.importorskip("redis", reason="the remote tier needs redis-py (pip install -e '.[test]')")
+        from .redis_server import redis_server
 
-    with redis_server(tmp_path) as (url, _server):
-        remote = {"KCACHE_REMOTE": url, "KCACHE_REMOTE_SECRET": "cluster-secret"}
+        with redis_server(workdir) as (url, _server):
+            yield {"KCACHE_REMOTE": url}
+    else:
+        pytest.importorskip("obstore", reason="the S3 tier needs obstore (pip install -e '.[test]')")
+        from .s3_server import s3_server
+
+        with s3_server() as bucket:
+            yield {"KCACHE_REMOTE": bucket.url("tune-once"), **bucket.env}
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_two_nodes_sharing_a_remote_tier_tune_once(tmp_path: Path, kind: str) -> None:
+    with cluster(kind, tmp_path) as shared:
+        remote = {**shared, "KCACHE_REMOTE_SECRET": "cluster-secret"}
         first = tuner(tmp_path / "node-a", "--hold", **remote)
         wait_for_stdout(first, "benchmarking")
         second = tuner(tmp_path / "node-b", **remote)
