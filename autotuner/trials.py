@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,13 @@ WRONG_RESULT = "wrong_result"
 DETERMINISTIC = frozenset({COMPILE_ERROR, OUT_OF_RESOURCES})
 TRANSIENT = frozenset({TIMEOUT, LAUNCH_ERROR})
 NEGATIVE = ".negative"
+# Errors of the interpreter, not of a config: a factory that raises one is not remembered as failing.
+INTERPRETER_ERRORS = (SystemError, MemoryError, RecursionError)
+# Kernel factories run one at a time (their compiles run in parallel). TileLang's `T.prim_func`
+# parses Python's AST, and CPython 3.11 before 3.11.8 raises "SystemError: AST constructor recursion
+# depth mismatch" when two threads build ASTs at once (python/cpython#106905): a config that
+# compiles was once recorded as a compile error that way.
+_FACTORY_LOCK = threading.Lock()
 
 # How compilers and drivers say a config asks for more than the device has.
 _OUT_OF_RESOURCES = re.compile(
@@ -172,7 +180,10 @@ def compile_configs(
         if known is not None:
             return Trial(dict(config), known["status"], known.get("message", ""), remembered=True)
         try:
-            func = kernel_factory(**config)
+            with _FACTORY_LOCK:
+                func = kernel_factory(**config)
+        except INTERPRETER_ERRORS as err:  # not the config's fault: a failure of this run, not remembered
+            return Trial(dict(config), COMPILE_ERROR, f"{type(err).__name__}: {err}")
         except Exception as err:  # a config the factory itself rejects is a compile error of that config
             return _failed(negative, config, COMPILE_ERROR, f"{type(err).__name__}: {err}", 0)
         too_big = check_resources(func, target)

@@ -163,7 +163,7 @@ def remote_urls(value: str | None) -> list[str]:
     urls = [part.strip() for part in value.split(",")]
     for url in urls:
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-        if scheme not in REMOTE_SCHEMES:
+        if scheme not in REMOTE_SCHEMES or (scheme == "s3" and not url[len("s3://"):].split("/", 1)[0]):
             raise ValueError(f"KCACHE_REMOTE={value!r}: {url!r} is not a remote tier's URL; use redis://HOST:PORT/DB "
                              "or s3://BUCKET/PREFIX, nearest first, separated by commas")
     return urls

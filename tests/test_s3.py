@@ -316,3 +316,10 @@ kcache.KernelCache({str(tmp_path / "b")!r}, backend=synthetic, remote={s3!r}).ge
                            capture_output=True, text=True, check=True).stdout
     counters = json.loads(shown)
     assert (counters["s3_hits"], counters["redis_hits"], counters["remote_hits"]) == (1, 0, 1), shown
+
+
+@pytest.mark.parametrize("value", ["s4://bucket", "s3://", "redis://h:1/0,,s3://b", "bucket/prefix"])
+def test_a_bad_kcache_remote_fails_at_open_naming_the_entry(tmp_path: Path, monkeypatch, value: str) -> None:
+    monkeypatch.setenv("KCACHE_REMOTE", value)
+    with pytest.raises(ValueError, match="KCACHE_REMOTE=.*s3://BUCKET/PREFIX"):
+        kcache.KernelCache(tmp_path / "root", backend=synthetic)

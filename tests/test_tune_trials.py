@@ -178,3 +178,20 @@ def test_a_launch_refused_for_shared_memory_is_out_of_resources_and_remembered(c
     identity = tune_identity(tile_kernel, configs, CPU_TARGET, [2], "smem", current_device_identity())
     trials = compile_configs(tile_kernel, configs, target=CPU_TARGET, cache=again, out_idx=[2], tune_identity=identity)
     assert trials[0].remembered and trials[0].status == OUT_OF_RESOURCES
+
+
+def test_an_interpreter_error_in_the_factory_is_not_remembered_as_the_configs_failure(cache_root: Path) -> None:
+    """CPython 3.11.7 raised "SystemError: AST constructor recursion depth mismatch" from TileLang's
+    parser when two threads built kernels at once; that once filed a good config as a compile error
+    for good. Such errors fail the trial of this run only."""
+    calls = []
+
+    def factory(x: int):
+        calls.append(x)
+        raise SystemError("AST constructor recursion depth mismatch (before=39, after=92)")
+
+    for _ in range(2):
+        (trial,) = compile_configs(factory, [{"x": 1}], target=CPU_TARGET, cache=kcache.KernelCache(cache_root),
+                                   tune_identity="interpreter-error")
+        assert trial.status == COMPILE_ERROR and "SystemError" in trial.message and not trial.remembered
+    assert calls == [1, 1]  # asked again: nothing was remembered
