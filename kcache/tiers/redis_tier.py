@@ -1,4 +1,4 @@
-"""The remote tier: one Redis shared by many machines, so that a cluster compiles each kernel once.
+"""The Redis tier: one Redis shared by many machines, so that a cluster compiles each kernel once.
 
 An entry travels as one Redis value (one SET: never a partial remote entry):
 

@@ -3,14 +3,17 @@
 Layout under `s3://bucket/prefix` (an action cache over content-addressed blobs, as bazel-remote):
 
     <prefix>/blobs/<sha256>                       every file of every entry, stored once by content
-    <prefix>/<format>/<toolchain>/entries/<key>   the entry's manifest: names, sizes, sha256s (signed)
+    <prefix>/<format>/<toolchain>/entries/<key>   the entry's manifest: names, sizes, sha256s, and
+                                                  meta.json itself (it names the key); signed
     <prefix>/<format>/<toolchain>/leases/<key>    a compile lease, where no Redis holds leases
+
+The entry's own manifest.json is not stored: a reader makes it from the manifest's listing.
 
 Publish: upload the blobs (each skipped when the bucket has it at its size), then write the manifest
 create-only (`If-None-Match: *`). That write is the one publish point, as the rename is on disk: a
 manifest is whole or absent, and the first writer wins; a later writer checks the winner's manifest
-and leaves it (the same key compiles the same way), or replaces it only where it does not verify,
-and only the very version it read (`If-Match`). A writer killed between its blobs and its manifest
+and leaves it (the same key compiles the same way), or replaces it only where it does not verify
+or its blobs failed for this writer, and only the very version it read (`If-Match`). A writer killed between its blobs and its manifest
 leaves blobs nobody lists: harmless, and the bucket's lifecycle rule removes them.
 
 Read: the manifest (its size capped before a byte is read), its signature and the key it names, then
