@@ -117,7 +117,8 @@ def test_sixteen_processes_on_four_roots_compile_each_key_once(tmp_path: Path, s
     assert len(entry_names(s3)) == len(names)
 
 
-def test_a_writer_killed_between_its_blobs_and_its_manifest_leaves_no_entry(tmp_path: Path, server, s3: str) -> None:
+def test_a_writer_killed_between_its_blobs_and_its_manifest_leaves_no_entry(tmp_path: Path, server, s3: str,
+                                                                             caplog) -> None:
     writer = spawn(f"""
 import sys, kcache
 from kcache.tiers import s3_tier
@@ -133,8 +134,10 @@ kcache.KernelCache({str(tmp_path / "a")!r}, backend=synthetic, remote={s3!r}).ge
     writer.wait()
     orphans = objects(s3)
     assert orphans and not entry_names(s3)  # invisible: nothing lists these blobs
-    reader = node(tmp_path / "b", s3, remote_lease_s=1.0)
-    get(reader)  # no entry in the bucket: it compiles (after the dead writer's lease lapses) and publishes
+    reader = node(tmp_path / "b", s3)
+    with caplog.at_level(logging.WARNING, logger="kcache"):
+        get(reader)  # no entry: it takes the dead writer's lease at once (same host, pid gone), compiles, publishes
+    assert any(f":{writer.pid}' on this host is gone" in r.getMessage() for r in caplog.records)
     assert (reader.stats()["compiles"], reader.stats()["uploads"]) == (1, 1)
     third = node(tmp_path / "c", s3)
     get(third)

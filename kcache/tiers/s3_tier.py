@@ -508,7 +508,28 @@ class S3Tier:
             return f"it expired (its holder {document.get('holder')!r} stopped renewing it)"
         if expires > now + lease_s + LEASE_SKEW_S:
             return "it claims to last longer than a lease may"
+        if _dead_here(document.get("holder")):
+            return f"its holder {document.get('holder')!r} on this host is gone"
         return ""
+
+
+def _dead_here(holder: object) -> bool:
+    """Whether a lease's holder ("host:pid") is a process of this host that no longer exists: a rank
+    killed mid-compile then costs its neighbours nothing, not a wait for its lease to lapse. A pid
+    reused since reads as alive (a wait, as before); a holder in another pid namespace under the same
+    host name may read as dead (a second compile of the key, never a wrong kernel)."""
+    if not isinstance(holder, str) or holder.count(":") < 1:
+        return False
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # another user's process: alive
+    return False
 
 
 class S3Lease:
