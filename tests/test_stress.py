@@ -40,15 +40,22 @@ def run_stress(tmp_path: Path, *args: str, root: Path | None = None) -> dict:
 
 
 def test_synthetic_run_with_kills_and_corruption_keeps_every_invariant(tmp_path: Path) -> None:
-    """With `--remote local-s3`: the workers share a bucket of a real S3-protocol server process
-    besides the root, so a corrupted local entry is mended from the bucket or by a compile, and the
-    invariants hold for both. (A run without a remote tier: the second-run test below.)"""
+    summary = run_stress(tmp_path, "--synthetic", "--procs", "4", "--duration", "8", "--kill-rate", "1", "--corrupt-rate", "4")
+    assert summary["invariants"]["pass"]
+    assert summary["ops"] > 1000 and summary["kills"] >= 1
+    assert summary["corruptions"]["injected"] >= 5
+    assert summary["corruptions"]["detected"] == summary["corruptions"]["injected"]
+
+
+def test_synthetic_run_with_an_s3_tier_kills_and_corruption_keeps_every_invariant(tmp_path: Path) -> None:
+    """`--remote local-s3`: the workers share a bucket of a real S3-protocol server process besides the
+    root; a corrupted local entry is then mended from the bucket or by a compile. Its throughput is
+    not asserted: it moves with the bucket's server (131 to over 1,000 operations in 8 s here)."""
     pytest.importorskip("obstore", reason="the S3 tier needs obstore (pip install -e '.[test]')")
     summary = run_stress(tmp_path, "--synthetic", "--procs", "4", "--duration", "8", "--kill-rate", "1",
                          "--corrupt-rate", "4", "--remote", "local-s3")
     assert summary["invariants"]["pass"]
-    assert summary["ops"] > 1000 and summary["kills"] >= 1
-    assert summary["corruptions"]["injected"] >= 5
+    assert summary["kills"] >= 1 and summary["corruptions"]["injected"] >= 5
     assert summary["corruptions"]["detected"] == summary["corruptions"]["injected"]
     assert summary["hits"]["remote"] >= 1
 
