@@ -22,6 +22,7 @@ from kcache.compile import service_address as address
 from kcache.compile import service_client as client
 from kcache.compile.pool import CompilePool
 from kcache.errors import CompilerCrashed, CompileTimeout
+from kcache.store import layout
 
 from . import pool_jobs
 from .faults import needs_root
@@ -75,6 +76,42 @@ def test_processes_share_one_service_and_its_warm_workers(runtime: Path) -> None
     assert served["jobs"] == 3 and served["refused"] == 0
     assert {runs[0]["worker"], runs[1]["worker"]} <= set(range(1, 1 << 22))  # real pids of the service's workers
     assert (runtime / "kcache").stat().st_mode & 0o777 == 0o700
+
+
+RACING_CLIENT = """
+import json, os, sys
+sys.path.insert(0, {project!r})
+from kcache.compile import service_client as client
+from kcache.compile.pool import CompilePool
+from tests import pool_jobs
+real_start = client.start
+
+def start(*args):
+    with open({starts!r}, "a") as starts:
+        starts.write(f"{{os.getpid()}}\\n")
+    return real_start(*args)
+
+client.start = start
+pool = client.ServicePool(2, None, ("tests.pool_jobs",), 60.0, lambda: CompilePool(1, None, preload=()))
+print("ready", flush=True)
+sys.stdin.readline()  # the barrier: every client finds no service at the same moment
+print(json.dumps({{"worker": pool.run(pool_jobs.worker_pid), "server": pool.server_pid}}))
+"""
+
+
+def test_clients_that_find_no_service_at_once_start_one_server(runtime: Path, tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    code = RACING_CLIENT.format(project=str(PROJECT), starts=str(starts))
+    clients = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True) for _ in range(6)]
+    for proc in clients:
+        assert proc.stdout.readline().strip() == "ready"
+    for proc in clients:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    runs = [json.loads(proc.communicate(timeout=120)[0]) for proc in clients]
+    assert len({run["server"] for run in runs}) == 1 and runs[0]["server"] is not None
+    assert len(starts.read_text().split()) == 1  # one of them started it; the others waited for its socket
 
 
 def test_crashes_and_hangs_kill_a_worker_of_the_service_not_the_service(runtime: Path) -> None:
@@ -259,8 +296,10 @@ def test_the_warm_up_names_the_service_the_tilelang_backend_uses() -> None:
 @pytest.mark.parametrize("tilelang_first", [False, True], ids=["cache-first", "tilelang-first"])
 def test_a_cache_opened_before_tilelang_starts_the_service_in_the_background(runtime: Path, tmp_path: Path,
                                                                             tilelang_first: bool) -> None:
-    """Opened before `import tilelang`, the cache warms the service up (its start overlaps the import);
-    opened after it, nothing starts until a miss: a process that only hits starts no service."""
+    """Opened before `import tilelang`, the cache warms the service up (its start overlaps the import)
+    and has a worker of it identify the toolchain into the root's memo, which the first lookup would
+    otherwise hash itself; opened after it, nothing starts until a miss: a process that only hits
+    starts no service."""
     code = textwrap.dedent(f"""
         import threading
         {"import tilelang" if tilelang_first else ""}
@@ -280,7 +319,8 @@ def test_a_cache_opened_before_tilelang_starts_the_service_in_the_background(run
     else:
         assert done.stdout.split()[-1] == "1" and len(sockets) == 1
         served = client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"), ("status",))
-        assert served["jobs"] == 0  # started, nothing compiled yet
+        assert served["jobs"] == 1 and served["failed"] == 0  # the toolchain's identification; no compile
+        assert len(list((tmp_path / "root" / layout.TOOLCHAIN).glob("*.json"))) == 1
 
 
 def test_the_services_workers_are_forked_from_its_template_and_a_crashed_one_too(runtime: Path) -> None:

@@ -122,7 +122,9 @@ class KernelCache:
 
         service = shared_service_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
                                       TILELANG_PRELOAD, self.settings.server_idle_s)
-        threading.Thread(target=service.warm, args=(count,), name="kcache-service-warm", daemon=True).start()
+        identify_in = None if self.readonly or self._toolchain is not None else str(self.root)
+        threading.Thread(target=_warm_service, args=(service, count, identify_in), name="kcache-service-warm",
+                         daemon=True).start()
 
     # ------------------------------------------------------------ public
 
@@ -325,3 +327,23 @@ class KernelCache:
                     log.debug("kcache: gc at open removed %s", report)
         except OSError as err:
             log.warning("kcache: gc of %s at open failed (the cache still works): %s", self.root, err)
+
+
+def _warm_service(service: Any, count: int, identify_in: str | None) -> None:
+    """The warm-up's thread: `count` workers, then the toolchain fingerprint of the root `identify_in`
+    computed by a worker of the service, which imports TileLang anyway. The program's first lookup then
+    reads the root's memo instead of hashing TileLang's 105 MB of libraries itself (a cache opened
+    before `import tilelang` identifies the toolchain at its first lookup), and a herd of processes
+    that opened one fresh root hashes once, before its barrier, instead of once each after it."""
+    service.warm(count)
+    if identify_in is None:
+        return
+    from kcache.compile.protocol import CallByName
+
+    job = service.submit_to_service(CallByName("kcache.tilelang.fingerprint", "toolchain_fingerprint"), identify_in,
+                                    name="identifying the toolchain")
+    if job is not None:
+        # The thread lives as long as its job (a disconnect would stop it). A failure here costs
+        # nothing: the first lookup identifies the toolchain itself and meets the failure there.
+        with contextlib.suppress(Exception):
+            job.result()

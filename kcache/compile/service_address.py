@@ -113,5 +113,10 @@ def lock_path(name: str) -> Path:
     return service_directory() / f"compile-{name}.lock"
 
 
+def start_lock_path(name: str) -> Path:
+    """Held by the one client that starts the service `name` (`service_client.connect_or_start`)."""
+    return service_directory() / f"compile-{name}.start.lock"
+
+
 def log_path(name: str) -> Path:
     return service_directory() / f"compile-{name}.log"

@@ -36,12 +36,14 @@ from kcache.compile.jobs import UNSET, JobOutput, JobRunner, usable_cpu_count
 from kcache.compile.protocol import CallByName
 from kcache.compile.worker import current_umask
 from kcache.errors import CompileAborted
+from kcache.store.locks import try_flock
 
 log = logging.getLogger("kcache")
 
 START_TIMEOUT_S = 20.0  # the server binds its socket before it imports anything heavy
-RETRY_AFTER_S = 30.0
-REQUEST_TIMEOUT_S = 600.0  # a status, stop or waiting warm-up request (the last starts workers)  # after a failure, the own pool serves this long before the service is tried again
+START_POLL_S = 0.02  # how often a process waiting for another's start tries the socket
+RETRY_AFTER_S = 30.0  # after a failure, the own pool serves this long before the service is tried again
+REQUEST_TIMEOUT_S = 600.0  # a status, stop or waiting warm-up request (the last starts workers)
 PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -128,6 +130,13 @@ class ServicePool(JobRunner):
         else:
             self._send(conn, ("warm", count or 1))
         return time.monotonic() - started
+
+    def submit_to_service(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> Future[Any] | None:
+        """`submit`, to the service only: None when it cannot be reached, for a job that is not worth
+        starting the own pool's worker (which imports TileLang) for."""
+        if self._connection() is None:
+            return None
+        return self.submit(fn, *args, name=name)
 
     def ping(self, timeout_s: float = START_TIMEOUT_S) -> bool:
         """Whether the service answered a ping on this process's connection: then it has taken in
@@ -309,27 +318,52 @@ def connect(name: str) -> tuple[socket.socket, int]:
 
 
 def connect_or_start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> tuple[socket.socket, int]:
-    """Connect to the service `name`, starting it when none listens. Raises ServiceUnavailable."""
-    try:
-        return connect(name)
-    except ServiceUnavailable:
-        raise
-    except address.NoServiceDirectory as err:
-        raise ServiceUnavailable(str(err)) from err
-    except (OSError, EOFError) as err:
-        if isinstance(err, OSError) and err.errno not in (errno.ENOENT, errno.ECONNREFUSED, None):
-            raise ServiceUnavailable(f"{address.socket_path(name)}: {err}") from err
-    start(name, workers, preload, idle_s)
+    """Connect to the service `name`, starting it when none listens. Raises ServiceUnavailable.
+
+    Of the processes that find no service at once (a job's ranks opening their caches together), one
+    starts it, under its start lock, and the others wait for its socket. Each starting a server of
+    its own, 32 ranks started 32 interpreters, 31 of which found the name taken and exited: seconds
+    of CPU spent while the one that stays imports TileLang, on which their first compile waits.
+    """
     deadline = time.monotonic() + START_TIMEOUT_S
-    while True:  # a server that lost the start race to another client is binding its socket
+    while True:
         try:
             return connect(name)
         except ServiceUnavailable:
             raise
+        except address.NoServiceDirectory as err:
+            raise ServiceUnavailable(str(err)) from err
         except (OSError, EOFError) as err:
+            if isinstance(err, OSError) and err.errno not in (errno.ENOENT, errno.ECONNREFUSED, None):
+                raise ServiceUnavailable(f"{address.socket_path(name)}: {err}") from err
             if time.monotonic() > deadline:
                 raise ServiceUnavailable(f"no compile service listens at {address.socket_path(name)}: {err}") from err
-            select.select([], [], [], 0.05)
+        starting = _take_start_lock(name)
+        if starting is None:  # another process is starting it: its socket appears within START_TIMEOUT_S
+            select.select([], [], [], START_POLL_S)
+            continue
+        try:
+            with contextlib.suppress(OSError, EOFError):
+                return connect(name)  # the holder before us started it
+            start(name, workers, preload, idle_s)  # then connect; "busy": another server is binding the name
+        finally:
+            os.close(starting)
+
+
+def _take_start_lock(name: str) -> int | None:
+    """The start lock of service `name`, held (a descriptor to close), or None while another holds it."""
+    try:
+        fd = os.open(address.start_lock_path(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise ServiceUnavailable(f"{address.start_lock_path(name)}: {err}") from err
+    try:
+        if try_flock(fd):
+            return fd
+    except OSError as err:
+        os.close(fd)
+        raise ServiceUnavailable(f"{address.start_lock_path(name)}: {err}") from err
+    os.close(fd)
+    return None
 
 
 def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> None:

@@ -55,18 +55,29 @@ def toolchain_fingerprint(root: Path, persist: bool = True) -> dict[str, object]
     """The toolchain part of every key: memoized per process and under `<root>/.toolchain/`.
 
     Only a memo miss loads `kcache.tilelang.toolchain` (which hashes ~100 MB of
-    libraries and runs nvcc --version).
+    libraries and runs nvcc --version), and only one process of the root hashes at a time.
     """
     signature, libraries, compiler = toolchain_signature()
     cached = _toolchain_memo.get(signature)
     if cached is not None:
         return cached
-    try:
-        # Trust-checked like an entry: a planted memo would name another toolchain in every key.
-        fingerprint = json.loads(trust.read_trusted(Path(root), Path(layout.TOOLCHAIN), signature + ".json", 1 << 20))
-    except (OSError, ValueError):  # missing, untrusted (UntrustedEntry is an OSError), or damaged: recompute
+    fingerprint = read_memo(Path(root), signature)
+    if fingerprint is None:
         from kcache.tilelang import toolchain  # a memo miss only: it hashes ~100 MB
 
-        fingerprint = toolchain.compute_and_persist(root, signature, libraries, compiler, persist)
+        if persist:
+            fingerprint = toolchain.identify_once(Path(root), signature, libraries, compiler, read_memo)
+        else:
+            fingerprint = toolchain.compute_and_persist(root, signature, libraries, compiler, persist=False)
     _toolchain_memo[signature] = fingerprint
     return fingerprint
+
+
+def read_memo(root: Path, signature: str) -> dict[str, object] | None:
+    """The fingerprint persisted for `signature` under `root`, or None when it is missing or unusable."""
+    try:
+        # Trust-checked like an entry: a planted memo would name another toolchain in every key.
+        found = json.loads(trust.read_trusted(root, Path(layout.TOOLCHAIN), signature + ".json", 1 << 20))
+    except (OSError, ValueError):  # missing, untrusted (UntrustedEntry is an OSError), or damaged: recompute
+        return None
+    return found if isinstance(found, dict) else None

@@ -13,6 +13,13 @@ the signature and forces a recomputation.
 
 The signature and the memo lookup are on the hit path and live in
 `kcache.tilelang.fingerprint`; this module (the recomputation) loads only on a memo miss.
+
+A fresh root's memo misses in every process that opens it at once: a job's 32 ranks, say. Each
+hashing the same 105 MB on a machine of 16 cores took about half a second where one hash takes a
+quarter, and in a herd that opened its cache before `import tilelang` (the fingerprint is then
+computed at the first lookup) that half second came after the barrier. So one process of the root
+hashes, under `<root>/.locks/toolchain-<signature>.lock`, and the others wait for its memo; a
+process that cannot take the lock, or waits past TOOLCHAIN_LOCK_WAIT_S, hashes on its own.
 """
 
 from __future__ import annotations
@@ -24,13 +31,21 @@ import os
 import platform
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+from kcache.errors import CacheLockTimeout
 from kcache.keys import ENTRY_FORMAT
 from kcache.store import layout
 from kcache.store.fsutil import ensure_dir, read_nofollow, sha256_hex, write_durable
+from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
+
+# A hash takes a fraction of a second: a holder this slow is stuck, and hashing beside it is cheaper
+# than waiting on.
+TOOLCHAIN_LOCK_WAIT_S = 60.0
+MemoReader = Callable[[Path, str], "dict[str, object] | None"]
 
 
 def compute_and_persist(root: Path, signature: str, libraries: list[str], compiler: str,
@@ -39,6 +54,25 @@ def compute_and_persist(root: Path, signature: str, libraries: list[str], compil
     if persist:
         _persist(Path(root) / layout.TOOLCHAIN / f"{signature}.json", fingerprint)
     return fingerprint
+
+
+def identify_once(root: Path, signature: str, libraries: list[str], compiler: str,
+                  read_memo: MemoReader) -> dict[str, object]:
+    """The fingerprint of `signature` for `root`: hashed here under the root's toolchain lock, or read
+    from the memo of the process that held it. Never fails for the lock's sake: without it, this
+    process hashes on its own."""
+    lock = KeyLock(root / layout.LOCKS / f"toolchain-{signature}.lock", f"toolchain-{signature}")
+    try:
+        waited = lock.acquire(TOOLCHAIN_LOCK_WAIT_S, lambda: read_memo(root, signature) is not None)
+    except (CacheLockTimeout, OSError) as err:  # a read-only .locks, a planted link, a stuck holder
+        log.debug("kcache: identifying the toolchain without its lock %s: %s", lock.path, err)
+        return compute_and_persist(root, signature, libraries, compiler)
+    if waited is None:  # another process's memo appeared while we waited
+        found = read_memo(root, signature)
+        return found if found is not None else compute_and_persist(root, signature, libraries, compiler)
+    with lock:
+        found = read_memo(root, signature)  # its holder before us may have written it
+        return found if found is not None else compute_and_persist(root, signature, libraries, compiler)
 
 
 def _nvcc_version(compiler: Path) -> str:
