@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -81,3 +82,15 @@ def test_a_read_only_root_identifies_the_toolchain_without_its_lock(tmp_path: Pa
     found = fingerprint.toolchain_fingerprint(root, persist=False)
     assert found["tilelang_libs"] and len(counted_hashes) == 1
     assert not (root / layout.LOCKS).exists() and not (root / layout.TOOLCHAIN).exists()
+
+
+def test_identifying_the_toolchain_of_a_root_removed_meanwhile_does_not_bring_it_back(
+        tmp_path: Path, counted_hashes: list[int]) -> None:
+    """A service worker identifies the toolchain for a process that opened its cache before `import
+    tilelang`; by then a harness that only inspected that temporary root may have removed it."""
+    root = tmp_path / "root"
+    access.create_root(root)
+    shutil.rmtree(root)
+    found = fingerprint.toolchain_fingerprint(root)
+    assert found["tilelang_libs"] and len(counted_hashes) == 1
+    assert not root.exists()

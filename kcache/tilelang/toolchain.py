@@ -37,7 +37,7 @@ from pathlib import Path
 from kcache.errors import CacheLockTimeout
 from kcache.keys import ENTRY_FORMAT
 from kcache.store import layout
-from kcache.store.fsutil import ensure_dir, read_nofollow, sha256_hex, write_durable
+from kcache.store.fsutil import make_dir, read_nofollow, sha256_hex, write_durable
 from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
@@ -63,6 +63,9 @@ def identify_once(root: Path, signature: str, libraries: list[str], compiler: st
     process hashes on its own."""
     lock = KeyLock(root / layout.LOCKS / f"toolchain-{signature}.lock", f"toolchain-{signature}")
     try:
+        # Into an existing root only: a service worker may run this for a process whose root was
+        # removed since (a harness that inspected a temporary root, then deleted it).
+        make_dir(root / layout.LOCKS, exist_ok=True)
         waited = lock.acquire(TOOLCHAIN_LOCK_WAIT_S, lambda: read_memo(root, signature) is not None)
     except (CacheLockTimeout, OSError) as err:  # a read-only .locks, a planted link, a stuck holder
         log.debug("kcache: identifying the toolchain without its lock %s: %s", lock.path, err)
@@ -101,7 +104,7 @@ def _persist(memo_file: Path, fingerprint: dict[str, object]) -> None:
     """Best effort: a read-only root just recomputes the fingerprint per process."""
     tmp = memo_file.with_name(f".{memo_file.name}.{uuid.uuid4().hex}")
     try:
-        ensure_dir(memo_file.parent)
+        make_dir(memo_file.parent, exist_ok=True)  # never the root: one removed meanwhile stays removed
         write_durable(tmp, json.dumps(fingerprint, sort_keys=True).encode())
         os.replace(tmp, memo_file)
     except OSError as err:
