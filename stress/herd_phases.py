@@ -78,10 +78,16 @@ def one_herd(procs: int, mode: str, running: bool) -> dict[str, Any]:
         if any(r is None for r in results):
             raise RuntimeError(f"a process of the herd failed ({mode})")
         sockets = list((runtime / "kcache").glob("*.sock"))
+        previous = os.environ.get("XDG_RUNTIME_DIR")
         os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # the status of the herd's own service
-        served = service_client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"), ("status",))
+        try:
+            served = service_client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"),
+                                            ("status",))
+        finally:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+            if previous is not None:
+                os.environ["XDG_RUNTIME_DIR"] = previous
     finally:
-        os.environ.pop("XDG_RUNTIME_DIR", None)
         stop_services(runtime)
     (compiler,) = [r for r in results if r["compiles"]]
     return {

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -72,8 +74,11 @@ def test_a_stuck_holder_of_the_toolchain_lock_is_waited_on_for_a_bounded_time(tm
     monkeypatch.setattr(toolchain, "TOOLCHAIN_LOCK_WAIT_S", 0.3)
     with KeyLock(root / layout.LOCKS / f"toolchain-{signature}.lock", "holder") as held:
         assert held.acquire(1.0) == 0.0  # a holder that never writes the memo
+        started = time.monotonic()
         found = fingerprint.toolchain_fingerprint(root)
+        waited = time.monotonic() - started
     assert found["tilelang_libs"] and len(counted_hashes) == 1
+    assert waited < 30.0, f"waited {waited:.1f} s on the holder, not the 0.3 s set"  # the default is 60 s
 
 
 def test_a_read_only_root_identifies_the_toolchain_without_its_lock(tmp_path: Path, counted_hashes: list[int]) -> None:
@@ -94,3 +99,15 @@ def test_identifying_the_toolchain_of_a_root_removed_meanwhile_does_not_bring_it
     found = fingerprint.toolchain_fingerprint(root)
     assert found["tilelang_libs"] and len(counted_hashes) == 1
     assert not root.exists()
+
+
+def test_a_toolchain_memo_directory_that_is_a_link_is_not_written_through(tmp_path: Path,
+                                                                          counted_hashes: list[int]) -> None:
+    root = tmp_path / "root"
+    access.create_root(root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, root / layout.TOOLCHAIN)
+    found = fingerprint.toolchain_fingerprint(root)
+    assert found["tilelang_libs"] and len(counted_hashes) == 1
+    assert list(elsewhere.iterdir()) == []

@@ -24,20 +24,19 @@ process that cannot take the lock, or waits past TOOLCHAIN_LOCK_WAIT_S, hashes o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import platform
 import subprocess
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from kcache.errors import CacheLockTimeout
 from kcache.keys import ENTRY_FORMAT
-from kcache.store import layout
-from kcache.store.fsutil import make_dir, read_nofollow, sha256_hex, write_durable
+from kcache.store import layout, sharing
+from kcache.store.dirfd import open_root
+from kcache.store.fsutil import make_dir, make_dirs_at, read_nofollow, replace_file_at, sha256_hex
 from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
@@ -52,7 +51,7 @@ def compute_and_persist(root: Path, signature: str, libraries: list[str], compil
                         persist: bool = True) -> dict[str, object]:
     fingerprint = _compute([Path(p) for p in libraries], Path(compiler))
     if persist:
-        _persist(Path(root) / layout.TOOLCHAIN / f"{signature}.json", fingerprint)
+        _persist(Path(root), f"{signature}.json", fingerprint)
     return fingerprint
 
 
@@ -71,11 +70,9 @@ def identify_once(root: Path, signature: str, libraries: list[str], compiler: st
         log.debug("kcache: identifying the toolchain without its lock %s: %s", lock.path, err)
         return compute_and_persist(root, signature, libraries, compiler)
     if waited is None:  # another process's memo appeared while we waited
-        found = read_memo(root, signature)
-        return found if found is not None else compute_and_persist(root, signature, libraries, compiler)
-    with lock:
-        found = read_memo(root, signature)  # its holder before us may have written it
-        return found if found is not None else compute_and_persist(root, signature, libraries, compiler)
+        return read_memo(root, signature) or compute_and_persist(root, signature, libraries, compiler)
+    with lock:  # its holder before us may have written the memo
+        return read_memo(root, signature) or compute_and_persist(root, signature, libraries, compiler)
 
 
 def _nvcc_version(compiler: Path) -> str:
@@ -100,14 +97,20 @@ def _compute(libraries: list[Path], compiler: Path) -> dict[str, object]:
     }
 
 
-def _persist(memo_file: Path, fingerprint: dict[str, object]) -> None:
-    """Best effort: a read-only root just recomputes the fingerprint per process."""
-    tmp = memo_file.with_name(f".{memo_file.name}.{uuid.uuid4().hex}")
+def _persist(root: Path, name: str, fingerprint: dict[str, object]) -> None:
+    """Best effort: a read-only root just recomputes the fingerprint per process. By descriptor: a
+    `.toolchain` that is a link is refused, never written through, and a root removed meanwhile (a
+    service worker may persist for a process that removed its temporary root since) stays removed."""
     try:
-        make_dir(memo_file.parent, exist_ok=True)  # never the root: one removed meanwhile stays removed
-        write_durable(tmp, json.dumps(fingerprint, sort_keys=True).encode())
-        os.replace(tmp, memo_file)
+        root_fd = open_root(root)
+        try:
+            memo_dir = make_dirs_at(root_fd, layout.TOOLCHAIN)
+        finally:
+            os.close(root_fd)
+        try:
+            replace_file_at(memo_dir, name, json.dumps(fingerprint, sort_keys=True).encode(),
+                            sharing.WRITE_ONCE_FILE_MODE)
+        finally:
+            os.close(memo_dir)
     except OSError as err:
-        log.debug("kcache: could not persist the toolchain fingerprint at %s: %s", memo_file, err)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        log.debug("kcache: could not persist the toolchain fingerprint %s under %s: %s", name, root, err)
