@@ -335,6 +335,22 @@ def test_the_services_workers_are_forked_from_its_template_and_a_crashed_one_too
     assert pool.run(pool_jobs.parent_pid) == template and status(pool)["template_pid"] == template
 
 
+def test_the_service_forks_itself_into_its_template_which_keeps_none_of_its_descriptors(runtime: Path) -> None:
+    """The server forks its template at its start (no interpreter to start before the TileLang import
+    the first compile waits for); the fork must not keep the server's lock, listener or starter pipe."""
+    pool = service_pool()
+    pool.warm(1, wait=True)
+    template = status(pool)["template_pid"]
+    fields = Path(f"/proc/{template}/stat").read_text().rsplit(")", 1)[1].split()
+    assert int(fields[1]) == pool.server_pid
+    command = Path(f"/proc/{template}/cmdline").read_bytes()
+    assert command == Path(f"/proc/{pool.server_pid}/cmdline").read_bytes()  # forked, not an exec'd interpreter
+    descriptors = {int(fd): os.readlink(f"/proc/{template}/fd/{fd}") for fd in os.listdir(f"/proc/{template}/fd")}
+    assert sorted(descriptors)[:3] == [0, 1, 2] and descriptors[0] == os.devnull
+    extra = [target for fd, target in descriptors.items() if fd > 2]
+    assert len(extra) == 1 and extra[0].startswith("socket:"), descriptors  # its control socket only
+
+
 def test_a_template_that_holds_threads_does_not_fork_and_workers_start_by_exec(runtime: Path) -> None:
     own = CompilePool(1, None, preload=())
     pool = client.ServicePool(1, None, ("tests.pool_jobs_threaded",), 60.0, lambda: own)

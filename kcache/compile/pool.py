@@ -331,32 +331,52 @@ class CompilePool(JobRunner):
                 log.warning("kcache: the compile worker template is gone (%s); starting a new one", err)
         return WorkerProcess(self.preload, self.start_timeout_s)
 
+    def start_template(self, *, forked: bool = False) -> None:
+        """Start the worker template now, without waiting for its imports; the first worker start
+        waits for them. `forked`: fork this process into it (only while it holds one thread: the
+        compile service does this first thing)."""
+        with self._template_lock:
+            if not self._template_unusable and self._template is None:
+                self._template = self._new_template(forked)
+
+    def _new_template(self, forked: bool = False) -> WorkerTemplate | None:
+        stderr = anonymous_append_file()
+        try:
+            return WorkerTemplate(self.preload, self.start_timeout_s, stderr, forked=forked)
+        except (TemplateGone, CompilePoolError, OSError) as err:
+            self._template_unusable = True
+            log.warning("kcache: the compile worker template could not start (%s); workers start by exec", err)
+            return None
+        finally:
+            os.close(stderr)  # the template holds its own copy
+
     def _usable_template(self) -> WorkerTemplate | None:
-        """The worker template, started on first use (the first worker waits for its imports, the
-        others fork from it); None where workers start by exec."""
+        """The worker template, started on first use unless `start_template` did (the first worker
+        waits for its imports, the others fork from it); None where workers start by exec."""
         with self._template_lock:
             if self._template_unusable:
                 return None
-            if self._template is not None and self._template.alive:
-                return self._template
-            if self._template is not None:
+            if self._template is not None and not self._template.alive:
                 self._template.close()
-            self._template = None
-            stderr = anonymous_append_file()
+                self._template = None
+            template = self._template or self._new_template()
+            if template is None:
+                return None
             try:
-                template = WorkerTemplate(self.preload, self.start_timeout_s, stderr)
-            except (TemplateGone, CompilePoolError) as err:
+                template.wait_ready()
+            except TemplateGone as err:
+                self._template = None
                 self._template_unusable = True
                 log.warning("kcache: the compile worker template could not start (%s); workers start by exec", err)
                 return None
-            finally:
-                os.close(stderr)  # the template holds its own copy
-            if len(template.threads) > 1:
+            threads = template.threads or []
+            if len(threads) > 1:
                 # A fork would copy a process whose other threads may hold locks: not safe.
+                self._template = None
                 self._template_unusable = True
                 log.warning("kcache: the compile worker template holds %d threads after importing %s (%s); "
-                            "workers start by exec", len(template.threads), ", ".join(self.preload) or "nothing",
-                            ", ".join(template.threads[1:]))
+                            "workers start by exec", len(threads), ", ".join(self.preload) or "nothing",
+                            ", ".join(threads[1:]))
                 template.close()
                 return None
             self._template = template

@@ -288,6 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     except BlockingIOError:
         tell(b"busy")  # another server of this name runs or is starting
         return 0
+    from kcache.compile.pool import CompilePool
+
+    pool = CompilePool(args.workers, None, preload=json.loads(args.preload), start="fork")
+    # The template is forked from this process now, while it holds one thread and no listener: its
+    # TileLang import, which the first compile waits for, starts without an interpreter's start and
+    # kcache's imports before it (on a loaded machine, a herd's ranks importing TileLang beside it,
+    # those were a good part of its lag). It closes this process's descriptors (the lock, the pipe
+    # to the starter).
+    pool.start_template(forked=True)
     path = address.socket_path(args.name)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # stale: its server is dead, or it would hold the lock
@@ -300,10 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     listener.listen(128)
     identity = os.stat(path)
 
-    from kcache.compile.pool import CompilePool
     from kcache.config import compile_memory_budget
 
-    pool = CompilePool(args.workers, None, preload=json.loads(args.preload), start="fork")
     server = Server(listener, pool, args.idle, compile_memory_budget())
     threading.Thread(target=pool.warm, args=(1,), daemon=True).start()  # overlaps the first client's imports
     tell(b"ready")

@@ -17,12 +17,14 @@ ready; a pool that sees more than one starts its workers by exec instead (`templ
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
 import select
 import socket
 import sys
+import traceback
 
 from kcache.compile import protocol as wire
 from kcache.compile.worker import PARENT_ENV, die_with_parent, prepare, serve
@@ -57,19 +59,69 @@ def thread_names() -> list[str]:
 
 
 def main() -> int:
+    """The template as a fresh interpreter (`template_process.WorkerTemplate`, exec)."""
     proto_in, proto_out = wire.protocol_fds()
     die_with_parent(int(os.environ[PARENT_ENV]))
     faulthandler.enable()  # inherited by every worker: a segfault leaves a traceback in its stderr
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
     prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
-    for name, value in json.loads(os.environ.pop(RESTORE_ENV, "{}")).items():
-        if value is None:  # the libraries read them at import; the workers get the caller's environment
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    restore_environment(json.loads(os.environ.pop(RESTORE_ENV, "{}")))
     wire.send(proto_out, (wire.READY, os.getpid(), thread_names()))
     os.close(proto_in)
     os.close(proto_out)
+    return serve_forks(control)
+
+
+def start_forked(control: socket.socket, ready_out: int, stderr: int, preload: tuple[str, ...]) -> int:
+    """The template as a fork of the calling process, which must hold one thread (the compile service
+    at its start, before anything else): the child imports `preload` at once, with no interpreter to
+    start and nothing of kcache to import again. Its pid; the child answers READY on `ready_out`, as
+    `main` does, and never returns."""
+    parent = os.getpid()
+    keep = {control.fileno(), ready_out, stderr}
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:  # the template: it never returns into the caller
+        for name in os.listdir("/proc/self/fd"):  # the server's lock, listener, starter pipe: not ours
+            if int(name) > 2 and int(name) not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(int(name))
+        os.setsid()  # its own session, as an exec'd template's (start_new_session)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.dup2(stderr, 2)
+        os.dup2(stderr, 1)
+        os.close(stderr)
+        die_with_parent(parent)
+        faulthandler.enable()
+        callers = {name: os.environ.get(name) for name in FORK_SAFE_IMPORT_ENV}
+        os.environ.update(FORK_SAFE_IMPORT_ENV)
+        prepare({"sys_path": list(sys.path), "preload": list(preload)})
+        restore_environment(callers)
+        wire.send(ready_out, (wire.READY, os.getpid(), thread_names()))
+        os.close(ready_out)
+        code = serve_forks(control)
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must not run its parent's code
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def restore_environment(values: dict[str, str | None]) -> None:
+    """The caller's values of the import settings (None: unset): the libraries read them at import;
+    the workers get the caller's environment."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def serve_forks(control: socket.socket) -> int:
+    """Answer fork and reap requests until the pool closes its end."""
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(control, MESSAGE_BYTES, FORK_FDS)

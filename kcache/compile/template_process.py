@@ -1,15 +1,20 @@
 """A pool's handle on its worker template (`template`): start it, ask it to fork, ask it to reap.
 
 The template is one more interpreter started by fork+exec, like a worker, that imports what a
-worker would and then forks workers on request. Requests are serialized (one lock): the template
+worker would and then forks workers on request; the compile service forks itself into its template
+at its start instead (`forked=True`), which saves an interpreter's start and kcache's imports on the
+path to its first compile. Requests are serialized (one lock): the template
 is single-threaded by design. If it dies, `TemplateGone` tells the pool to start its workers
 another way; its workers die with it (PR_SET_PDEATHSIG), as an exec'd worker dies with the pool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -18,8 +23,7 @@ import threading
 from kcache.compile import protocol as wire
 from kcache.compile.interpreter import start_interpreter
 from kcache.compile.protocol import receive_reply
-from kcache.compile.template import CONTROL_ENV, FORK_SAFE_IMPORT_ENV, MESSAGE_BYTES, RESTORE_ENV
-from kcache.errors import CompilePoolError
+from kcache.compile.template import CONTROL_ENV, FORK_SAFE_IMPORT_ENV, MESSAGE_BYTES, RESTORE_ENV, start_forked
 
 
 class TemplateGone(OSError):
@@ -27,41 +31,70 @@ class TemplateGone(OSError):
 
 
 class WorkerTemplate:
-    """The template process, as its pool sees it."""
+    """The template process, as its pool sees it: started at once, ready after its imports
+    (`wait_ready`, which the pool's first worker start calls)."""
 
-    def __init__(self, preload: tuple[str, ...], start_timeout_s: float, stderr: int) -> None:
+    def __init__(self, preload: tuple[str, ...], start_timeout_s: float, stderr: int, *,
+                 forked: bool = False) -> None:
+        """`forked`: fork this process into the template (it must hold one thread: the compile
+        service at its start) instead of starting a fresh interpreter."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        setup_read, setup_write = os.pipe2(os.O_CLOEXEC)
         ready_read, ready_write = os.pipe2(os.O_CLOEXEC)
+        self.start_timeout_s = start_timeout_s
+        self.threads: list[str] | None = None  # known once ready
+        try:
+            if forked:
+                self.proc: subprocess.Popen | ForkedChild = ForkedChild(
+                    start_forked(theirs, ready_write, stderr, tuple(preload)))
+            else:
+                self.proc = self._exec(preload, stderr, theirs, ready_write)
+        except BaseException:
+            ours.close()
+            os.close(ready_read)
+            raise
+        finally:
+            theirs.close()
+            os.close(ready_write)
+        self.pid = self.proc.pid
+        self._control = ours
+        self._ready_read: int | None = ready_read
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _exec(preload: tuple[str, ...], stderr: int, theirs: socket.socket, ready_write: int) -> subprocess.Popen:
+        setup_read, setup_write = os.pipe2(os.O_CLOEXEC)
         # No library threads and no CUDA while the template imports (see template.py); the caller's
         # values come back before the first fork, so workers see the caller's environment.
         restore = {name: os.environ.get(name) for name in FORK_SAFE_IMPORT_ENV}
         try:
-            self.proc = start_interpreter(
+            proc = start_interpreter(
                 "kcache.compile.template", (setup_read, ready_write), stderr,
                 {**FORK_SAFE_IMPORT_ENV, CONTROL_ENV: str(theirs.fileno()), RESTORE_ENV: json.dumps(restore)},
                 extra_fds=(theirs.fileno(),),
             )
-        except CompilePoolError:
-            ours.close()
-            for fd in (setup_write, ready_read):
-                os.close(fd)
-            raise
         finally:
-            theirs.close()
             os.close(setup_read)
-            os.close(ready_write)
-        self._control = ours
-        self._lock = threading.Lock()
         try:
-            wire.send(setup_write, {"sys_path": list(sys.path), "preload": list(preload)})
-            reply = receive_reply(ready_read, start_timeout_s, "starting the worker template")
+            wire.send(setup_write, {"sys_path": list(sys.path), "preload": list(preload)})  # fits the pipe
+        except OSError:
+            pass  # it died at once: wait_ready says so
+        finally:
+            os.close(setup_write)
+        return proc
+
+    def wait_ready(self) -> None:
+        """Until the template has imported its preload (at once after the first call). Raises
+        TemplateGone if it died or took longer than its start timeout."""
+        if self._ready_read is None:
+            return
+        try:
+            reply = receive_reply(self._ready_read, self.start_timeout_s, "starting the worker template")
         except Exception as err:  # noqa: BLE001 - whatever it was, the template is not usable
             self.close()
             raise TemplateGone(f"the worker template did not get ready: {err}") from None
         finally:
-            os.close(setup_write)
-            os.close(ready_read)
+            os.close(self._ready_read)
+            self._ready_read = None
         _ready, self.pid, self.threads = reply  # thread names, the main thread first
 
     def fork(self, fds: tuple[int, int, int]) -> int:
@@ -93,9 +126,48 @@ class WorkerTemplate:
 
     def close(self) -> None:
         """Its control socket closes, so it exits; killed if it does not."""
+        if self._ready_read is not None:
+            os.close(self._ready_read)
+            self._ready_read = None
         self._control.close()
         try:
             self.proc.wait(5.0)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class ForkedChild:
+    """The handle of a template forked by this process (`start_forked`): what the pool uses of a Popen."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+                if done:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except ProcessLookupError:
+                pidfd = None
+            if pidfd is not None:
+                try:
+                    if not select.select([pidfd], [], [], timeout)[0]:
+                        raise subprocess.TimeoutExpired(f"worker template {self.pid}", timeout or 0.0)
+                finally:
+                    os.close(pidfd)
+        if self.poll() is None:  # already reaped elsewhere
+            self.returncode = 0
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
