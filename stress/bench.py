@@ -402,6 +402,14 @@ def bench_cold_rows(repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
                 replaced["pool (exec)"], "s", baseline="per-process pool (exec)")]
 
 
+def bytecode_as_installed() -> dict[str, str]:
+    """Both caches' modules load from bytecode, as after a pip install: kcache's compiled now, and the
+    children may write theirs. The environment for the children."""
+    compileall.compile_dir(str(PROJECT / "kcache"), quiet=1)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    return {"PYTHONDONTWRITEBYTECODE": ""}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m stress.bench", description=__doc__.splitlines()[0])
     p.add_argument("--procs", type=int, default=4, help="herd size (use 16 on a 16-core machine)")
@@ -422,10 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         memory_worker(Path(args.memory_worker))
         return 0
 
-    # Both caches' modules load from bytecode, as after a pip install.
-    compileall.compile_dir(str(PROJECT / "kcache"), quiet=1)
-    env = {"PYTHONDONTWRITEBYTECODE": ""}
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = bytecode_as_installed()
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
     only = set(args.only or SCENARIOS)
     for scenario in SCENARIOS:

@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS = {"opened first, service started by the herd": ("open-first", False),
-            "TileLang first, service running": ("tilelang-first", True)}
+            "TileLang first, service running": ("tilelang-first", True),
+            # The bench's own worker (stress.worker --open-first), in the same sequence of herds: where
+            # its wall and the first variant's differ, the difference is in the worker, not the machine.
+            "opened first, the bench's worker": ("bench-worker", False)}
 
 
 def child(root: str, mode: str) -> None:
@@ -57,24 +60,30 @@ def child(root: str, mode: str) -> None:
                    "compile_s": stats["compile_seconds"], "errors": []})
 
 
-def one_herd(procs: int, mode: str, running: bool) -> dict[str, Any]:
+def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) -> dict[str, Any]:
     from kcache.compile import service_client
 
-    from .bench import start_warm_service
+    from .bench import run_workers, start_warm_service
     from .procs import Barrier
     from .service_runtime import fresh_runtime, stop_services
 
     runtime = fresh_runtime("kp-")
     root = tempfile.mkdtemp(prefix="kp-root-", dir="/tmp")
-    env = {"KCACHE_COMPILE_ISOLATION": "server", "XDG_RUNTIME_DIR": str(runtime)}
+    env = {**extra_env, "KCACHE_COMPILE_ISOLATION": "server", "XDG_RUNTIME_DIR": str(runtime)}
     served: dict[str, Any] = {}
     try:
         if running:
             start_warm_service(env)
-        barrier = Barrier("stress.herd_phases", procs, ["--child", root, mode], env=env)
-        barrier.wait_ready()
-        release = barrier.release()
-        results = [r.result for r in barrier.collect()]
+        if mode == "bench-worker":
+            wall, workers = run_workers("kcache", Path(root), procs, 1, env, ("--open-first",))
+            results = [{"end": max(op["end"] for op in r.result["ops"]), "compiles": r.result["stats"]["compiles"],
+                        "compile_s": r.result["stats"]["compile_seconds"], "fingerprint": None} for r in workers]
+            release = max(r["end"] for r in results) - wall
+        else:
+            barrier = Barrier("stress.herd_phases", procs, ["--child", root, mode], env=env)
+            barrier.wait_ready()
+            release = barrier.release()
+            results = [r.result for r in barrier.collect()]
         if any(r is None for r in results):
             raise RuntimeError(f"a process of the herd failed ({mode})")
         sockets = list((runtime / "kcache").glob("*.sock"))
@@ -90,10 +99,11 @@ def one_herd(procs: int, mode: str, running: bool) -> dict[str, Any]:
     finally:
         stop_services(runtime)
     (compiler,) = [r for r in results if r["compiles"]]
+    timed = mode != "bench-worker"  # the bench's worker reports no fingerprint time
     return {
         "wall_s": max(r["end"] for r in results) - release,
-        "fingerprint_after_release_s": max(r["fingerprint"] - release for r in results),
-        "compiling_process_get_s": compiler["end"] - compiler["fingerprint"],
+        "fingerprint_after_release_s": max(r["fingerprint"] - release for r in results) if timed else None,
+        "compiling_process_get_s": compiler["end"] - compiler["fingerprint"] if timed else None,
         "compile_s": compiler["compile_s"],
         "last_ready_after_compiler_s": max(r["end"] for r in results) - compiler["end"],
         "compiles": sum(r["compiles"] for r in results),
@@ -106,16 +116,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--procs", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--as-bench", action="store_true",
+                        help="the bench's bytecode settings: kcache compiled ahead, children write bytecode")
     parser.add_argument("--child", nargs=2, metavar=("ROOT", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, help=argparse.SUPPRESS)  # stress.procs.Barrier names each child
     args = parser.parse_args(argv)
     if args.child:
         child(*args.child)
         return
+    extra_env: dict[str, str] = {}
+    if args.as_bench:
+        from .bench import bytecode_as_installed
+
+        extra_env = bytecode_as_installed()
     herds: list[dict[str, Any]] = []
     for _ in range(args.repeats):
         for variant, (mode, running) in VARIANTS.items():
-            herds.append({"variant": variant, **one_herd(args.procs, mode, running)})
+            herds.append({"variant": variant, **one_herd(args.procs, mode, running, extra_env)})
             print(json.dumps(herds[-1]), flush=True)
     for variant in VARIANTS:
         walls = [h["wall_s"] for h in herds if h["variant"] == variant]

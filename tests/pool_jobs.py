@@ -91,6 +91,16 @@ def write_output(directory: str, fifo: str, runs: str, started: str | None = Non
     return os.getpid()
 
 
+def gated_run(fifo: str, runs: str) -> int:
+    """A job whose output is its result alone: waits for the test (the FIFO `fifo`), counts its run in
+    the file `runs`; its pid."""
+    with open(fifo) as gate:
+        gate.read()
+    with open(runs, "a") as count:
+        count.write("run\n")
+    return os.getpid()
+
+
 def environment(*names: str) -> dict[str, str | None]:
     return {name: os.environ.get(name) for name in names}
 

@@ -415,6 +415,27 @@ def test_identical_jobs_in_flight_compile_once_and_each_gets_the_output(runtime:
             "kernel.so": (b"\x7fELF library", 0o444), "meta.json": (b'{"key": 1}', 0o444)}
 
 
+def test_identical_jobs_whose_output_is_their_result_run_once_and_each_gets_it(runtime: Path, tmp_path: Path) -> None:
+    """The warm-up's toolchain identification of a root: a herd's 32 processes ask for it at once."""
+    from kcache.compile.jobs import JobOutput
+
+    gate, other_gate, runs = tmp_path / "gate", tmp_path / "other-gate", tmp_path / "runs"
+    os.mkfifo(gate)
+    os.mkfifo(other_gate)
+    clients = [service_pool(), service_pool(), service_pool()]
+    futures = []
+    for client_pool in clients:
+        futures.append(client_pool.submit(pool_jobs.gated_run, str(gate), str(runs), output=JobOutput("root", None)))
+        assert client_pool.ping()
+    other_key = clients[0].submit(pool_jobs.gated_run, str(other_gate), str(runs), output=JobOutput("other root", None))
+    assert clients[0].ping() and status(clients[0])["merged_jobs"] == 2
+    gate.write_text("go")
+    assert len({future.result(timeout=60) for future in futures}) == 1  # one worker's pid, for all three
+    other_gate.write_text("go")
+    assert other_key.result(timeout=60) is not None
+    assert runs.read_text() == "run\n" * 2  # once per key
+
+
 def test_followers_of_a_job_whose_client_went_away_run_their_own(runtime: Path, tmp_path: Path) -> None:
     from kcache.compile.jobs import JobOutput
 

@@ -338,10 +338,15 @@ def _warm_service(service: Any, count: int, identify_in: str | None) -> None:
     service.warm(count)
     if identify_in is None:
         return
+    from kcache.compile.jobs import JobOutput
     from kcache.compile.protocol import CallByName
 
+    # One job per root in flight, whichever processes ask: a herd of 32 that opened one fresh root
+    # at once would otherwise have the service fork 16 workers for 32 identical jobs, just as
+    # its first compile arrives.
     job = service.submit_to_service(CallByName("kcache.tilelang.fingerprint", "toolchain_fingerprint"), identify_in,
-                                    name="identifying the toolchain")
+                                    name="identifying the toolchain",
+                                    output=JobOutput(f"toolchain of {os.path.realpath(identify_in)}", None))
     if job is not None:
         # The thread lives as long as its job (a disconnect would stop it). A failure here costs
         # nothing: the first lookup identifies the toolchain itself and meets the failure there.

@@ -22,11 +22,13 @@ def usable_cpu_count() -> int:
 @dataclass(frozen=True)
 class JobOutput:
     """What a job writes: the regular files of `directory`, a function of `key` alone (a compile job
-    writing the entry of a cache key, say). The compile service runs one of the identical jobs in
-    flight and copies its directory for the others (`service_inflight`); a pool ignores it."""
+    writing the entry of a cache key, say), or with `directory` None nothing but its result (the
+    toolchain's identification of a root, which the job persists itself). The compile service runs
+    one of the identical jobs in flight and copies its directory, if any, for the others
+    (`service_inflight`); a pool ignores it."""
 
     key: str
-    directory: str
+    directory: str | None
 
 
 @dataclass

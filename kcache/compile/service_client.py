@@ -131,12 +131,13 @@ class ServicePool(JobRunner):
             self._send(conn, ("warm", count or 1))
         return time.monotonic() - started
 
-    def submit_to_service(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> Future[Any] | None:
+    def submit_to_service(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
+                          output: JobOutput | None = None) -> Future[Any] | None:
         """`submit`, to the service only: None when it cannot be reached, for a job that is not worth
         starting the own pool's worker (which imports TileLang) for."""
         if self._connection() is None:
             return None
-        return self.submit(fn, *args, name=name)
+        return self.submit(fn, *args, name=name, output=output)
 
     def ping(self, timeout_s: float = START_TIMEOUT_S) -> bool:
         """Whether the service answered a ping on this process's connection: then it has taken in

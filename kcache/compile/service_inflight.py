@@ -10,7 +10,7 @@ the leader's job succeeds, the server copies the leader's files into each follow
 publishes it by a rename once told), then answers every one with the leader's result. A leader that
 failed with a compile error passes that error on (the same key compiles the same way); a leader
 that was aborted (its client went away), or a copy that fails, sends the follower's own job to the
-pool instead.
+pool instead. A job whose output is its result alone (no directory) shares just that.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ COPY_CHUNK = 1 << 20
 
 @dataclass
 class Follower:
-    directory: str
+    directory: str | None
     answer: Callable[[Any, BaseException | None], None]  # (result, error)
     run_own: Callable[[], None]  # send its own job to the pool instead
 
 
 @dataclass
 class Leader:
-    directory: str
+    directory: str | None
     followers: list[Follower] = field(default_factory=list)
 
 
@@ -46,7 +46,7 @@ class InflightOutputs:
         self._leaders: dict[str, Leader] = {}
         self.merged = 0  # jobs that followed a leader instead of compiling
 
-    def lead_or_follow(self, key: str, directory: str, follower: Follower) -> bool:
+    def lead_or_follow(self, key: str, directory: str | None, follower: Follower) -> bool:
         """True: the job leads (run it). False: it follows the key's leader (do not run it)."""
         with self._lock:
             leader = self._leaders.get(key)
@@ -73,7 +73,10 @@ class InflightOutputs:
                 answers.append(lambda f=follower: f.answer(None, error))
             else:
                 try:
-                    copy_output(leader.directory, follower.directory)
+                    if leader.directory is not None and follower.directory is not None:
+                        copy_output(leader.directory, follower.directory)
+                    elif leader.directory != follower.directory:  # one key, one kind of output
+                        raise OSError(f"outputs of one key differ: {leader.directory} and {follower.directory}")
                 except OSError:
                     answers.append(follower.run_own)  # its own compile, then: never a half copy
                     continue
