@@ -10,7 +10,7 @@ other (the service first, so what the first run warms favours the pools), each o
   run), whose workers are bounded machine-wide.
 
 A monitor in this process samples, every 0.2 s, the compile workers machine-wide (exec'd workers,
-and workers forked from a service's template) and their summed resident memory; every second their
+and workers forked from a service's template, found by their process names) and their summed resident memory; every second their
 summed proportional set size (pages a forked worker shares with its template count once). Reported:
 wall from the barrier to the last process done, peak workers, peak RSS and PSS of the workers (the
 template included). A worker's child between its fork and its exec (nvcc starting) shows the
@@ -31,13 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kcache.compile.worker import TEMPLATE_NAME, WORKER_NAME
+
 from .procs import Barrier, worker_handshake, worker_report
 from .service_runtime import fresh_runtime, stop_services
 
 # The service runs first: whatever the first run warms (page cache, nvcc's files) favours the pools.
 MODES = ("server", "pool")
-WORKER_MARK = "kcache.compile.worker import main"
-TEMPLATE_MARK = "kcache.compile.template import main"
 
 
 def compile_config(index: int) -> int:
@@ -101,31 +101,28 @@ class Monitor:
 
 
 def compile_processes() -> tuple[list[int], list[int]]:
-    """(compile workers, worker templates) of this user, machine-wide."""
-    commands: dict[int, tuple[str, int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
+    """(compile workers, worker templates) of this user, machine-wide, by their process names (a
+    service's template and workers are forks of the server and keep its command line)."""
+    names: dict[int, tuple[str, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-            ppid = _status_kib(int(name), "PPid:")
+            with open(f"/proc/{entry}/comm") as f:
+                name = f.read().strip()
+            ppid = _status_kib(int(entry), "PPid:")
         except OSError:
             continue
-        commands[int(name)] = (command, ppid)
-    def marked(pid: int, mark: str) -> bool:
-        return mark in commands.get(pid, ("", 0))[0]
-
+        names[int(entry)] = (name, ppid)
     workers, templates = [], []
-    for pid, (command, ppid) in commands.items():
-        # A worker's child between its fork and its exec (nvcc starting) still shows the worker's
-        # command line: a process whose parent carries the same mark is not counted.
-        if WORKER_MARK in command and not marked(ppid, WORKER_MARK):
+    for pid, (name, ppid) in names.items():
+        # A worker's child between its fork and its exec (nvcc starting) still has the worker's
+        # name: a process whose parent has the same name is not counted.
+        if name == WORKER_NAME and names.get(ppid, ("", 0))[0] != WORKER_NAME:
             workers.append(pid)
-        elif TEMPLATE_MARK in command and not marked(ppid, TEMPLATE_MARK):
+        elif name == TEMPLATE_NAME:
             templates.append(pid)
-    forked = [pid for pid, (command, ppid) in commands.items() if TEMPLATE_MARK in command and ppid in templates]
-    return workers + forked, templates
+    return workers, templates
 
 
 def parents_of(pids: list[int]) -> dict[str, int]:

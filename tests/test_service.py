@@ -349,6 +349,10 @@ def test_the_service_forks_itself_into_its_template_which_keeps_none_of_its_desc
     assert sorted(descriptors)[:3] == [0, 1, 2] and descriptors[0] == os.devnull
     extra = [target for fd, target in descriptors.items() if fd > 2]
     assert len(extra) == 1 and extra[0].startswith("socket:"), descriptors  # its control socket only
+    # Named apart, as their command lines are the server's (ps, top and the bench's monitor see these).
+    (worker,) = status(pool)["worker_pids"]
+    assert [Path(f"/proc/{pid}/comm").read_text().strip() for pid in (pool.server_pid, template, worker)] == [
+        "kcache-server", "kcache-template", "kcache-worker"]
 
 
 def test_a_template_that_holds_threads_does_not_fork_and_workers_start_by_exec(runtime: Path) -> None:

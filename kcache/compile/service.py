@@ -288,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     except BlockingIOError:
         tell(b"busy")  # another server of this name runs or is starting
         return 0
+    from kcache.compile.worker import SERVER_NAME, name_process
+
+    name_process(SERVER_NAME)
     from kcache.compile.pool import CompilePool
 
     pool = CompilePool(args.workers, None, preload=json.loads(args.preload), start="fork")

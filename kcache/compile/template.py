@@ -27,7 +27,7 @@ import sys
 import traceback
 
 from kcache.compile import protocol as wire
-from kcache.compile.worker import PARENT_ENV, die_with_parent, prepare, serve
+from kcache.compile.worker import PARENT_ENV, TEMPLATE_NAME, WORKER_NAME, die_with_parent, name_process, prepare, serve
 
 CONTROL_ENV = "KCACHE_TEMPLATE_CONTROL"
 # What the template imports with, so that the imports leave it with one thread and no CUDA context:
@@ -62,6 +62,7 @@ def main() -> int:
     """The template as a fresh interpreter (`template_process.WorkerTemplate`, exec)."""
     proto_in, proto_out = wire.protocol_fds()
     die_with_parent(int(os.environ[PARENT_ENV]))
+    name_process(TEMPLATE_NAME)
     faulthandler.enable()  # inherited by every worker: a segfault leaves a traceback in its stderr
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
     prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
@@ -96,6 +97,7 @@ def start_forked(control: socket.socket, ready_out: int, stderr: int, preload: t
         os.dup2(stderr, 1)
         os.close(stderr)
         die_with_parent(parent)
+        name_process(TEMPLATE_NAME)
         faulthandler.enable()
         callers = {name: os.environ.get(name) for name in FORK_SAFE_IMPORT_ENV}
         os.environ.update(FORK_SAFE_IMPORT_ENV)
@@ -153,6 +155,7 @@ def fork_worker(fds: list[int], control: socket.socket) -> int:
         os.dup2(stderr, 2)
         os.dup2(2, 1)
         die_with_parent(template)  # and the template dies with the pool's owner
+        name_process(WORKER_NAME)
         wire.send(reply_out, (wire.READY, os.getpid()))
         code = serve(job_in, reply_out)
     except BaseException:  # noqa: BLE001 - whatever happens, the child must not run the template's loop

@@ -22,7 +22,21 @@ import traceback
 from kcache.compile import protocol as wire
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+# Process names (/proc/PID/comm, what ps, top and the bench's monitor show): a forked template and its
+# workers keep the server's command line, so the name is what tells them apart.
+WORKER_NAME = "kcache-worker"
+TEMPLATE_NAME = "kcache-template"
+SERVER_NAME = "kcache-server"
 PARENT_ENV = "KCACHE_POOL_PARENT"
+
+
+def name_process(name: str) -> None:
+    """Set this process's name (at most 15 bytes); best effort: not Linux, no name."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def die_with_parent(parent: int) -> None:
@@ -79,6 +93,7 @@ def current_umask() -> int | None:
 def main() -> int:
     proto_in, proto_out = wire.protocol_fds()
     die_with_parent(int(os.environ[PARENT_ENV]))
+    name_process(WORKER_NAME)
     faulthandler.enable()  # a segfault then leaves a Python traceback in the tail the parent reports
     prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
     wire.send(proto_out, (wire.READY, os.getpid()))
