@@ -11,6 +11,8 @@ import signal
 import tempfile
 from pathlib import Path
 
+from kcache.compile.worker import TEMPLATE_NAME, WORKER_NAME
+
 SERVICE_MARK = b"kcache.compile.service"
 STOP_WAIT_S = 10.0
 
@@ -20,7 +22,8 @@ def fresh_runtime(prefix: str = "ks-") -> Path:
 
 
 def service_pids(runtime: Path) -> list[int]:
-    """The compile servers started with this runtime directory (read from their environment)."""
+    """The compile servers started with this runtime directory (read from their environment), not
+    their worker template and workers, which are forks of a server."""
     wanted = b"XDG_RUNTIME_DIR=" + os.fsencode(runtime)
     found = []
     for name in os.listdir("/proc"):
@@ -29,6 +32,9 @@ def service_pids(runtime: Path) -> list[int]:
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 if SERVICE_MARK not in f.read():
+                    continue
+            with open(f"/proc/{name}/comm") as f:
+                if f.read().strip() in (TEMPLATE_NAME, WORKER_NAME):  # the server's forks: its command line
                     continue
             with open(f"/proc/{name}/environ", "rb") as f:
                 if wanted in f.read().split(b"\0"):
