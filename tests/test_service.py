@@ -293,16 +293,17 @@ def test_the_warm_up_names_the_service_the_tilelang_backend_uses() -> None:
     assert TILELANG_PRELOAD == COMPILE_PRELOAD
 
 
-@pytest.mark.parametrize("tilelang_first", [False, True], ids=["cache-first", "tilelang-first"])
-def test_a_cache_opened_before_tilelang_starts_the_service_in_the_background(runtime: Path, tmp_path: Path,
-                                                                            tilelang_first: bool) -> None:
-    """Opened before `import tilelang`, the cache warms the service up (its start overlaps the import)
-    and has a worker of it identify the toolchain into the root's memo, which the first lookup would
-    otherwise hash itself; opened after it, nothing starts until a miss: a process that only hits
+@pytest.mark.parametrize("case", ["cache-first", "tilelang-first", "guard-error"])
+def test_a_cache_opened_in_server_mode_starts_the_service_in_the_background(runtime: Path, tmp_path: Path,
+                                                                           case: str) -> None:
+    """An open warms the service up in the background (its start overlaps the program's own work).
+    Opened before `import tilelang`, it also has a worker of it identify the toolchain into the
+    root's memo, which the first lookup would otherwise hash itself; opened after it, the open has
+    identified it already. A process that declares it compiles nothing (KCACHE_JIT_GUARD=error)
     starts no service."""
     code = textwrap.dedent(f"""
         import threading
-        {"import tilelang" if tilelang_first else ""}
+        {"import tilelang" if case != "cache-first" else ""}
         import kcache
         kcache.KernelCache({str(tmp_path / "root")!r})  # returns at once; a warm-up runs on its own thread
         warming = [t for t in threading.enumerate() if t.name == "kcache-service-warm"]
@@ -310,17 +311,19 @@ def test_a_cache_opened_before_tilelang_starts_the_service_in_the_background(run
             thread.join(60)
         print(len(warming))
     """)
+    guard = {"KCACHE_JIT_GUARD": "error"} if case == "guard-error" else {}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=child_env(KCACHE_COMPILE_ISOLATION="server"), cwd=str(PROJECT))
+                          env=child_env(KCACHE_COMPILE_ISOLATION="server", **guard), cwd=str(PROJECT))
     assert done.returncode == 0, done.stderr[-3000:]
     sockets = list((runtime / "kcache").glob("*.sock")) if (runtime / "kcache").exists() else []
-    if tilelang_first:
+    if case == "guard-error":
         assert done.stdout.split()[-1] == "0" and not sockets
-    else:
-        assert done.stdout.split()[-1] == "1" and len(sockets) == 1
-        served = client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"), ("status",))
-        assert served["jobs"] == 1 and served["failed"] == 0  # the toolchain's identification; no compile
-        assert len(list((tmp_path / "root" / layout.TOOLCHAIN).glob("*.json"))) == 1
+        return
+    assert done.stdout.split()[-1] == "1" and len(sockets) == 1
+    served = client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"), ("status",))
+    assert served["failed"] == 0 and served["workers"] <= 1  # one worker warm (or getting so); nothing compiled
+    assert served["jobs"] == (1 if case == "cache-first" else 0)  # the toolchain's identification
+    assert len(list((tmp_path / "root" / layout.TOOLCHAIN).glob("*.json"))) == 1
 
 
 def test_the_services_workers_are_forked_from_its_template_and_a_crashed_one_too(runtime: Path) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
-from kcache.config import Settings, remote_urls
+from kcache.config import Settings, jit_guard_setting, remote_urls
 from kcache.errors import KCacheError, UnwritableCache
 from kcache.keys import ENTRY_FORMAT, canonical_json
 from kcache.maintenance.gc import GcReport, collect_garbage, gc_is_due
@@ -103,11 +103,11 @@ class KernelCache:
             self._toolchain = self._tilelang().toolchain_fingerprint(self.root, persist=not self.readonly)
         if self.settings.compile_isolation == "server" and not self.readonly and backend is None and compile_pool is None:
             self._serves_through_service = True
-            if "tilelang" not in sys.modules:
-                # Opened before the program imports TileLang (kcache.install() at the top, say): the
-                # service's start overlaps that import. Opened after it, there is little left to
-                # overlap, and a process that only hits (a server loading its kernels) would start a
-                # compile service for nothing: its first miss starts it instead.
+            if _compiles_expected():
+                # The service's start overlaps what the program does before its first miss: its
+                # `import tilelang` when the cache opens first (kcache.install() at the top, say), or,
+                # in a job's ranks, the wait for the slowest rank. A process that declares it compiles
+                # nothing (KCACHE_JIT_GUARD=error: a server loading deployed kernels) starts none.
                 self.warm_compiles(1)
 
     def warm_compiles(self, count: int = 1) -> None:
@@ -327,6 +327,15 @@ class KernelCache:
                     log.debug("kcache: gc at open removed %s", report)
         except OSError as err:
             log.warning("kcache: gc of %s at open failed (the cache still works): %s", self.root, err)
+
+
+def _compiles_expected() -> bool:
+    """False where the program declared it compiles nothing (KCACHE_JIT_GUARD=error). A bad value
+    counts as expected: its error belongs to the first compile, which reads the setting."""
+    try:
+        return jit_guard_setting() != "error"
+    except ValueError:
+        return True
 
 
 def _warm_service(service: Any, count: int, identify_in: str | None) -> None:
