@@ -293,36 +293,43 @@ def test_the_warm_up_names_the_service_the_tilelang_backend_uses() -> None:
     assert TILELANG_PRELOAD == COMPILE_PRELOAD
 
 
-@pytest.mark.parametrize("case", ["cache-first", "tilelang-first", "guard-error"])
+@pytest.mark.parametrize("case", ["cache-first", "tilelang-first", "guard-error", "install", "KCACHE_TILELANG"])
 def test_a_cache_opened_in_server_mode_starts_the_service_in_the_background(runtime: Path, tmp_path: Path,
                                                                            case: str) -> None:
     """An open warms the service up in the background (its start overlaps the program's own work).
     Opened before `import tilelang`, it also has a worker of it identify the toolchain into the
     root's memo, which the first lookup would otherwise hash itself; opened after it, the open has
     identified it already. A process that declares it compiles nothing (KCACHE_JIT_GUARD=error)
-    starts no service."""
-    code = textwrap.dedent(f"""
-        import threading
-        {"import tilelang" if case != "cache-first" else ""}
-        import kcache
-        kcache.KernelCache({str(tmp_path / "root")!r})  # returns at once; a warm-up runs on its own thread
-        warming = [t for t in threading.enumerate() if t.name == "kcache-service-warm"]
-        for thread in warming:
-            thread.join(60)
-        print(len(warming))
-    """)
-    guard = {"KCACHE_JIT_GUARD": "error"} if case == "guard-error" else {}
+    starts no service. The drop-in, `kcache.install()` or KCACHE_TILELANG=1, opens the default cache
+    before TileLang's import (the service job that identifies the toolchain shows it)."""
+    root = str(tmp_path / "root")
+    opening = {
+        "cache-first": f"import kcache\nkcache.KernelCache({root!r})",  # returns at once; the warm-up has a thread
+        "tilelang-first": f"import tilelang\nimport kcache\nkcache.KernelCache({root!r})",
+        "guard-error": f"import tilelang\nimport kcache\nkcache.KernelCache({root!r})",
+        "install": "import kcache\nkcache.install()",  # which imports TileLang itself
+        "KCACHE_TILELANG": "import kcache\nimport tilelang",  # the hook installs during this import
+    }[case]
+    code = "\n".join(["import threading", opening,
+                      "warming = [t for t in threading.enumerate() if t.name == 'kcache-service-warm']",
+                      "for thread in warming:", "    thread.join(60)", "print(len(warming))"])
+    extra = {"guard-error": {"KCACHE_JIT_GUARD": "error"}, "KCACHE_TILELANG": {"KCACHE_TILELANG": "1"}}.get(case, {})
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=child_env(KCACHE_COMPILE_ISOLATION="server", **guard), cwd=str(PROJECT))
+                          env=child_env(KCACHE_COMPILE_ISOLATION="server", KCACHE_DIR=root, **extra),
+                          cwd=str(PROJECT))
     assert done.returncode == 0, done.stderr[-3000:]
     sockets = list((runtime / "kcache").glob("*.sock")) if (runtime / "kcache").exists() else []
     if case == "guard-error":
         assert done.stdout.split()[-1] == "0" and not sockets
         return
-    assert done.stdout.split()[-1] == "1" and len(sockets) == 1
+    # The drop-in's warm-up may be over already: install() imports TileLang after the open.
+    assert done.stdout.split()[-1] in (("0", "1") if case in ("install", "KCACHE_TILELANG") else ("1",))
+    assert len(sockets) == 1
     served = client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"), ("status",))
-    assert served["failed"] == 0 and served["workers"] <= 1  # one worker warm (or getting so); nothing compiled
-    assert served["jobs"] == (1 if case == "cache-first" else 0)  # the toolchain's identification
+    assert served["failed"] == 0
+    assert served["jobs"] == (0 if case == "tilelang-first" else 1)  # the toolchain's identification
+    # Its template forks (the service's own `import tilelang` installed no drop-in under KCACHE_TILELANG=1).
+    assert served["template_pid"] is not None
     assert len(list((tmp_path / "root" / layout.TOOLCHAIN).glob("*.json"))) == 1
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kcache.compile.protocol import PROTOCOL_FDS_ENV
 from kcache.compile.worker import PARENT_ENV
+from kcache.config import DROPIN_ENV
 from kcache.errors import CompilePoolError
 
 
@@ -24,11 +25,21 @@ def start_interpreter(module: str, protocol: tuple[int, int], log: int, env: dic
         return POPEN(
             [sys.executable, "-c", bootstrap],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(*protocol, *extra_fds),
-            env={**os.environ, **env, PARENT_ENV: str(os.getpid()), PROTOCOL_FDS_ENV: f"{protocol[0]},{protocol[1]}"},
+            env=internal_environment({**env, PARENT_ENV: str(os.getpid()),
+                                      PROTOCOL_FDS_ENV: f"{protocol[0]},{protocol[1]}"}),
             start_new_session=True,  # its own process group: a kill takes its nvcc too, and Ctrl-C reaches only us
         )
     except Exception as err:  # noqa: BLE001 - OSError, or whatever a broken environment raises
         raise CompilePoolError(f"{sys.executable} could not be started ({module}): {err}", "") from err
+
+
+def internal_environment(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of an interpreter kcache starts for itself (a worker, the worker template, the
+    compile service): this one's with `extra`, less KCACHE_TILELANG. kcache's own processes never
+    install the drop-in: installed there, their `import tilelang` would open a cache that warms the
+    service up from inside it (threads in the template, which then cannot fork), and a job's
+    `tilelang.compile` would send a compile to the service it runs in."""
+    return {**{name: value for name, value in os.environ.items() if name != DROPIN_ENV}, **extra}
 
 
 # Bound at import (see start_interpreter).

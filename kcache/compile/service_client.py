@@ -31,7 +31,7 @@ import cloudpickle
 
 from kcache.compile import protocol as wire
 from kcache.compile import service_address as address
-from kcache.compile.interpreter import POPEN
+from kcache.compile.interpreter import POPEN, internal_environment
 from kcache.compile.jobs import UNSET, JobOutput, JobRunner, usable_cpu_count
 from kcache.compile.protocol import CallByName
 from kcache.compile.worker import current_umask
@@ -381,7 +381,7 @@ def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> Non
              "--idle", str(idle_s), "--preload", json.dumps(list(preload)), "--ready-fd", str(write_end),
              "--sys-path", json.dumps(sys.path)],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, pass_fds=(write_end,),
-            start_new_session=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            start_new_session=True, env=internal_environment({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}),
         )
     except OSError as err:
         os.close(read_end)

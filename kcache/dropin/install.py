@@ -22,13 +22,15 @@ def install(cache: KernelCache | None = None) -> None:
     """Route TileLang's compiles and AutoTuner results through `cache` (default: kcache's default cache),
     and tune each AutoTuner key once per job (kcache.dropin.autotuner_results). Imports TileLang.
     Calling it again changes the cache."""
+    if cache is None:
+        # Open it now, as TileLang sets its own cache up at import: an unusable root raises here,
+        # before anything is changed, and no compile pays for it. Before TileLang's import, which
+        # follows: the open starts the compile service in the background (server mode), so that its
+        # start overlaps that import when install() is the program's first kcache call.
+        default_cache()
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
 
-    if cache is None:
-        # Open it now (its root, backend, toolchain identity), as TileLang sets its own cache up at
-        # import: an unusable root raises here, before anything is changed, and no compile pays for it.
-        default_cache()
     with state.lock:
         if state.installed is None:
             state.installed = {
@@ -85,9 +87,20 @@ _LAST_PATCHED = "tilelang.autotuner.tuner"
 
 
 class _InstallWhenImported(importlib.abc.MetaPathFinder):
-    """A post-import hook: once TileLang's AutoTuner module has run, install."""
+    """A post-import hook: once TileLang's AutoTuner module has run, install. When TileLang's import
+    begins, the default cache opens, so that the compile service's start (server mode) overlaps
+    that import rather than following it."""
+
+    opened = False  # once: the open itself looks TileLang's package up (the service's name)
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname == "tilelang" and path is None and not self.opened:
+            self.opened = True
+            try:
+                default_cache()
+            except Exception as err:  # noqa: BLE001 - install(), after the import, raises it with its message
+                log.debug("kcache: the default cache did not open at TileLang's import: %s", err)
+            return None
         if fullname != _LAST_PATCHED:
             return None
         sys.meta_path.remove(self)  # one shot; and the real finders must answer the lookup below

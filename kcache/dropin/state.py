@@ -7,8 +7,9 @@ from typing import Any
 
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
+from kcache.config import DROPIN_ENV
 
-ENV = "KCACHE_TILELANG"
+ENV = DROPIN_ENV
 
 lock = threading.Lock()
 # TileLang's originals while installed ("cached", "save", "load", "run"), and the chosen "cache"; None when not.
