@@ -170,6 +170,12 @@ def test_a_worker_that_cannot_start_is_a_clear_error_not_a_hang(make_pool) -> No
         with pytest.raises(kcache.CompilePoolError, match="kcache_no_such_module") as caught:
             pool.run(pool_jobs.double, 1)
         assert "KCACHE_COMPILE_ISOLATION=inprocess" in str(caught.value)
+        if isinstance(pool, ServicePool):
+            # The error came from the service's pool, whose driver thread lives on: a TypeError once
+            # killed it when the forked template died at import, and the job waited minutes.
+            from kcache.compile import service_address
+
+            assert "Exception in thread" not in service_address.log_path(pool.name).read_text()
 
 
 def test_compile_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -103,11 +103,12 @@ class KernelCache:
             self._toolchain = self._tilelang().toolchain_fingerprint(self.root, persist=not self.readonly)
         if self.settings.compile_isolation == "server" and not self.readonly and backend is None and compile_pool is None:
             self._serves_through_service = True
-            if _compiles_expected():
-                # The service's start overlaps what the program does before its first miss: its
-                # `import tilelang` when the cache opens first (kcache.install() at the top, say), or,
-                # in a job's ranks, the wait for the slowest rank. A process that declares it compiles
-                # nothing (KCACHE_JIT_GUARD=error: a server loading deployed kernels) starts none.
+            if "tilelang" not in sys.modules and _compiles_expected():
+                # Opened before the program imports TileLang (kcache.install() at the top, say): the
+                # service's start overlaps that import. Opened after it, a process that only hits (a
+                # server loading its kernels) would start a compile service for nothing and load its
+                # client on the hit path: its first miss starts it instead. A process that declares
+                # it compiles nothing (KCACHE_JIT_GUARD=error) starts none either way.
                 self.warm_compiles(1)
 
     def warm_compiles(self, count: int = 1) -> None:

@@ -87,14 +87,14 @@ class WorkerTemplate:
         TemplateGone if it died or took longer than its start timeout."""
         if self._ready_read is None:
             return
+        ready_read, self._ready_read = self._ready_read, None  # read once, closed once
         try:
-            reply = receive_reply(self._ready_read, self.start_timeout_s, "starting the worker template")
+            reply = receive_reply(ready_read, self.start_timeout_s, "starting the worker template")
         except Exception as err:  # noqa: BLE001 - whatever it was, the template is not usable
             self.close()
             raise TemplateGone(f"the worker template did not get ready: {err}") from None
         finally:
-            os.close(self._ready_read)
-            self._ready_read = None
+            os.close(ready_read)
         _ready, self.pid, self.threads = reply  # thread names, the main thread first
 
     def fork(self, fds: tuple[int, int, int]) -> int:
