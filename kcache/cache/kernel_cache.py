@@ -331,12 +331,9 @@ class KernelCache:
 
 
 def _compiles_expected() -> bool:
-    """False where the program declared it compiles nothing (KCACHE_JIT_GUARD=error). A bad value
-    counts as expected: its error belongs to the first compile, which reads the setting."""
-    try:
-        return jit_guard_setting() != "error"
-    except ValueError:
-        return True
+    """False where the program declared it compiles nothing (KCACHE_JIT_GUARD=error; a bad value
+    failed already, when the settings were checked at open)."""
+    return jit_guard_setting() != "error"
 
 
 def _warm_service(service: Any, count: int, identify_in: str | None) -> None:

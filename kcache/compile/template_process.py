@@ -72,12 +72,14 @@ class WorkerTemplate:
                 {**FORK_SAFE_IMPORT_ENV, CONTROL_ENV: str(theirs.fileno()), RESTORE_ENV: json.dumps(restore)},
                 extra_fds=(theirs.fileno(),),
             )
+        except BaseException:
+            os.close(setup_write)
+            raise
         finally:
             os.close(setup_read)
         try:
-            wire.send(setup_write, {"sys_path": list(sys.path), "preload": list(preload)})  # fits the pipe
-        except OSError:
-            pass  # it died at once: wait_ready says so
+            with contextlib.suppress(OSError):  # it died at once: wait_ready says so
+                wire.send(setup_write, {"sys_path": list(sys.path), "preload": list(preload)})  # fits the pipe
         finally:
             os.close(setup_write)
         return proc
