@@ -149,6 +149,7 @@ class Settings:
         sharing.configured_umask()
         sharing.configured_group()
         jit_guard_setting()  # read at each compile, where a bad value would first show
+        caller_fork_setting()  # read at the first compile
         remote_urls(self.remote_url)  # used at the first miss, where a typo would only warn
         return self
 
@@ -168,6 +169,13 @@ def remote_urls(value: str | None) -> list[str]:
             raise ValueError(f"KCACHE_REMOTE={value!r}: {url!r} is not a remote tier's URL; use redis://HOST:PORT/DB "
                              "or s3://BUCKET/PREFIX, nearest first, separated by commas")
     return urls
+
+
+def caller_fork_setting() -> bool:
+    """KCACHE_CALLER_FORK (default on): while the compile service is not warm, a process that imported
+    TileLang compiles in a fork of itself (kcache.compile.caller_fork)."""
+    enabled: bool = _env_parsed("KCACHE_CALLER_FORK", _parse_flag, True)
+    return enabled
 
 
 def jit_guard_setting() -> str:

@@ -5,8 +5,8 @@ the kernel is usable, on an empty cache:
 - `tilelang`: `tilelang.compile` in the process (its own cache empty): the baseline;
 - `pool`: kcache with its per-process pool (the worker's start and TileLang import included);
 - `server, running`: kcache with the compile service already running and warm;
-- `server, cold`: kcache with no service running; the cache opens after `import tilelang`, and its
-  warm-up starts the service just before the call;
+- `server, cold`: kcache with no service running; the cache opens after `import tilelang`: the
+  compile runs in a fork of the process (`caller_fork`) while the service starts beside it;
 - `server, cold, cache opened first`: the same, but the program opens the cache before it imports
   TileLang, so that the service's start overlaps that import.
 The modes alternate sample by sample, so that drift in the machine hits them alike. Medians.

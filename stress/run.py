@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -209,6 +210,7 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
               generations: dict[int, int], hung: list[int], crashes: list[dict[str, Any]], wall: float,
               quarantined_before: set[str]) -> dict[str, Any]:
     from kcache import KernelCache
+    from kcache.config import Settings
     from kcache.errors import CorruptEntry
     from kcache.store.elf import require_loadable
 
@@ -238,7 +240,11 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
         from . import synthetic as backend_module
     else:
         backend_module = None
-    cache = KernelCache(root, backend=backend_module)
+    # It compiles nothing, so no compile service: opened before `import tilelang`, a cache in server
+    # mode would have the service identify the toolchain in the background, whose lock file could
+    # then appear in .locks after the final gc below.
+    cache = KernelCache(root, backend=backend_module,
+                        settings=dataclasses.replace(Settings.from_env(root), compile_isolation="inprocess"))
     injected_inodes = {i.inode for i in chaos.log.injections}
     found_at_sweep = set()
     for key in cache.store.keys():

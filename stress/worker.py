@@ -83,9 +83,15 @@ class Worker:
         """Log compile begin/end around the backend's compile, so the parent sees interrupted ones."""
         backend = self.cache._tilelang()
         worker = self
+        pid = os.getpid()
 
         def counted(original: Any) -> Any:
             def compile_step(func: Any, *args: Any, **kwargs: Any) -> Any:
+                if os.getpid() != pid:
+                    # A compile in a fork of this worker (kcache.compile.caller_fork) runs the job's own
+                    # compile_kernel, which this wrapper replaced in the synthetic backend's module: the
+                    # compile this process asked for is counted here already.
+                    return original(func, *args, **kwargs)
                 name = getattr(func, "name", None) or str(func.attrs["global_symbol"])
                 worker.emit({"t": "compile_begin", "kernel": name})
                 result = original(func, *args, **kwargs)

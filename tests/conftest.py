@@ -58,10 +58,13 @@ def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.fixture
 def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A private runtime directory (XDG_RUNTIME_DIR) of this test's own: the compile services it
-    starts are its own, and stopped at its end."""
+    starts are its own, and stopped at its end. Its jobs go to the service, never to a fork of the
+    test's process, which the service's tests would not test (KCACHE_CALLER_FORK=0: the fork has
+    tests of its own, tests/test_caller_fork.py)."""
     from stress.service_runtime import stop_services
 
     directory = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: a socket's path has 107 bytes
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
+    monkeypatch.setenv("KCACHE_CALLER_FORK", "0")
     yield directory
     stop_services(directory, wait=False)  # what the test left running

@@ -38,14 +38,14 @@ from typing import Any
 
 import cloudpickle
 
-from kcache.compile import protocol as wire
 from kcache.compile.jobs import UNSET, Job, JobOutput, JobResult, JobRunner, usable_cpu_count
 
 __all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "shared_pool", "usable_cpu_count"]
 from kcache.compile.protocol import ReplyUnreadable, WorkerDied
 from kcache.compile.template_process import TemplateGone, WorkerTemplate
+from kcache.compile.worker import job_outcome
 from kcache.compile.worker_process import EXIT_GRACE_S, WorkerProcess, anonymous_append_file
-from kcache.errors import CompileAborted, CompilePoolError, CompilerCrashed, CompileTimeout, KCacheError
+from kcache.errors import CompileAborted, CompilePoolError, CompilerCrashed, CompileTimeout
 
 log = logging.getLogger("kcache")
 
@@ -313,13 +313,10 @@ class CompilePool(JobRunner):
             log.warning("kcache: the compile worker of %s died (%s)", pending.name, signal_name or f"exit {exit_code}")
             pending.future.set_exception(CompilerCrashed(pending.name, signal_name, exit_code, tail))
             return
-        if reply[0] == wire.OK:
-            pending.future.set_result(reply[1])
+        value, error = job_outcome(reply)
+        if error is None:
+            pending.future.set_result(value)
         else:
-            error = reply[1]
-            if not isinstance(error, KCacheError) and len(reply) > 2 and reply[2]:
-                # An unexpected failure: keep where in the worker it happened.
-                error.add_note(f"in the kcache compile worker:\n{reply[2].rstrip()}")
             pending.future.set_exception(error)
 
     def _start_worker(self) -> WorkerProcess:

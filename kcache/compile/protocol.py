@@ -21,7 +21,7 @@ _HEADER = struct.Struct(">Q")
 # The compile service's message format: part of the service's name (service_address.identity), so a
 # client never talks to a running server of another format (one started before kcache was upgraded
 # in place). Raise it with any change to the messages of service.py and service_client.py.
-SERVICE_PROTOCOL = 3  # 3: jobs carry the client's umask
+SERVICE_PROTOCOL = 4  # 3: jobs carry the client's umask; 4: the greeting and ("warmed",) say when it is warm
 
 # Worker -> parent replies.
 READY = "ready"

@@ -6,8 +6,13 @@ Started on demand by a client (`kcache.compile.service_client`), detached (it fo
 parent exits, so it is nobody's child), it keeps a `CompilePool` of warm workers (TileLang imported;
 forked from a worker template) for all of this user's processes: a fresh process's first compile
 costs a compile, not an import. At most `N` compiles run machine-wide, whoever asks, taking the
-clients in turn within the memory budget (`service_scheduler`); identical jobs in flight run once
-(`service_inflight`).
+clients in turn within the memory budget (`service_scheduler`), and sharing `N` compile slots with
+the clients that compile in a fork of themselves until the service is warm (`compile_slots`,
+`caller_fork`); identical jobs in flight run once (`service_inflight`).
+
+- Warm: a worker is ready (TileLang imported). The greeting says whether the service is warm, and
+  every connected client is told ("warmed",) once it is: until then, a client that imported TileLang
+  itself compiles in a fork of itself rather than wait for the service's import.
 
 - Only one server per name: it holds `compile-NAME.lock` (flock) for its life. A stale socket file
   left by a dead server is removed under that lock, never one in use.
@@ -49,13 +54,15 @@ def peer_uid(conn: socket.socket) -> int:
 
 
 class Server:
-    def __init__(self, listener: socket.socket, pool: Any, idle_s: float, memory_budget: int | None = None) -> None:
+    def __init__(self, listener: socket.socket, pool: Any, idle_s: float, memory_budget: int | None = None,
+                 slots: Any = None) -> None:
         from kcache.compile.service_inflight import InflightOutputs
         from kcache.compile.service_scheduler import FairScheduler
 
         self.listener = listener
         self.pool = pool
-        self.scheduler = FairScheduler(pool, memory_budget, lambda pids: [_memory(pid) for pid in pids])
+        self.scheduler = FairScheduler(pool, memory_budget, lambda pids: [_memory(pid) for pid in pids], slots)
+        self.warm = threading.Event()  # a worker is ready
         self.inflight = InflightOutputs()
         self.idle_s = idle_s
         self.started = time.time()
@@ -145,7 +152,7 @@ class Server:
                 _, job_id, payload, name, timeout_s, output = message
                 self._submit(client, job_id, payload, name, timeout_s, send, output)
             elif kind == "hello":
-                send(("hello", os.getpid()))
+                send(("hello", os.getpid(), self.warm.is_set()))
             elif kind == "ping":  # answered after every message before it on this connection
                 send(("pong", message[1]))
             elif kind == "status":
@@ -222,6 +229,18 @@ class Server:
             return
         self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done))
 
+    def warm_up(self) -> None:
+        """Start the first worker, then tell every connected client that the service is warm (a
+        client connecting later reads it in the greeting)."""
+        try:
+            self.pool.warm(1)
+        finally:
+            with self._lock:
+                self.warm.set()
+                senders = list(self._senders.values())
+            for send in senders:
+                send(("warmed",))
+
     def status(self) -> dict[str, Any]:
         workers = self.pool.worker_pids()
         with self._lock:
@@ -235,6 +254,8 @@ class Server:
                 "worker_memory_bytes": sum(_memory(pid) for pid in workers),
                 "memory_budget_bytes": self.scheduler.memory_budget,
                 "held_back_by_memory": self.scheduler.held_back,
+                "waited_for_slot": self.scheduler.waited_for_slot,
+                "warm": self.warm.is_set(),
                 "merged_jobs": self.inflight.merged,
                 **self.scheduler.counts(),
                 "clients": self._clients,
@@ -312,10 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     listener.listen(128)
     identity = os.stat(path)
 
+    from kcache.compile.compile_slots import CompileSlots
     from kcache.config import compile_memory_budget
 
-    server = Server(listener, pool, args.idle, compile_memory_budget())
-    threading.Thread(target=pool.warm, args=(1,), daemon=True).start()  # overlaps the first client's imports
+    server = Server(listener, pool, args.idle, compile_memory_budget(), CompileSlots(args.name, args.workers))
+    threading.Thread(target=server.warm_up, daemon=True).start()  # overlaps the first client's imports
     tell(b"ready")
     try:
         server.serve()

@@ -29,12 +29,15 @@ from typing import Any
 
 import cloudpickle
 
+from kcache.compile import caller_fork
 from kcache.compile import protocol as wire
 from kcache.compile import service_address as address
+from kcache.compile.compile_slots import CompileSlot, CompileSlots
 from kcache.compile.interpreter import POPEN, internal_environment
 from kcache.compile.jobs import UNSET, JobOutput, JobRunner, usable_cpu_count
 from kcache.compile.protocol import CallByName
 from kcache.compile.worker import current_umask
+from kcache.config import caller_fork_setting
 from kcache.errors import CompileAborted
 from kcache.store.locks import try_flock
 
@@ -74,6 +77,10 @@ class ServicePool(JobRunner):
         self._warned: set[str] = set()
         self.server_pid: int | None = None
         self.owner_pid = os.getpid()
+        self._warm = False  # the connected service has a worker ready (its greeting, or ("warmed",) after it)
+        self.caller_fork = caller_fork_setting()
+        self.caller_forks = 0  # jobs this process ran in a fork of itself (`caller_fork`)
+        self._slots = CompileSlots(self.name, self.max_workers)
 
     # ------------------------------------------------------------ the CompilePool interface
 
@@ -116,6 +123,51 @@ class ServicePool(JobRunner):
                 return self._fallback().submit_payload(payload, name, limit)
             return self.submit_payload(payload, name, limit, output, retried=True)
         return future
+
+    def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
+            output: JobOutput | None = None) -> Any:
+        """`submit(...).result()`; or, while the service is not warm and this process may (`caller_fork`),
+        the job in a fork of this process, with the service started beside it for later jobs."""
+        slot = self._caller_fork_slot()
+        if slot is None:
+            return self.submit(fn, *args, name=name, timeout_s=timeout_s, output=output).result()
+        label = name or getattr(fn, "__qualname__", None) or repr(fn)
+        limit = self.timeout_s if timeout_s is UNSET else timeout_s
+        payload = cloudpickle.dumps((fn, args))
+        with slot:
+            try:
+                return caller_fork.run_in_fork(payload, label, limit, self._forked)
+            except caller_fork.ForkUnavailable as err:  # the job did not run
+                self._warn("fork", f"could not compile in a fork of this process ({err}); using the compile service")
+        return self.submit_payload(payload, label, limit, output).result()
+
+    def _caller_fork_slot(self) -> CompileSlot | None:
+        """A compile slot when this job should run in a fork of this process: the service is not
+        warm (or not there), the fork is safe, and the machine-wide bound leaves room."""
+        if not self.caller_fork or self._warm or os.getpid() != self.owner_pid:
+            return None
+        if caller_fork.unsafe_reason(self.preload) is not None:
+            return None
+        if self._conn is None and time.monotonic() >= self._down_until:
+            # A service already running answers at once whether it is warm; none running is started
+            # only after the fork (`_forked`), so that its start does not delay the compile.
+            with self._lock:
+                if self._conn is None:
+                    with contextlib.suppress(OSError, EOFError):
+                        self._adopt(*connect(self.name))
+            if self._warm:
+                return None
+        try:
+            return self._slots.try_take()
+        except OSError:
+            return None
+
+    def _forked(self) -> None:
+        """A job runs in a fork of this process: count it, and reach or start the service in the
+        background, for the jobs after this one."""
+        self.caller_forks += 1
+        if self._conn is None:
+            threading.Thread(target=self._connection, name="kcache-service-start", daemon=True).start()
 
     def warm(self, count: int | None = None, *, wait: bool = False) -> float:
         """Reach (or start) the service and ask it to start `count` workers (default: 1 without `wait`,
@@ -190,14 +242,18 @@ class ServicePool(JobRunner):
             if time.monotonic() < self._down_until:
                 return None
             try:
-                conn, self.server_pid = connect_or_start(self.name, self.max_workers, self.preload, self.idle_s)
+                connected = connect_or_start(self.name, self.max_workers, self.preload, self.idle_s)
             except Exception as err:  # whatever it is, the compile goes on in the own pool
                 self._down_until = time.monotonic() + RETRY_AFTER_S
                 self._warn("unavailable", f"the compile service is unavailable ({err}); compiling in this "
                            "process's own pool")
                 return None
-            self._conn = conn
-        threading.Thread(target=self._read, args=(conn,), name="kcache-service-reader", daemon=True).start()
+            return self._adopt(*connected)
+
+    def _adopt(self, conn: socket.socket, pid: int, warm: bool) -> socket.socket:
+        """Make `conn` this process's connection and start reading it (under the lock)."""
+        self._conn, self.server_pid, self._warm = conn, pid, warm
+        threading.Thread(target=self._read, args=(conn,), name=caller_fork.SERVICE_READER_THREAD, daemon=True).start()
         return conn
 
     def _send(self, conn: socket.socket, message: Any) -> None:
@@ -212,6 +268,9 @@ class ServicePool(JobRunner):
                 message = wire.receive_reply(conn.fileno(), None, "reading the compile service's answers")
                 if message[0] == "bye":  # it exits when idle: what it has not answered, it never ran
                     self._left_idle.add(id(conn))
+                    continue
+                if message[0] == "warmed":
+                    self._warm = True
                     continue
                 if message[0] == "pong":
                     answered = self._pongs.get(message[1])
@@ -239,7 +298,7 @@ class ServicePool(JobRunner):
         """The service went away: its unfinished jobs run again in the own pool."""
         with self._lock:
             if self._conn is conn:
-                self._conn = None
+                self._conn, self._warm = None, False
             orphans, self._pending = self._pending, {}
         with contextlib.suppress(OSError):
             conn.close()
@@ -297,8 +356,9 @@ def shared_service_pool(workers: int | None, timeout_s: float | None, preload: I
 # ---------------------------------------------------------------- reaching the server
 
 
-def connect(name: str) -> tuple[socket.socket, int]:
-    """A connection to the running service `name` and its pid. Raises OSError when none listens."""
+def connect(name: str) -> tuple[socket.socket, int, bool]:
+    """A connection to the running service `name`, its pid, and whether it is warm (a worker ready).
+    Raises OSError when none listens."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(START_TIMEOUT_S)
@@ -308,18 +368,23 @@ def connect(name: str) -> tuple[socket.socket, int]:
             raise ServiceUnavailable(f"the socket of {name} is served by uid {uid}, not {os.geteuid()}")
         conn.settimeout(None)  # the wire reads the descriptor, which must block
         wire.send(conn.fileno(), ("hello", name))
+        warm = False
         try:
-            _kind, pid = wire.receive_reply(conn.fileno(), START_TIMEOUT_S, "greeting the compile service")
+            while True:  # ("warmed",) may come first: the service got warm as this client connected
+                greeting = wire.receive_reply(conn.fileno(), START_TIMEOUT_S, "greeting the compile service")
+                if greeting[0] == "hello":
+                    return conn, greeting[1], warm or greeting[2]
+                warm = warm or greeting[0] == "warmed"
         except (TimeoutError, wire.WorkerDied, wire.ReplyUnreadable) as err:
             raise ServiceUnavailable(f"the compile service at {address.socket_path(name)} does not answer: {err}") from None
-        return conn, pid
     except BaseException:
         conn.close()
         raise
 
 
-def connect_or_start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> tuple[socket.socket, int]:
-    """Connect to the service `name`, starting it when none listens. Raises ServiceUnavailable.
+def connect_or_start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> tuple[socket.socket, int, bool]:
+    """Connect to the service `name`, starting it when none listens (`connect`'s answer). Raises
+    ServiceUnavailable.
 
     Of the processes that find no service at once (a job's ranks opening their caches together), one
     starts it, under its start lock, and the others wait for its socket. Each starting a server of
@@ -403,11 +468,14 @@ def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> Non
 
 def request(name: str, message: tuple[Any, ...]) -> Any:
     """One request to the running service `name` (status, stop). Raises OSError when none listens."""
-    conn, _pid = connect(name)
+    conn, _pid, _warm = connect(name)
     with conn:
         wire.send(conn.fileno(), message)
         try:  # a warm-up that waits for its workers may take as long as a worker's start
-            return wire.receive_reply(conn.fileno(), REQUEST_TIMEOUT_S, f"asking the compile service for {message[0]}")[1]
+            while True:
+                reply = wire.receive_reply(conn.fileno(), REQUEST_TIMEOUT_S, f"asking the compile service for {message[0]}")
+                if reply[0] != "warmed":  # told to every client, this one too
+                    return reply[1]
         except (wire.WorkerDied, wire.ReplyUnreadable) as err:
             raise EOFError(f"the compile service did not answer {message[0]}: {err}") from None
 

@@ -10,6 +10,12 @@ The memory budget (`KCACHE_COMPILE_MEMORY`) bounds the same dispatch: a job star
 workers' memory (proportional set size: pages shared with the template count once) plus one
 more worker's (the largest seen) fits the budget, or an idle worker can take it; one job always
 may run, so a budget below one worker slows compiles down but never stops them.
+
+The machine-wide bound (`compile_slots`) bounds it too: each running job holds a compile slot, and
+clients that compile in a fork of themselves while the service is not warm hold the others. With
+every slot held, a job waits; nothing tells the service when a client's slot is free, so it looks
+again every SLOT_RETRY_S while jobs wait for a slot (only at a cold start, while clients compile
+in forks of themselves).
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from kcache.compile.compile_slots import CompileSlot, CompileSlots
+
+SLOT_RETRY_S = 0.05
+
 
 @dataclass(eq=False)
 class QueuedJob:
@@ -30,13 +40,16 @@ class QueuedJob:
     timeout_s: float | None
     done: Callable[[Future[Any]], None]  # called once, with the pool's finished future
     future: Future[Any] | None = field(default=None, init=False)
+    slot: CompileSlot | None = field(default=None, init=False)
 
 
 class FairScheduler:
     """Feeds `pool` (a CompilePool) from per-client queues, round-robin."""
 
-    def __init__(self, pool: Any, memory_budget: int | None, rss_of: Callable[[list[int]], list[int]]) -> None:
+    def __init__(self, pool: Any, memory_budget: int | None, rss_of: Callable[[list[int]], list[int]],
+                 slots: CompileSlots | None = None) -> None:
         self.pool = pool
+        self.slots = slots
         self.memory_budget = memory_budget
         self._rss_of = rss_of  # resident bytes of each of these pids
         self._lock = threading.Lock()
@@ -45,6 +58,8 @@ class FairScheduler:
         self._running: set[QueuedJob] = set()
         self.largest_worker_rss = 0
         self.held_back = 0  # dispatches the memory budget delayed
+        self.waited_for_slot = 0  # dispatches delayed because clients' forks held every compile slot
+        self._retry: threading.Timer | None = None
 
     def add(self, job: QueuedJob) -> None:
         with self._lock:
@@ -81,6 +96,9 @@ class FairScheduler:
             with self._lock:
                 if not self._turns or len(self._running) >= self.pool.max_workers or not self._memory_allows():
                     return
+                may_run, slot = self._take_slot()
+                if not may_run:
+                    return
                 client = self._turns.popleft()
                 queue = self._queues[client]
                 job = queue.popleft()
@@ -88,6 +106,7 @@ class FairScheduler:
                     self._turns.append(client)
                 else:
                     del self._queues[client]
+                job.slot = slot
                 self._running.add(job)
             job.future = self.pool.submit_payload(job.payload, job.name, job.timeout_s)
             job.future.add_done_callback(lambda finished, job=job: self._finished(job, finished))
@@ -105,8 +124,34 @@ class FairScheduler:
         self.held_back += 1
         return False
 
+    def _take_slot(self) -> tuple[bool, CompileSlot | None]:
+        """(whether the next job may run, the compile slot it holds). Without slots, or where they
+        cannot be had, it runs without one: the scheduler's own bound still holds. When clients hold
+        every slot it waits, and the dispatch is tried again in SLOT_RETRY_S. Called under the lock."""
+        if self.slots is None:
+            return True, None
+        try:
+            slot = self.slots.try_take()
+        except OSError:
+            return True, None
+        if slot is not None:
+            return True, slot
+        self.waited_for_slot += 1
+        if self._retry is None:
+            self._retry = threading.Timer(SLOT_RETRY_S, self._retry_dispatch)
+            self._retry.daemon = True
+            self._retry.start()
+        return False, None
+
+    def _retry_dispatch(self) -> None:
+        with self._lock:
+            self._retry = None
+        self._dispatch()
+
     def _finished(self, job: QueuedJob, finished: Future[Any]) -> None:
         with self._lock:
             self._running.discard(job)
+            if job.slot is not None:
+                job.slot.release()
         self._dispatch()
         job.done(finished)

@@ -27,7 +27,7 @@ import sys
 import traceback
 
 from kcache.compile import protocol as wire
-from kcache.compile.worker import PARENT_ENV, TEMPLATE_NAME, WORKER_NAME, die_with_parent, name_process, prepare, serve
+from kcache.compile.worker import PARENT_ENV, TEMPLATE_NAME, die_with_parent, name_process, prepare, serve_forked
 
 CONTROL_ENV = "KCACHE_TEMPLATE_CONTROL"
 # What the template imports with, so that the imports leave it with one thread and no CUDA context:
@@ -151,13 +151,7 @@ def fork_worker(fds: list[int], control: socket.socket) -> int:
         return pid
     try:  # the worker: it never returns into the template's loop
         control.close()
-        os.setsid()  # its own process group: a kill takes its nvcc too
-        os.dup2(stderr, 2)
-        os.dup2(2, 1)
-        die_with_parent(template)  # and the template dies with the pool's owner
-        name_process(WORKER_NAME)
-        wire.send(reply_out, (wire.READY, os.getpid()))
-        code = serve(job_in, reply_out)
+        code = serve_forked(job_in, reply_out, stderr, template)  # and the template dies with the pool's owner
     except BaseException:  # noqa: BLE001 - whatever happens, the child must not run the template's loop
         code = 1
     os._exit(code)

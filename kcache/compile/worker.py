@@ -20,6 +20,7 @@ import threading
 import traceback
 
 from kcache.compile import protocol as wire
+from kcache.errors import KCacheError
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -98,6 +99,31 @@ def main() -> int:
     prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
     wire.send(proto_out, (wire.READY, os.getpid()))
     return serve(proto_in, proto_out)
+
+
+def serve_forked(job_in: int, reply_out: int, stderr: int, parent: int) -> int:
+    """The life of a worker forked from a running process (the worker template, or a client that
+    compiles in a fork of itself: `caller_fork`): its own session (a kill of its group takes its nvcc
+    too, and a terminal's Ctrl-C reaches its parent, not it), its output into its stderr file, its
+    death with `parent`, then jobs until the job pipe closes."""
+    os.setsid()
+    os.dup2(stderr, 2)
+    os.dup2(2, 1)
+    die_with_parent(parent)
+    name_process(WORKER_NAME)
+    wire.send(reply_out, (wire.READY, os.getpid()))
+    return serve(job_in, reply_out)
+
+
+def job_outcome(reply: tuple) -> tuple[object, BaseException | None]:
+    """(value, None) or (None, the job's exception) from a worker's reply; an unexpected exception
+    keeps where in the worker it happened, as a note."""
+    if reply[0] == wire.OK:
+        return reply[1], None
+    error = reply[1]
+    if not isinstance(error, KCacheError) and len(reply) > 2 and reply[2]:
+        error.add_note(f"in the kcache compile worker:\n{reply[2].rstrip()}")
+    return None, error
 
 
 def prepare(setup: dict) -> None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from typing import Protocol
 
 from kcache.compile import protocol as wire
 from kcache.compile.interpreter import start_interpreter
@@ -64,6 +65,16 @@ class ForkedChild:
             self.wait(EXIT_GRACE_S)
 
 
+class Child(Protocol):
+    """A worker's process as WorkerProcess drives it."""
+
+    pid: int
+
+    def wait(self, timeout_s: float) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+
 def kill_group(pid: int) -> None:
     """SIGKILL a worker's process group (it and its nvcc), and the worker itself in case it was
     killed before it made its group."""
@@ -86,10 +97,7 @@ class WorkerProcess:
         job_read, self._to_worker = os.pipe2(os.O_CLOEXEC)
         self._from_worker, reply_write = os.pipe2(os.O_CLOEXEC)
         try:
-            if template is None:
-                self._child: ExecChild | ForkedChild = ExecChild(self._exec(job_read, reply_write))
-            else:
-                self._child = ForkedChild(template, template.fork((job_read, reply_write, self._stderr)))
+            self._child = self._start_child(job_read, reply_write, template)
         except BaseException:
             for fd in (self._to_worker, self._from_worker, self._stderr):
                 os.close(fd)
@@ -99,7 +107,7 @@ class WorkerProcess:
             os.close(reply_write)
         self.pid: int = self._child.pid
         try:
-            if template is None:
+            if isinstance(self._child, ExecChild):  # a fork has its parent's modules already
                 wire.send(self._to_worker, {"sys_path": list(sys.path), "preload": list(preload)})
             kind, _pid = self._receive(start_timeout_s, "starting")
         except (WorkerDied, TimeoutError, OSError, ReplyUnreadable) as err:
@@ -112,8 +120,11 @@ class WorkerProcess:
             self.kill()
             raise WorkerStartFailed(f"the worker answered {kind!r} instead of ready", self.stderr_tail(0))
 
-    def _exec(self, job_read: int, reply_write: int) -> subprocess.Popen:
-        return start_interpreter("kcache.compile.worker", (job_read, reply_write), self._stderr, {})
+    def _start_child(self, job_read: int, reply_write: int, template: WorkerTemplate | None) -> Child:
+        """The worker's process, given its ends of the pipes (the caller closes them after)."""
+        if template is None:
+            return ExecChild(start_interpreter("kcache.compile.worker", (job_read, reply_write), self._stderr, {}))
+        return ForkedChild(template, template.fork((job_read, reply_write, self._stderr)))
 
     def run(self, payload: bytes, timeout_s: float | None) -> tuple:
         """Send one job, wait for its reply. Raises WorkerDied or TimeoutError (the worker is then unusable)."""

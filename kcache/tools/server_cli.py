@@ -20,7 +20,7 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     where = str(socket_path(name))
     if args.action == "start":
         try:
-            conn, pid = client.connect_or_start(name, workers, TILELANG_PRELOAD, settings.server_idle_s)
+            conn, pid, _warm = client.connect_or_start(name, workers, TILELANG_PRELOAD, settings.server_idle_s)
         except client.ServiceUnavailable as err:
             return {"running": False, "socket": where, "error": str(err)}, f"not started: {err}", 1
         conn.close()

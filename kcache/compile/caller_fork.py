@@ -1,0 +1,171 @@
+"""A compile in a fork of the calling process, while the compile service is not warm yet.
+
+A process that imported TileLang before its first miss, with no warm service on the machine, would
+otherwise wait for the service to start and its template to import TileLang again: on the H100, a
+herd of 32 such processes took 2.63x one compile. A fork of the caller has TileLang imported
+already, so the job starts at once; the service starts beside it for the compiles that follow.
+
+The fork is a compile worker like the service's (`worker.serve_forked`): the same job code, its
+own session (a timeout kills it and its nvcc; a Ctrl-C reaches the caller, which kills it), its
+output in its own stderr file, SIGKILLed when the caller dies; a crash or a hang costs the caller
+`CompilerCrashed` or `CompileTimeout`, as from a worker of the service. The caller reaps it before it
+returns, so nothing the child inherited (the key lock's descriptor, say) outlives the compile.
+
+When (`unsafe_reason`), else the job goes to the service:
+- the job's modules (the pool's preload: TileLang) are imported here, or the fork saves nothing
+  (nor with no preload at all);
+- no Python thread runs but the caller's and kcache's service readers (blocked reading their
+  socket, holding no lock a job takes): a lock another thread holds at the fork stays locked in the
+  child forever. Native threads are not copied and hold nothing the compile takes: the job touches
+  neither CUDA (the tvm_ffi backend, kcache's only one, loads nothing at compile time) nor BLAS,
+  whose library (OpenBLAS) shuts its threads down around a fork itself;
+- `KCACHE_CALLER_FORK` is not 0;
+- a compile slot is free (`compile_slots`): the machine-wide bound holds for these compiles too.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kcache.compile.protocol import ReplyUnreadable, WorkerDied
+from kcache.compile.template import reap
+from kcache.compile.template_process import WorkerTemplate
+from kcache.compile.worker import job_outcome, serve_forked
+from kcache.compile.worker_process import EXIT_GRACE_S, STDERR_TAIL_LINES, Child, WorkerProcess, kill_group
+from kcache.errors import CompilerCrashed, CompileTimeout, WorkerStartFailed
+
+# The compile service client's reader thread (`service_client`): the one thread a fork may leave behind.
+SERVICE_READER_THREAD = "kcache-service-reader"
+# How long the fork gets to answer that it is ready (it imports nothing: a fork is milliseconds).
+READY_TIMEOUT_S = 30.0
+# How much of a crashed fork's output is read: its traceback holds every frame of the caller's stack.
+CALLER_STACK_LINES = 1000
+
+
+def unsafe_reason(preload: Iterable[str]) -> str | None:
+    """Why this process should not compile in a fork of itself now, or None when it may."""
+    if not hasattr(os, "fork"):
+        return "this platform has no fork"
+    preload = tuple(preload)
+    if not preload:
+        return "the jobs import nothing ahead, so a fork saves nothing"
+    for module in preload:
+        if module.partition(".")[0] not in sys.modules:
+            return f"{module} is not imported in this process"
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and thread.name != SERVICE_READER_THREAD:
+            return f"the thread {thread.name!r} runs beside the caller"
+    return None
+
+
+class CallerForkChild:
+    """The fork, a child of the calling process: reaped here."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self.returncode is None:
+            status = reap(self.pid, timeout_s)
+            if status is not None:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:  # once reaped, its pid may be another process's
+            kill_group(self.pid)
+            self.wait(EXIT_GRACE_S)
+
+
+class CallerForkWorker(WorkerProcess):
+    """A WorkerProcess whose process is a fork of this one."""
+
+    def _start_child(self, job_read: int, reply_write: int, template: WorkerTemplate | None) -> Child:
+        parent = os.getpid()
+        ours = (self._to_worker, self._from_worker)
+        with warnings.catch_warnings():
+            # Python 3.12 warns of any fork of a process with native threads (OpenBLAS's, the CUDA
+            # driver's); the module docstring says why this one is safe.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid:
+            return CallerForkChild(pid)
+        code = 1
+        try:  # the fork: it never returns into the caller's code
+            gc.freeze()  # a collection would touch (and copy) every object of the caller
+            for fd in ours:  # the job pipe's write end here would keep it from ever seeing EOF
+                os.close(fd)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
+            os.dup2(self._stderr, 1)
+            os.dup2(self._stderr, 2)
+            # The caller's sys.stdout and sys.stderr may be anything (a notebook's stream, a test
+            # runner's capture): the fork's go to its stderr file, as a worker's, and so does the
+            # traceback of a crash (faulthandler keeps the descriptor it was enabled with).
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - for the fork's life
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            faulthandler.enable(file=2)
+            code = serve_forked(job_read, reply_write, self._stderr, parent)
+        except BaseException:  # noqa: BLE001 - whatever happens, the child must not run its caller's code
+            pass
+        os._exit(code)
+
+
+def without_caller_frames(text: str) -> str:
+    """A crash's traceback (faulthandler's) without the frames below the fork's worker loop: those
+    are the caller's own, as deep as its program, and would push the job's frames and output out of
+    the tail that CompilerCrashed shows."""
+    kept: list[str] = []
+    in_caller = False
+    for line in text.splitlines():
+        is_frame = line.startswith("  File ")
+        if in_caller and is_frame:
+            continue
+        in_caller = is_frame and line.endswith(f" in {serve_forked.__name__}")
+        kept.append(line)
+    return "\n".join(kept)
+
+
+class ForkUnavailable(Exception):
+    """No fork could start (fork failed, or the child did not get ready): the job did not run."""
+
+
+def run_in_fork(payload: bytes, name: str, timeout_s: float | None, forked: Callable[[], None]) -> Any:
+    """Run the job `payload` (`(fn, args)` pickled) in a fork of this process and return its value,
+    or raise what it raised, CompilerCrashed or CompileTimeout; ForkUnavailable when no fork could
+    start. `forked()` runs in this process once the fork exists and before its answer is awaited
+    (the service's start, say)."""
+    try:
+        worker = CallerForkWorker((), READY_TIMEOUT_S)
+    except (WorkerStartFailed, OSError) as err:
+        raise ForkUnavailable(f"{type(err).__name__}: {err}") from err
+    try:
+        forked()
+        try:
+            reply = worker.run(payload, timeout_s)
+            worker.close()  # the fork exits at the end of its job pipe
+        except ReplyUnreadable as err:
+            raise RuntimeError(f"the answer of {name!r} came back but cannot be rebuilt in this process ({err})") from None
+        except TimeoutError:
+            raise CompileTimeout(name, timeout_s or 0.0) from None
+        except WorkerDied:
+            signal_name, exit_code = worker.death()
+            tail = without_caller_frames(worker.stderr_tail(lines=CALLER_STACK_LINES))
+            raise CompilerCrashed(name, signal_name, exit_code, "\n".join(tail.splitlines()[-STDERR_TAIL_LINES:])) from None
+    finally:
+        worker.kill()  # a fork that did not exit is killed now: reaped either way
+    value, error = job_outcome(reply)
+    if error is not None:
+        raise error
+    return value
+

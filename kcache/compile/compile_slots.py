@@ -1,0 +1,77 @@
+"""The machine-wide bound on compiles of one compile service: `count` slot files, each flock'd by
+whoever runs a compile in it.
+
+Two kinds of compile share the bound (`KCACHE_COMPILE_WORKERS`, default the usable cores): a job
+the service runs in one of its workers (its scheduler holds a slot for the job's whole run), and a
+compile a client runs in a fork of itself while the service is not warm yet (`caller_fork`). A
+slot is a file `compile-<service>.slot-<i>` in the service's private directory; the kernel drops a
+flock when its holder dies, SIGKILL included, so a killed compiler never keeps a slot.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from kcache.compile import service_address as address
+from kcache.store.locks import try_flock
+
+
+class CompileSlot:
+    """A slot held (its descriptor keeps the flock); `release()` gives it back."""
+
+    def __init__(self, fd: int, index: int) -> None:
+        self._fd = fd
+        self.index = index
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)  # drops the flock
+
+    def __enter__(self) -> CompileSlot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class CompileSlots:
+    """The slots of the service `name`: at most `count` compiles at once, machine-wide for this user."""
+
+    def __init__(self, name: str, count: int) -> None:
+        self.name = name
+        self.count = count
+
+    def try_take(self) -> CompileSlot | None:
+        """One non-blocking attempt at each slot, from a random one on (so that processes that ask
+        together do not all try slot 0 first); None when every slot is held. OSError (a service
+        directory that is not private, say) reaches the caller."""
+        first = random.randrange(self.count)
+        for step in range(self.count):
+            index = (first + step) % self.count
+            fd = os.open(self.path(index), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                if try_flock(fd):
+                    return CompileSlot(fd, index)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        return None
+
+    def held(self) -> int:
+        """How many slots are held now: a snapshot, for status and tests (it takes the free ones for a
+        moment, so a fork lane asking just then goes to the service instead)."""
+        taken = []
+        try:
+            while (slot := self.try_take()) is not None:
+                taken.append(slot)
+            return self.count - len(taken)
+        finally:
+            for slot in taken:
+                slot.release()
+
+    def path(self, index: int) -> str:
+        return str(address.service_directory() / f"compile-{self.name}.slot-{index}")
+

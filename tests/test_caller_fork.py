@@ -1,0 +1,183 @@
+"""A compile in a fork of the calling process while the compile service is not warm (`caller_fork`).
+
+The service here preloads tests/pool_jobs_gated_import.py, whose import waits for the test: the
+service stays not warm (no worker ready) exactly as long as the test wants, with no timing involved.
+The test process has `tests` imported, so the fork's condition on the preload holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kcache.compile import caller_fork
+from kcache.compile import service_client as client
+from kcache.compile.compile_slots import CompileSlots
+from kcache.compile.pool import CompilePool
+from kcache.errors import CompilerCrashed, CompileTimeout
+
+from . import pool_jobs
+from .helpers import PROJECT, child_env
+from .pool_jobs_gated_import import IMPORT_GATE_ENV
+
+GATED = ("tests.pool_jobs_gated_import", "tests.pool_jobs")
+
+
+@pytest.fixture
+def gate(runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The FIFO the service's import waits on; the fork allowed (the runtime fixture turns it off)."""
+    fifo = tmp_path / "import-gate"
+    os.mkfifo(fifo)
+    monkeypatch.setenv(IMPORT_GATE_ENV, str(fifo))
+    monkeypatch.setenv("KCACHE_CALLER_FORK", "1")
+    yield fifo
+    open_gate(fifo)  # a service still importing may finish and be stopped
+
+
+def open_gate(fifo: Path) -> None:
+    """Let the service's import finish (a no-op when nobody waits on it any more)."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader waits
+        return
+    os.close(fd)
+
+
+def gated_pool(workers: int = 2) -> client.ServicePool:
+    own = CompilePool(workers, None, preload=())
+    return client.ServicePool(workers, 30.0, GATED, 60.0, lambda: own)
+
+
+def children_left() -> bool:
+    """Whether this process has a child, live or not yet reaped."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def test_until_the_service_is_warm_a_job_runs_in_a_fork_of_the_caller_and_then_in_the_service(gate: Path) -> None:
+    pool = gated_pool()
+    try:
+        assert pool.run(pool_jobs.parent_pid) == os.getpid()  # its parent: this process, not a template
+        assert pool.caller_forks == 1
+        assert pool.ping()  # the service, started beside the fork, listens (and still imports)
+        served = client.request(pool.name, ("status",))
+        assert served["warm"] is False and served["jobs"] == 0
+        assert not children_left()  # the fork was reaped before the job's value came back
+
+        # A crash, a hang and a failure in the fork are the caller's errors, as a worker's are.
+        with pytest.raises(CompilerCrashed) as crashed:
+            pool.run(pool_jobs.abort, "the fork says goodbye", name="crashing kernel")
+        assert crashed.value.signal_name == "SIGABRT" and "the fork says goodbye" in crashed.value.stderr_tail
+        with pytest.raises(CompileTimeout):
+            pool.run(pool_jobs.hang, timeout_s=0.5)
+        with pytest.raises(ValueError, match="a bad config"):
+            pool.run(pool_jobs.raise_value_error)
+        assert pool.caller_forks == 4 and not children_left()  # the hung fork was killed and reaped
+
+        open_gate(gate)
+        pool.warm(1, wait=True)  # the service's worker is ready ...
+        assert pool.ping()  # ... and its "warmed", sent before the ping's answer, was read
+        assert pool.run(pool_jobs.parent_pid) != os.getpid()  # now the service's worker runs it
+        assert pool.caller_forks == 4 and client.request(pool.name, ("status",))["jobs"] == 1
+    finally:
+        pool.close()
+
+
+def test_no_fork_while_another_thread_runs_or_when_turned_off(gate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock another thread holds at a fork stays locked in the child forever: with a thread beside
+    the caller, the job waits for the service instead."""
+    assert caller_fork.unsafe_reason(GATED) is None
+
+    def open_gate_once_the_service_imports() -> None:
+        with open(gate, "w"):  # blocks until the service's import opens the gate to read it
+            pass
+        done.wait()
+
+    done = threading.Event()
+    other = threading.Thread(target=open_gate_once_the_service_imports, name="the program's thread")
+    other.start()
+    pool = gated_pool()
+    try:
+        assert caller_fork.unsafe_reason(GATED) == "the thread \"the program's thread\" runs beside the caller"
+        assert pool.run(pool_jobs.parent_pid) != os.getpid()  # the service's worker ran it, once warm
+        assert pool.caller_forks == 0
+    finally:
+        done.set()
+        reader = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)  # the thread's open returns, if it waits still
+        other.join()
+        os.close(reader)
+        pool.close()
+    assert caller_fork.unsafe_reason(("a_module_nobody_imported",)) == "a_module_nobody_imported is not imported in this process"
+    assert caller_fork.unsafe_reason(()) is not None
+    monkeypatch.setenv("KCACHE_CALLER_FORK", "0")
+    assert gated_pool().caller_fork is False
+
+
+def test_forks_and_the_services_workers_share_one_bound_of_compile_slots(gate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slot: while a client's fork holds it, the service's job waits; freed, the job runs. A job
+    the service runs holds a slot, so no fork can take it meanwhile."""
+    monkeypatch.delenv(IMPORT_GATE_ENV)  # the service's import does not wait here
+    pool = gated_pool(workers=1)
+    slots = CompileSlots(pool.name, 1)
+    try:
+        held = slots.try_take()  # as a fork of another client holds it
+        assert held is not None and slots.try_take() is None
+        future = pool.submit(pool_jobs.double, 21)
+        assert pool.ping()  # the service took the job in, and found no slot for it
+        served = client.request(pool.name, ("status",))
+        assert served["waited_for_slot"] >= 1 and served["running"] == 0 and not future.done()
+        held.release()
+        assert future.result(60) == 42
+        assert slots.held() == 0  # the service gave its slot back with the job's end
+
+        fifo, runs = Path(str(gate) + "-job"), Path(str(gate) + "-runs")
+        os.mkfifo(fifo)
+        running = pool.submit(pool_jobs.gated_run, str(fifo), str(runs))
+        with open(fifo, "w") as release:  # opens once the job is running: it holds the slot now
+            assert slots.try_take() is None
+            release.write("go")
+        assert running.result(60) > 0 and slots.held() == 0
+    finally:
+        pool.close()
+
+
+PROGRAM = """
+import json, os, sys, tempfile
+import tilelang
+from stress.kernels import CPU_TARGET, pool as kernels
+import kcache
+from kcache.compile import service_client, service_address
+spec = kernels(1)[0]
+func = spec.build()
+cache = kcache.KernelCache(sys.argv[1])
+kernel = cache.get_or_compile(func, CPU_TARGET, out_idx=spec.out_idx)
+(entry,) = [p for p in cache.root.glob("kernels/*") if p.is_dir()]
+plain = tilelang.compile(func, target=CPU_TARGET, out_idx=spec.out_idx)
+pools = list(service_client._shared.values())
+print(json.dumps({"forks": sum(p.caller_forks for p in pools), "compiles": cache.stats()["compiles"],
+                  "same_source": (entry / "device.cu").read_text() == plain.get_kernel_source(),
+                  "service": service_client.request(pools[0].name, ("status",))["jobs"]}))
+"""
+
+
+@pytest.mark.tilelang
+def test_a_program_that_imported_tilelang_first_compiles_its_first_kernel_in_a_fork_as_tilelang_does(
+        runtime: Path, tmp_path: Path) -> None:
+    """The herd case of the compile service's goal 3, one process: TileLang imported before the cache,
+    no service running. The kernel comes from a fork of the program, and is TileLang's own."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM), str(tmp_path / "root")],
+                          capture_output=True, text=True, timeout=600, cwd=str(PROJECT),
+                          env=child_env(KCACHE_CALLER_FORK="1", KCACHE_COMPILE_ISOLATION="server"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"forks": 1, "compiles": 1, "same_source": True, "service": 0}
