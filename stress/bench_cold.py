@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kcache.compile.protocol import readable_within
+
 from .service_runtime import stop_services
 
 MODES = ("tilelang", "pool", "server, running", "server, cold", "server, cold, cache opened first")
@@ -79,7 +81,6 @@ def _service(env: dict[str, str]) -> tuple[Any, str]:
 
 
 def _stop(client: Any, name: str) -> None:
-    import select
 
     try:
         pid = client.request(name, ("stop",))
@@ -90,7 +91,7 @@ def _stop(client: Any, name: str) -> None:
     except ProcessLookupError:
         return
     try:
-        select.select([fd], [], [], 60)
+        readable_within(fd, 60)
     finally:
         os.close(fd)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
 import signal
 import tempfile
 from pathlib import Path
 
+from kcache.compile.protocol import readable_within
 from kcache.compile.worker import TEMPLATE_NAME, WORKER_NAME
 
 SERVICE_MARK = b"kcache.compile.service"
@@ -66,7 +66,7 @@ def stop_services(runtime: Path, *, wait: bool = True) -> None:
         with contextlib.suppress(ProcessLookupError):
             pidfd = os.pidfd_open(pid)
             try:
-                if not select.select([pidfd], [], [], STOP_WAIT_S)[0]:
+                if not readable_within(pidfd, STOP_WAIT_S):
                     os.kill(pid, signal.SIGKILL)  # its workers die with it (PR_SET_PDEATHSIG)
             finally:
                 os.close(pidfd)

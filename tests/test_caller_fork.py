@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -181,3 +182,25 @@ def test_a_program_that_imported_tilelang_first_compiles_its_first_kernel_in_a_f
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"forks": 1, "compiles": 1, "same_source": True, "service": 0}
+
+
+def test_a_process_with_descriptors_numbered_over_1024_compiles_in_a_fork(gate: Path) -> None:
+    """select() cannot watch a descriptor numbered 1024 or more; the H100's stress workers (CUDA,
+    torch, connections) had such descriptors, and reaping a fork raised ValueError there."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.fail(f"RLIMIT_NOFILE's hard limit is {hard}: this test needs 4096 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    pool = gated_pool()
+    try:
+        assert max(filler) >= 1024
+        assert pool.run(pool_jobs.parent_pid) == os.getpid() and pool.caller_forks == 1
+        with pytest.raises(CompileTimeout):  # the hung fork is killed and reaped through a pidfd over 1024
+            pool.run(pool_jobs.hang, timeout_s=0.5)
+        assert not children_left()
+    finally:
+        pool.close()
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

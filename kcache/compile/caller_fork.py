@@ -14,9 +14,9 @@ returns, so nothing the child inherited (the key lock's descriptor, say) outlive
 When (`unsafe_reason`), else the job goes to the service:
 - the job's modules (the pool's preload: TileLang) are imported here, or the fork saves nothing
   (nor with no preload at all);
-- no Python thread runs but the caller's and kcache's service readers (blocked reading their
-  socket, holding no lock a job takes): a lock another thread holds at the fork stays locked in the
-  child forever. Native threads are not copied and hold nothing the compile takes: the job touches
+- no Python thread runs but the caller's and the service client's own (its reader and its
+  starter, which hold no lock a job takes): a lock another thread holds at the fork stays locked in
+  the child forever. Native threads are not copied and hold nothing the compile takes: the job touches
   neither CUDA (the tvm_ffi backend, kcache's only one, loads nothing at compile time) nor BLAS,
   whose library (OpenBLAS) shuts its threads down around a fork itself;
 - `KCACHE_CALLER_FORK` is not 0;
@@ -41,8 +41,12 @@ from kcache.compile.worker import job_outcome, serve_forked
 from kcache.compile.worker_process import EXIT_GRACE_S, STDERR_TAIL_LINES, Child, WorkerProcess, kill_group
 from kcache.errors import CompilerCrashed, CompileTimeout, WorkerStartFailed
 
-# The compile service client's reader thread (`service_client`): the one thread a fork may leave behind.
+# The compile service client's threads (`service_client`), the only ones a fork may leave behind: the
+# reader blocks reading its socket, the starter starts the service (a subprocess, a flock, a pipe); a
+# job in the fork takes none of the locks they hold (the client's own, the start lock's flock).
 SERVICE_READER_THREAD = "kcache-service-reader"
+SERVICE_START_THREAD = "kcache-service-start"
+KCACHE_THREADS = frozenset({SERVICE_READER_THREAD, SERVICE_START_THREAD})
 # How long the fork gets to answer that it is ready (it imports nothing: a fork is milliseconds).
 READY_TIMEOUT_S = 30.0
 # How much of a crashed fork's output is read: its traceback holds every frame of the caller's stack.
@@ -61,7 +65,7 @@ def unsafe_reason(preload: Iterable[str]) -> str | None:
             return f"{module} is not imported in this process"
     current = threading.current_thread()
     for thread in threading.enumerate():
-        if thread is not current and thread.name != SERVICE_READER_THREAD:
+        if thread is not current and thread.name not in KCACHE_THREADS:
             return f"the thread {thread.name!r} runs beside the caller"
     return None
 

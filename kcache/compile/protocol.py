@@ -102,6 +102,15 @@ def receive_reply(fd: int, timeout_s: float | None, doing: str) -> tuple:
         raise ReplyUnreadable(f"{type(err).__name__}: {err}") from err
 
 
+def readable_within(fd: int, timeout_s: float | None) -> bool:
+    """Whether `fd` is readable (or hung up) within timeout_s (None: no limit). poll, never select:
+    select cannot watch a descriptor numbered 1024 or more, and a process with CUDA, torch and many
+    connections open has such descriptors (the H100's stress run did)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(None if timeout_s is None else max(0, int(timeout_s * 1000) + 1)))
+
+
 def _wait_readable(fd: int, timeout_s: float | None, doing: str) -> None:
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)

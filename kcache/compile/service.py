@@ -34,7 +34,6 @@ import itertools
 import json
 import logging
 import os
-import select
 import socket
 import struct
 import sys
@@ -76,6 +75,8 @@ class Server:
         self.counts = {"jobs": 0, "failed": 0, "cancelled": 0, "clients_served": 0, "refused": 0}
 
     def serve(self) -> None:
+        from kcache.compile import protocol as wire
+
         while not self.stopping.is_set():
             with self._lock:
                 idle_for = time.monotonic() - self._last_activity if self._outstanding == 0 else 0.0
@@ -86,8 +87,7 @@ class Server:
                 for send in senders:  # a job already on its way was not run: its client may send it anew
                     send(("bye", "idle"))
                 return
-            readable, _, _ = select.select([self.listener], [], [], max(0.05, min(1.0, self.idle_s - idle_for)))
-            if not readable:
+            if not wire.readable_within(self.listener.fileno(), max(0.05, min(1.0, self.idle_s - idle_for))):
                 continue
             try:
                 conn, _ = self.listener.accept()

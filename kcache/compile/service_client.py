@@ -167,7 +167,7 @@ class ServicePool(JobRunner):
         background, for the jobs after this one."""
         self.caller_forks += 1
         if self._conn is None:
-            threading.Thread(target=self._connection, name="kcache-service-start", daemon=True).start()
+            threading.Thread(target=self._connection, name=caller_fork.SERVICE_START_THREAD, daemon=True).start()
 
     def warm(self, count: int | None = None, *, wait: bool = False) -> float:
         """Reach (or start) the service and ask it to start `count` workers (default: 1 without `wait`,
@@ -456,8 +456,7 @@ def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> Non
         os.close(log_file)
     try:
         starter.wait(START_TIMEOUT_S)  # the server forks and this parent exits at once
-        readable, _, _ = select.select([read_end], [], [], START_TIMEOUT_S)
-        word = os.read(read_end, 16) if readable else b""
+        word = os.read(read_end, 16) if wire.readable_within(read_end, START_TIMEOUT_S) else b""
     except subprocess.TimeoutExpired as err:
         raise ServiceUnavailable("the compile service did not start in time") from err
     finally:

@@ -21,7 +21,6 @@ import contextlib
 import faulthandler
 import json
 import os
-import select
 import socket
 import sys
 import traceback
@@ -166,7 +165,7 @@ def reap(pid: int, timeout_s: float) -> int | None:
     except ProcessLookupError:
         return None
     try:
-        select.select([pidfd], [], [], timeout_s)
+        wire.readable_within(pidfd, timeout_s)
     finally:
         os.close(pidfd)
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -162,7 +161,7 @@ class ForkedChild:
                 pidfd = None
             if pidfd is not None:
                 try:
-                    if not select.select([pidfd], [], [], timeout)[0]:
+                    if not wire.readable_within(pidfd, timeout):
                         raise subprocess.TimeoutExpired(f"worker template {self.pid}", timeout or 0.0)
                 finally:
                     os.close(pidfd)
