@@ -204,3 +204,42 @@ def test_a_process_with_descriptors_numbered_over_1024_compiles_in_a_fork(gate: 
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+ORPHAN_CLIENT = """
+import sys
+sys.path.insert(0, {project!r})
+from kcache.compile import service_client as client
+from kcache.compile.pool import CompilePool
+from tests import pool_jobs
+pool = client.ServicePool(2, None, {preload!r}, 60.0, lambda: CompilePool(1, None, preload=()))
+pool.run(pool_jobs.tell_pid_and_hang, {fifo!r})
+"""
+
+
+def test_a_client_killed_while_its_fork_compiles_takes_the_fork_with_it(gate: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "fork-pid"
+    os.mkfifo(fifo)
+    code = ORPHAN_CLIENT.format(project=str(PROJECT), preload=GATED, fifo=str(fifo))
+    program = subprocess.Popen([sys.executable, "-c", code], env=child_env(), cwd=str(PROJECT))
+    try:
+        with open(fifo) as told:  # the job runs, in a fork of the program
+            fork = int(told.read())
+        with open(f"/proc/{fork}/stat") as stat:
+            assert int(stat.read().rsplit(")", 1)[1].split()[1]) == program.pid  # its parent: the program
+        pidfd = os.pidfd_open(fork)
+        program.kill()
+        program.wait(30)
+        try:
+            assert wait_for_exit(pidfd, 30), f"the fork {fork} outlived its killed program"
+        finally:
+            os.close(pidfd)
+    finally:
+        program.kill()
+        program.wait(30)
+
+
+def wait_for_exit(pidfd: int, timeout_s: float) -> bool:
+    from kcache.compile.protocol import readable_within
+
+    return readable_within(pidfd, timeout_s)
