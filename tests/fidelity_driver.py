@@ -3,7 +3,8 @@
     python tests/fidelity_driver.py MODE ROOT OUT [ARCH]
 
 MODE is `tilelang` (plain TileLang, its cache off, so every step compiles what TileLang compiles
-in that context), `inprocess`, `pool` or `server` (kcache in that isolation mode, on the cache ROOT), or one of
+in that context), `inprocess`, `pool`, `server` or `fork` (kcache in that isolation mode, on the cache ROOT;
+`fork`: server mode compiling in forks of the caller), or one of
 the special rows `opaque` and `timeout`. Every step of the table sets up a compile context (a Target
 scope, the environment, a callback), compiles the same PrimFunc, and writes one JSON line to OUT:
 the resolved target, sha256 of the device and host sources, the device binary's machine code
@@ -28,8 +29,10 @@ MODE, ROOT, OUT = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 ARCH = sys.argv[4] if len(sys.argv) > 4 else "sm_90a"  # the GPU machine passes its own
 OTHER_ARCH = "sm_80"
 os.environ["KCACHE_DIR"] = str(ROOT)
-if MODE in ("inprocess", "pool", "server", "opaque", "timeout"):
-    os.environ["KCACHE_COMPILE_ISOLATION"] = MODE if MODE in ("inprocess", "server") else "pool"
+if MODE in ("inprocess", "pool", "server", "fork", "opaque", "timeout"):
+    # `fork`: server mode where every compile runs in a fork of this process (the test gives it no
+    # service to reach); `server`: every compile in the service (KCACHE_CALLER_FORK=0 there).
+    os.environ["KCACHE_COMPILE_ISOLATION"] = {"inprocess": "inprocess", "server": "server", "fork": "server"}.get(MODE, "pool")
     os.environ["KCACHE_COMPILE_WORKERS"] = "1"
 
 import tilelang  # noqa: E402
@@ -274,11 +277,15 @@ def main() -> None:
         capture_tilelang_binaries()
         for name, make_context, target_arg in STEPS:
             rows.append({"step": name, **run_tilelang(name, make_context, target_arg)})
-    elif MODE in ("inprocess", "pool", "server"):
+    elif MODE in ("inprocess", "pool", "server", "fork"):
         import kcache  # noqa: F401 - before any callback is registered, as the docs ask
 
         for name, make_context, target_arg in STEPS:
             rows.append({"step": name, **run_kcache(name, make_context, target_arg)})
+        from kcache.compile import service_client
+
+        forks = sum(pool.caller_forks for pool in service_client._shared.values())
+        print(f"fidelity driver: {forks} compile(s) in a fork of this process", file=sys.stderr)
     elif MODE == "opaque":
         rows += opaque_rows()
     elif MODE == "timeout":

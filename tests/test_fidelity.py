@@ -66,7 +66,7 @@ def run_driver(mode: str, root: Path, out: Path, arch: str, extra_env: dict[str,
     return finish_driver(start_driver(mode, root, out, arch, extra_env))
 
 
-MODES = ("inprocess", "pool", "server")
+MODES = ("inprocess", "pool", "server", "fork")
 
 
 @pytest.fixture(scope="module")
@@ -76,28 +76,37 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     # The server mode's compile service: started by the first run's first miss (in its environment as
     # it was then: no context set up), reused by the second run, stopped at the end.
     runtime = Path(tempfile.mkdtemp(prefix="kf-", dir="/tmp"))
-    service_env = {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "120"}
+    # `server`: every compile in the service. `fork`: every compile in a fork of the driver, which
+    # finds no service to reach (its runtime directory's path is too long for a socket's), so the
+    # service never gets warm.
+    no_service = Path(tempfile.mkdtemp(prefix="kf-" + "x" * 120, dir="/tmp"))
+    mode_env = {"server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "120", "KCACHE_CALLER_FORK": "0"},
+                "fork": {"XDG_RUNTIME_DIR": str(no_service), "KCACHE_CALLER_FORK": "1"}}
     # The four tables at once, then the three second runs at once (their roots are independent; each
     # run is its own process): the same work as one after another, in about half the time on 2 cores.
     try:
         first = {"tilelang": start_driver("tilelang", work / "tilelang-root", work / "tilelang.jsonl", arch)}
         for mode in MODES:
-            first[mode] = start_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch,
-                                       service_env if mode == "server" else None)
+            first[mode] = start_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch, mode_env.get(mode))
         runs = {name: finish_driver(started) for name, started in first.items()}
         again = {f"{mode}-again": start_driver(mode, work / f"{mode}-root", work / f"{mode}-again.jsonl", arch,
-                                               service_env if mode == "server" else None) for mode in MODES}
+                                               mode_env.get(mode)) for mode in MODES}
         runs.update({name: finish_driver(started) for name, started in again.items()})
         yield {"runs": runs, "arch": arch, "runtime": runtime}
     finally:
         stop_services(runtime, wait=False)
 
 
-def test_the_server_mode_compiled_in_the_service(table: dict) -> None:
-    """The server rows were compiled by the compile service, not by a fallback pool."""
+def test_the_server_mode_compiled_in_the_service_and_the_fork_mode_in_forks(table: dict) -> None:
+    """The server rows were compiled by the compile service, not by a fallback pool nor a fork; the
+    fork rows by forks of the driver, one per compile of the table."""
     logs = list(table["runtime"].glob("kcache/*.log"))
-    assert table["runs"]["server"][0]["stderr"].count("compile service is unavailable") == 0
+    server = table["runs"]["server"][0]["stderr"]
+    assert server.count("compile service is unavailable") == 0 and "0 compile(s) in a fork" in server
     assert len(list(table["runtime"].glob("kcache/*.sock"))) == 1 and len(logs) == 1
+    fork = table["runs"]["fork"][0]["stderr"]
+    compiled = sum(row["compiled"] for row in table["runs"]["fork"])
+    assert "compile service is unavailable" in fork and f"{compiled} compile(s) in a fork" in fork
 
 
 def by_step(rows: list[dict]) -> dict[str, dict]:

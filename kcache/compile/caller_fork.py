@@ -38,7 +38,7 @@ from kcache.compile.protocol import ReplyUnreadable, WorkerDied
 from kcache.compile.template import reap
 from kcache.compile.template_process import WorkerTemplate
 from kcache.compile.worker import job_outcome, serve_forked
-from kcache.compile.worker_process import EXIT_GRACE_S, STDERR_TAIL_LINES, Child, WorkerProcess, kill_group
+from kcache.compile.worker_process import STDERR_TAIL_LINES, Child, ReapedChild, WorkerProcess
 from kcache.errors import CompilerCrashed, CompileTimeout, WorkerStartFailed
 
 # The compile service client's threads (`service_client`), the only ones a fork may leave behind: the
@@ -70,24 +70,11 @@ def unsafe_reason(preload: Iterable[str]) -> str | None:
     return None
 
 
-class CallerForkChild:
+class CallerForkChild(ReapedChild):
     """The fork, a child of the calling process: reaped here."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def wait(self, timeout_s: float) -> int | None:
-        if self.returncode is None:
-            status = reap(self.pid, timeout_s)
-            if status is not None:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is None:  # once reaped, its pid may be another process's
-            kill_group(self.pid)
-            self.wait(EXIT_GRACE_S)
+    def _reap(self, timeout_s: float) -> int | None:
+        return reap(self.pid, timeout_s)
 
 
 class CallerForkWorker(WorkerProcess):

@@ -160,7 +160,9 @@ class Server:
             elif kind == "warm":  # ("warm", count, wait): wait=True answers once they are ready
                 count, wait = message[1], len(message) > 2 and message[2]
                 if wait:
-                    send(("warm", self.pool.warm(count)))
+                    waited = self.pool.warm(count)
+                    self.mark_warm()  # before the answer: a client that waited on it is told first
+                    send(("warm", waited))
                 else:
                     threading.Thread(target=self.pool.warm, args=(count,), daemon=True).start()
                     send(("warm", None))
@@ -230,16 +232,23 @@ class Server:
         self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done))
 
     def warm_up(self) -> None:
-        """Start the first worker, then tell every connected client that the service is warm (a
-        client connecting later reads it in the greeting)."""
-        try:
-            self.pool.warm(1)
-        finally:
-            with self._lock:
-                self.warm.set()
-                senders = list(self._senders.values())
-            for send in senders:
-                send(("warmed",))
+        """Start the first worker, then say that the service is warm (`mark_warm`)."""
+        self.pool.warm(1)
+        self.mark_warm()
+
+    def mark_warm(self) -> None:
+        """Once a worker is ready, tell every connected client that the service is warm, once (a
+        client connecting later reads it in the greeting). A worker that could not start leaves it
+        cold: the clients that can go on compiling in forks of themselves."""
+        if self.warm.is_set() or not self.pool.worker_pids():
+            return
+        with self._lock:
+            if self.warm.is_set():
+                return
+            self.warm.set()
+            senders = list(self._senders.values())
+        for send in senders:
+            send(("warmed",))
 
     def status(self) -> dict[str, Any]:
         workers = self.pool.worker_pids()

@@ -245,8 +245,8 @@ class ServicePool(JobRunner):
                 connected = connect_or_start(self.name, self.max_workers, self.preload, self.idle_s)
             except Exception as err:  # whatever it is, the compile goes on in the own pool
                 self._down_until = time.monotonic() + RETRY_AFTER_S
-                self._warn("unavailable", f"the compile service is unavailable ({err}); compiling in this "
-                           "process's own pool")
+                self._warn("unavailable", f"the compile service is unavailable ({err}); compiling without it, "
+                           "in this process's own pool or in forks of this process")
                 return None
             return self._adopt(*connected)
 

@@ -41,20 +41,20 @@ class ExecChild:
         self.proc.wait()
 
 
-class ForkedChild:
-    """A worker forked by the worker template: the template's child, so the template reaps it."""
+class ReapedChild:
+    """A worker that is not a Popen: its wait status comes from `_reap`."""
 
-    def __init__(self, template: WorkerTemplate, pid: int) -> None:
-        self.template = template
+    def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
 
+    def _reap(self, timeout_s: float) -> int | None:
+        """Its wait status once it ended within timeout_s, else None."""
+        raise NotImplementedError
+
     def wait(self, timeout_s: float) -> int | None:
         if self.returncode is None:
-            try:
-                status = self.template.reap(self.pid, timeout_s)
-            except TemplateGone:
-                return None  # it died with the template (PR_SET_PDEATHSIG), its status lost
+            status = self._reap(timeout_s)
             if status is not None:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -63,6 +63,20 @@ class ForkedChild:
         if self.returncode is None:  # once reaped, its pid may be another process's
             kill_group(self.pid)
             self.wait(EXIT_GRACE_S)
+
+
+class ForkedChild(ReapedChild):
+    """A worker forked by the worker template: the template's child, so the template reaps it."""
+
+    def __init__(self, template: WorkerTemplate, pid: int) -> None:
+        super().__init__(pid)
+        self.template = template
+
+    def _reap(self, timeout_s: float) -> int | None:
+        try:
+            return self.template.reap(self.pid, timeout_s)
+        except TemplateGone:
+            return None  # it died with the template (PR_SET_PDEATHSIG), its status lost
 
 
 class Child(Protocol):
