@@ -111,3 +111,16 @@ def test_a_toolchain_memo_directory_that_is_a_link_is_not_written_through(tmp_pa
     found = fingerprint.toolchain_fingerprint(root)
     assert found["tilelang_libs"] and len(counted_hashes) == 1
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_lock_directory_that_is_a_link_is_not_written_through(tmp_path: Path, counted_hashes: list[int]) -> None:
+    """`identify_once` takes the root's toolchain lock in `<root>/.locks`: a link planted there is
+    refused (the fingerprint is computed without the lock), and nothing appears where it points."""
+    root = tmp_path / "root"
+    access.create_root(root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, root / layout.LOCKS)
+    found = fingerprint.toolchain_fingerprint(root)
+    assert found["tilelang_libs"] and len(counted_hashes) == 1
+    assert list(elsewhere.iterdir()) == [] and (root / layout.LOCKS).is_symlink()
