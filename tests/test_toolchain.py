@@ -101,26 +101,17 @@ def test_identifying_the_toolchain_of_a_root_removed_meanwhile_does_not_bring_it
     assert not root.exists()
 
 
-def test_a_toolchain_memo_directory_that_is_a_link_is_not_written_through(tmp_path: Path,
-                                                                          counted_hashes: list[int]) -> None:
+@pytest.mark.parametrize("directory", [layout.TOOLCHAIN, layout.LOCKS])
+def test_a_toolchain_directory_that_is_a_link_is_not_written_through(tmp_path: Path, counted_hashes: list[int],
+                                                                     directory: str) -> None:
+    """The memo (`<root>/.toolchain`) and its lock (`identify_once` takes it in `<root>/.locks`): a link
+    planted in either place is refused (the fingerprint is computed without it), and nothing appears
+    where it points."""
     root = tmp_path / "root"
     access.create_root(root)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    os.symlink(elsewhere, root / layout.TOOLCHAIN)
+    os.symlink(elsewhere, root / directory)
     found = fingerprint.toolchain_fingerprint(root)
     assert found["tilelang_libs"] and len(counted_hashes) == 1
-    assert list(elsewhere.iterdir()) == []
-
-
-def test_a_lock_directory_that_is_a_link_is_not_written_through(tmp_path: Path, counted_hashes: list[int]) -> None:
-    """`identify_once` takes the root's toolchain lock in `<root>/.locks`: a link planted there is
-    refused (the fingerprint is computed without the lock), and nothing appears where it points."""
-    root = tmp_path / "root"
-    access.create_root(root)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    os.symlink(elsewhere, root / layout.LOCKS)
-    found = fingerprint.toolchain_fingerprint(root)
-    assert found["tilelang_libs"] and len(counted_hashes) == 1
-    assert list(elsewhere.iterdir()) == [] and (root / layout.LOCKS).is_symlink()
+    assert list(elsewhere.iterdir()) == [] and (root / directory).is_symlink()

@@ -98,11 +98,10 @@ class CallerForkWorker(WorkerProcess):
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.close(devnull)
-            os.dup2(self._stderr, 1)
-            os.dup2(self._stderr, 2)
             # The caller's sys.stdout and sys.stderr may be anything (a notebook's stream, a test
-            # runner's capture): the fork's go to its stderr file, as a worker's, and so does the
-            # traceback of a crash (faulthandler keeps the descriptor it was enabled with).
+            # runner's capture): the fork's write to descriptors 1 and 2, which serve_forked points
+            # at its stderr file, as a worker's, and so does the traceback of a crash (faulthandler
+            # keeps the descriptor it was enabled with).
             sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - for the fork's life
             sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
             faulthandler.enable(file=2)

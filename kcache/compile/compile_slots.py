@@ -20,9 +20,8 @@ from kcache.store.locks import try_flock
 class CompileSlot:
     """A slot held (its descriptor keeps the flock); `release()` gives it back."""
 
-    def __init__(self, fd: int, index: int) -> None:
+    def __init__(self, fd: int) -> None:
         self._fd = fd
-        self.index = index
 
     def release(self) -> None:
         if self._fd >= 0:
@@ -53,7 +52,7 @@ class CompileSlots:
             fd = os.open(self.path(index), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 if try_flock(fd):
-                    return CompileSlot(fd, index)
+                    return CompileSlot(fd)
             except BaseException:
                 os.close(fd)
                 raise
@@ -61,8 +60,8 @@ class CompileSlots:
         return None
 
     def held(self) -> int:
-        """How many slots are held now: a snapshot, for status and tests (it takes the free ones for a
-        moment, so a fork lane asking just then goes to the service instead)."""
+        """How many slots are held now: a snapshot for tests (it takes the free ones for a moment, so
+        a fork asking just then would go to the service instead)."""
         taken = []
         try:
             while (slot := self.try_take()) is not None:
