@@ -57,18 +57,21 @@ class ArchMismatch(KCacheError, RuntimeError):
 class CompileError(KCacheError, RuntimeError):
     """TileLang or nvcc rejected a kernel.
 
-    The message holds only the compiler's first errors; the whole output
-    (TileLang prints hundreds of lines of warnings and the source) is in
-    `log_path`.
+    The message starts with the compiler's first errors (`summary`), then holds TileLang's own
+    message whole (`compiler_message`: for an nvcc failure or timeout, the source, nvcc's output and
+    its `Command:` line), as plain TileLang would raise it, and ends with kcache's log, which has the
+    whole traceback (`log_path`).
     """
 
-    def __init__(self, kernel_name: str, summary: str, log_path: str | None) -> None:
+    def __init__(self, kernel_name: str, summary: str, log_path: str | None, compiler_message: str = "") -> None:
         self.kernel_name = kernel_name
         self.summary = summary
         self.log_path = log_path
-        self._init_args = (kernel_name, summary, log_path)
+        self.compiler_message = compiler_message
+        self._init_args = (kernel_name, summary, log_path, compiler_message)
         where = f"full log: {log_path}" if log_path else "no log could be written"
-        super().__init__(f"compiling kernel {kernel_name!r} failed:\n{summary}\n({where})")
+        whole = f"\nTileLang's message:\n{compiler_message.rstrip()}\n" if compiler_message else ""
+        super().__init__(f"compiling kernel {kernel_name!r} failed:\n{summary}\n{whole}({where})")
 
 
 class CacheLockTimeout(KCacheError, TimeoutError):

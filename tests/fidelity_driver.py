@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import os
-import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +39,9 @@ import tilelang.language as T  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tilelang.engine import callback as tl_callback  # noqa: E402
 from tvm.target import Target  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.machine_code import text_sections  # noqa: E402
 
 POSTPROC = "tilelang_callback_cuda_postproc"
 HOST_POSTPROC = "tilelang_callback_c_host_postproc"
@@ -86,9 +88,13 @@ def env(**values: str) -> Iterator[None]:
 
 
 MARK = "fidelity-mark-a"
+# Calls of the table's callbacks in this process (the caller's), with the pid each ran in: plain
+# TileLang calls a callback once per compile, in the compiling process, and never on a hit.
+CALLS: list[int] = []
 
 
 def mark_source(code: str, target: Any) -> str:
+    CALLS.append(os.getpid())
     return code + f"\n// {MARK}\n"
 
 
@@ -107,6 +113,7 @@ def postproc_a() -> Any:
 
 def postproc_b() -> Any:
     def mark_b(code: str, target: Any) -> str:  # another callback: another source, another kernel
+        CALLS.append(os.getpid())
         return code + "\n// fidelity-mark-b\n"
 
     return registered(POSTPROC, mark_b)
@@ -131,6 +138,7 @@ def postproc_c_constant() -> Any:
 
 def host_postproc() -> Any:
     def mark_host(code: str, target: Any) -> str:
+        CALLS.append(os.getpid())
         return code + "\n// fidelity-host-mark\n"
 
     return registered(HOST_POSTPROC, mark_host)
@@ -170,29 +178,6 @@ def _both(first: Any, second: Any) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- what a step produced
-
-
-def text_sections(binary: bytes) -> tuple[str, list[str]]:
-    """(sha256 of the ELF's .text* sections, every section name): the machine code, without the
-    debug-line sections that hold the compile's temporary directory."""
-    if binary[:4] != b"\x7fELF":
-        return hashlib.sha256(binary).hexdigest(), []
-    shoff, = struct.unpack_from("<Q", binary, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", binary, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", binary, shoff + i * shentsize) for i in range(shnum)]
-    names_at = headers[shstrndx][4]
-
-    def name_of(offset: int) -> str:
-        end = binary.index(b"\0", names_at + offset)
-        return binary[names_at + offset:end].decode()
-
-    digest, names = hashlib.sha256(), []
-    for header in headers:
-        name = name_of(header[0])
-        names.append(name)
-        if name.startswith(".text"):
-            digest.update(name.encode() + binary[header[4]:header[4] + header[5]])
-    return digest.hexdigest(), sorted(n for n in names if n)
 
 
 _binaries: list[bytes] = []
@@ -245,9 +230,16 @@ def describe(kernel: Any, binary: bytes | None) -> dict[str, Any]:
 
 def run_tilelang(step: str, make_context: Callable[[], Any], target_arg: Any) -> dict[str, Any]:
     _binaries.clear()
+    calls = len(CALLS)
     with make_context():
         kernel = tilelang.compile(FUNC, out_idx=[2], target=target_arg, execution_backend="tvm_ffi")
-    return describe(kernel, _binaries[-1] if _binaries else None)
+    return {**describe(kernel, _binaries[-1] if _binaries else None), **callback_calls(calls)}
+
+
+def callback_calls(before: int) -> dict[str, Any]:
+    """The table's callbacks called during a step: how many times, and whether all in this process."""
+    during = CALLS[before:]
+    return {"callback_calls": len(during), "callbacks_in_caller": all(pid == os.getpid() for pid in during)}
 
 
 def run_kcache(step: str, make_context: Callable[[], Any], target_arg: Any) -> dict[str, Any]:
@@ -258,6 +250,7 @@ def run_kcache(step: str, make_context: Callable[[], Any], target_arg: Any) -> d
     cache = kcache.default_cache()
     backend = cache._tilelang()
     before = cache.stats()
+    calls = len(CALLS)
     with make_context():
         kernel = cache.get_or_compile(FUNC, target_arg, out_idx=[2])
         request = KernelRequest.build(backend, FUNC, target_arg, [2], None, None, "tvm_ffi",
@@ -265,6 +258,7 @@ def run_kcache(step: str, make_context: Callable[[], Any], target_arg: Any) -> d
     after = cache.stats()
     entry = cache.root / "kernels" / request.key / DEVICE_BINARY
     row = describe(kernel, entry.read_bytes() if entry.exists() else None)
+    row.update(callback_calls(calls))
     row.update(key=request.key, compiled=after["compiles"] - before["compiles"],
                disk_hit=after["disk_hits"] - before["disk_hits"], memory_hit=after["memory_hits"] - before["memory_hits"])
     return row
@@ -339,7 +333,7 @@ def timeout_rows() -> list[dict[str, Any]]:
         outcome = {"error": None}
     except Exception as err:  # what the caller sees: the type and message
         outcome = {"error": type(err).__name__, "runtime_error": isinstance(err, RuntimeError),
-                   "message": str(err)[:2000]}
+                   "message": str(err)[:2000], "command_line": "Command:" in str(err)}
     return [{"step": "timeout", "seconds": time.monotonic() - started, **outcome}]
 
 

@@ -124,3 +124,19 @@ def new_file_mode(path: str) -> tuple[int, int]:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     os.close(fd)
     return os.stat(path).st_mode & 0o777, os.getpid()
+
+
+_REMEMBERED: list[object] = []
+
+
+def remember(value: object) -> int:
+    """Leave something behind in the worker: a module global, and a module imported."""
+    import tests.pool_jobs_left_behind  # noqa: F401 - imported only by this job
+
+    _REMEMBERED.append(value)
+    return len(_REMEMBERED)
+
+
+def what_was_left_behind() -> tuple[list[object], bool]:
+    """What an earlier job left in this worker: its global, and whether its module is imported."""
+    return list(_REMEMBERED), "tests.pool_jobs_left_behind" in sys.modules

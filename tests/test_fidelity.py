@@ -165,6 +165,25 @@ def test_each_key_compiles_once_and_a_second_run_compiles_nothing(table: dict, m
     assert all(row["disk_hit"] or row["memory_hit"] for row in again.values())
 
 
+CALLBACK_STEPS = ("postproc_a", "postproc_b", "postproc_global_changed", "host_postproc")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_callbacks_run_in_the_caller_once_per_compile_and_never_on_a_hit(table: dict, mode: str) -> None:
+    """As plain TileLang: each compile calls its postproc callback once, in the caller's process (its
+    side effects are the caller's), whichever lane compiled; a memory hit and a fresh process's disk
+    hit call it not at all."""
+    plain = by_step(table["runs"]["tilelang"])
+    first = by_step(table["runs"][mode])
+    for step in CALLBACK_STEPS:
+        assert plain[step]["callback_calls"] == 1, step
+        assert first[step]["compiled"] == 1 and first[step]["callback_calls"] == 1, (step, first[step])
+        assert first[step]["callbacks_in_caller"], step
+    assert first["postproc_a_again"]["compiled"] == 0 and first["postproc_a_again"]["callback_calls"] == 0
+    again = by_step(table["runs"][f"{mode}-again"])
+    assert {step: row["callback_calls"] for step, row in again.items() if row["callback_calls"]} == {}
+
+
 def test_callbacks_that_cannot_travel_compile_in_the_caller_with_their_edit(tmp_path: Path) -> None:
     """Registered before kcache was imported (its Python function is out of reach), or a closure over a
     lock (unpicklable): the compile runs in the caller, the edit is in the kernel, nothing is stored
@@ -176,7 +195,7 @@ def test_callbacks_that_cannot_travel_compile_in_the_caller_with_their_edit(tmp_
     assert rows["registered_before_kcache"]["entries"] == 0 and rows["unpicklable_closure"]["entries"] == 0
     stderr = rows["unpicklable_closure"]["stderr"]
     assert "registered before kcache started watching" in stderr
-    assert "cannot be pickled" in stderr
+    assert "cannot be fingerprinted" in stderr
 
 
 HANGING_NVCC = """#!/bin/sh
@@ -209,4 +228,5 @@ def test_the_callers_nvcc_timeout_applies_when_set_after_the_first_compile(tmp_p
     assert marker.exists()  # the fault was armed
     assert row["error"] == "CompileError" and row["runtime_error"], row
     assert "timed out" in row["message"], row["message"]
+    assert row["command_line"], "TileLang's message, its nvcc `Command:` line included, must survive"
     assert row["seconds"] < 30, row

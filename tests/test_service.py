@@ -189,8 +189,9 @@ def test_another_environment_gets_another_service(runtime: Path, monkeypatch: py
 
 
 def test_a_job_writes_with_its_clients_umask_not_the_services(runtime: Path, tmp_path: Path) -> None:
-    """A pool's worker inherits its process's umask; a service's worker serves many processes, so
-    each job carries its client's. The same worker, two umasks, two modes."""
+    """A pool's worker inherits its process's umask; a service's workers are forks of one template
+    (whose umask is the service's) serving many processes, so each job carries its client's. Two
+    jobs, two fresh forks, two umasks, two modes."""
     pool = service_pool(workers=1)
     previous = os.umask(0o077)
     try:
@@ -199,7 +200,7 @@ def test_a_job_writes_with_its_clients_umask_not_the_services(runtime: Path, tmp
         shared, second = pool.run(pool_jobs.new_file_mode, str(tmp_path / "shared"))
     finally:
         os.umask(previous)
-    assert first == second  # one worker ran both
+    assert first != second  # a fresh fork for each job
     assert (private, shared) == (0o600, 0o664)
 
 

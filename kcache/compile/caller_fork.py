@@ -5,8 +5,9 @@ otherwise wait for the service to start and its template to import TileLang agai
 herd of 32 such processes took 2.63x one compile. A fork of the caller has TileLang imported
 already, so the job starts at once; the service starts beside it for the compiles that follow.
 
-The fork is a compile worker like the service's (`worker.serve_forked`): the same job code, its
-own session (a timeout kills it and its nvcc; a Ctrl-C reaches the caller, which kills it), its
+The fork is a compile worker like the service's (`worker.serve_forked`): the same job code, run
+on the caller's own objects in memory (nothing is pickled into it, so nothing can arrive changed),
+its calls to the caller's callbacks answered by the caller over its pipes, its own session (a timeout kills it and its nvcc; a Ctrl-C reaches the caller, which kills it), its
 output in its own stderr file, SIGKILLed when the caller dies; a crash or a hang costs the caller
 `CompilerCrashed` or `CompileTimeout`, as from a worker of the service. The caller reaps it before it
 returns, so nothing the child inherited (the key lock's descriptor, say) outlives the compile.
@@ -38,7 +39,7 @@ from kcache.compile.protocol import ReplyUnreadable, WorkerDied
 from kcache.compile.template import reap
 from kcache.compile.template_process import WorkerTemplate
 from kcache.compile.worker import job_outcome, serve_forked
-from kcache.compile.worker_process import STDERR_TAIL_LINES, Child, ReapedChild, WorkerProcess
+from kcache.compile.worker_process import STDERR_TAIL_LINES, CallsOfCaller, Child, ReapedChild, WorkerProcess
 from kcache.errors import CompilerCrashed, CompileTimeout, WorkerStartFailed
 
 # The compile service client's threads (`service_client`), the only ones a fork may leave behind: the
@@ -78,7 +79,12 @@ class CallerForkChild(ReapedChild):
 
 
 class CallerForkWorker(WorkerProcess):
-    """A WorkerProcess whose process is a fork of this one."""
+    """A WorkerProcess whose process is a fork of this one, running one job: `fn(*args)`, the
+    caller's own objects in memory, pickled into nothing."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, start_timeout_s: float) -> None:
+        self._job = (fn, args)
+        super().__init__((), start_timeout_s)
 
     def _start_child(self, job_read: int, reply_write: int, template: WorkerTemplate | None) -> Child:
         parent = os.getpid()
@@ -105,7 +111,7 @@ class CallerForkWorker(WorkerProcess):
             sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - for the fork's life
             sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
             faulthandler.enable(file=2)
-            code = serve_forked(job_read, reply_write, self._stderr, parent)
+            code = serve_forked(job_read, reply_write, self._stderr, parent, self._job)
         except BaseException:  # noqa: BLE001 - whatever happens, the child must not run its caller's code
             pass
         os._exit(code)
@@ -130,20 +136,22 @@ class ForkUnavailable(Exception):
     """No fork could start (fork failed, or the child did not get ready): the job did not run."""
 
 
-def run_in_fork(payload: bytes, name: str, timeout_s: float | None, forked: Callable[[], None]) -> Any:
-    """Run the job `payload` (`(fn, args)` pickled) in a fork of this process and return its value,
-    or raise what it raised, CompilerCrashed or CompileTimeout; ForkUnavailable when no fork could
-    start. `forked()` runs in this process once the fork exists and before its answer is awaited
-    (the service's start, say)."""
+def run_in_fork(fn: Callable[..., Any], args: tuple, name: str, timeout_s: float | None,
+                forked: Callable[[], None] = lambda: None, calls: CallsOfCaller | None = None) -> Any:
+    """Run `fn(*args)` in a fork of this process, from memory (nothing is pickled into it), and return
+    its value, or raise what it raised, CompilerCrashed or CompileTimeout; ForkUnavailable when no
+    fork could start. The job's calls to its caller (`calls`) are answered in this thread. `forked()`
+    runs in this process once the fork exists and before its answer is awaited (the service's
+    start, say)."""
     try:
-        worker = CallerForkWorker((), READY_TIMEOUT_S)
+        worker = CallerForkWorker(fn, args, READY_TIMEOUT_S)
     except (WorkerStartFailed, OSError) as err:
         raise ForkUnavailable(f"{type(err).__name__}: {err}") from err
     try:
         forked()
         try:
-            reply = worker.run(payload, timeout_s)
-            worker.close()  # the fork exits at the end of its job pipe
+            reply = worker.run(None, timeout_s, calls)
+            worker.close()  # the fork exits once its job is answered
         except ReplyUnreadable as err:
             raise RuntimeError(f"the answer of {name!r} came back but cannot be rebuilt in this process ({err})") from None
         except TimeoutError:
@@ -158,4 +166,3 @@ def run_in_fork(payload: bytes, name: str, timeout_s: float | None, forked: Call
     if error is not None:
         raise error
     return value
-

@@ -58,13 +58,15 @@ class JobRunner:
     compile pool and the compile service's client."""
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET, output: JobOutput | None = None) -> Future[Any]:
+               timeout_s: float | None = UNSET, output: JobOutput | None = None, calls: Any = None) -> Future[Any]:
         raise NotImplementedError
 
     def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
-            output: JobOutput | None = None) -> Any:
-        """`submit(...).result()`."""
-        return self.submit(fn, *args, name=name, timeout_s=timeout_s, output=output).result()
+            output: JobOutput | None = None, calls: Any = None) -> Any:
+        """`submit(...).result()`; the job's calls to its caller (`calls`, a `caller_calls.CallerCalls`)
+        are answered in this thread meanwhile."""
+        future = self.submit(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls)
+        return calls.wait(future) if calls is not None else future.result()
 
     def compile_many(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
         """Run every job, up to `max_workers` at once, and yield their results as they finish."""

@@ -17,8 +17,10 @@ Workers start lazily, one per job running at once, up to `workers`. With
 `start="fork"` (the compile service's), they are forked by a worker
 template (`template`) that imported TileLang once: a worker, and the
 replacement of a crashed one, then costs a fork (milliseconds) instead of an
-interpreter that imports TileLang (seconds). Where the template cannot fork
-safely (it would hold threads) or cannot start, workers start by exec.
+interpreter that imports TileLang (seconds), and every job gets a fresh one
+(it serves one job and is replaced at once), so nothing of one client's job
+reaches another's. Where the template cannot fork safely (it would hold
+threads) or cannot start, workers start by exec.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class _Pending:
     payload: bytes
     name: str
     timeout_s: float | None
+    calls: Any = None  # the caller's functions the job may call (worker_process.CallsOfCaller)
     aborted: str | None = None  # why abort() killed its worker
 
 
@@ -113,18 +116,20 @@ class CompilePool(JobRunner):
     # ------------------------------------------------------------ public
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET, output: JobOutput | None = None) -> Future[Any]:
+               timeout_s: float | None = UNSET, output: JobOutput | None = None, calls: Any = None) -> Future[Any]:
         """Run `fn(*args)` in a worker. fn, args and the result must pickle (cloudpickle). `output`
-        matters to the compile service only.
+        matters to the compile service only; `calls` answers the job's calls to this process
+        (`worker.call_caller`).
 
         The future raises what fn raised, `CompilerCrashed` if the worker
         died, `CompileTimeout` past the time limit, `CompilePoolError` if no
         worker could start.
         """
         label = name or getattr(fn, "__qualname__", None) or repr(fn)
-        return self.submit_payload(cloudpickle.dumps((fn, args)), label, timeout_s)
+        return self.submit_payload(cloudpickle.dumps((fn, args)), label, timeout_s, calls)
 
-    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET) -> Future[Any]:
+    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET,
+                       calls: Any = None) -> Future[Any]:
         """`submit` of a job already pickled as `(fn, args)` (the compile service passes its clients'
         jobs on without unpickling them)."""
         self._check_usable()
@@ -135,7 +140,7 @@ class CompilePool(JobRunner):
             self._outstanding += 1
             if self._outstanding > len(self._slots) and len(self._slots) < self.max_workers:
                 self._add_slot()
-        self._jobs.put(_Pending(future, payload, label, limit))
+        self._jobs.put(_Pending(future, payload, label, limit, calls))
         return future
 
     def warm(self, count: int | None = None) -> float:
@@ -254,7 +259,14 @@ class CompilePool(JobRunner):
                         continue
                 with self._lock:
                     slot.busy, slot.pending = True, pending
+                if self.start_method == "fork":
+                    slot.ready.clear()  # its worker is replaced after this job: `warm` waits for the new one
                 self._run_one(slot, pending)
+                if self.start_method == "fork" and slot.worker is not None and pending.aborted is None:
+                    # The compile service's: a fresh fork of the template for every job, so that no
+                    # module, global or registration of one client's job is seen by the next.
+                    slot.worker.close()
+                    slot.worker = None
                 if pending.aborted is not None and slot.worker is not None:
                     # abort() killed it, or is about to, after its reply came: never hand it a job.
                     slot.worker.kill()
@@ -287,7 +299,7 @@ class CompilePool(JobRunner):
         worker = slot.worker
         assert worker is not None
         try:
-            reply = worker.run(pending.payload, pending.timeout_s)
+            reply = worker.run(pending.payload, pending.timeout_s, pending.calls)
         except ReplyUnreadable as err:  # the worker answered in full and serves on
             pending.future.set_exception(RuntimeError(
                 f"the answer of {pending.name!r} came back but cannot be rebuilt in this process ({err}): "

@@ -21,16 +21,31 @@ _HEADER = struct.Struct(">Q")
 # The compile service's message format: part of the service's name (service_address.identity), so a
 # client never talks to a running server of another format (one started before kcache was upgraded
 # in place). Raise it with any change to the messages of service.py and service_client.py.
-SERVICE_PROTOCOL = 4  # 3: jobs carry the client's umask; 4: the greeting and ("warmed",) say when it is warm
+SERVICE_PROTOCOL = 5  # 3: jobs carry the client's umask; 4: the greeting and ("warmed",) say when it is warm;
+# 5: a job calls functions of its caller ("call" / "return")
 
 # Worker -> parent replies.
 READY = "ready"
 OK = "ok"
 ERR = "err"
+# Worker -> parent, mid-job: (CALL, name, args), a function of the job's caller to call there; the
+# parent answers on the job pipe with (RETURN, value) or (RAISE, exception), and the job goes on.
+CALL = "call"
+RETURN = "return"
+RAISE = "raise"
 
 
 def send(fd: int, message: Any) -> None:
     send_bytes(fd, cloudpickle.dumps(message))
+
+
+def answer_bytes(answer: tuple) -> bytes:
+    """A call's answer, (RETURN, value) or (RAISE, exception), pickled; one that will not pickle (an
+    exception holding a lock, say) is said in words."""
+    try:
+        return cloudpickle.dumps(answer)
+    except Exception as err:  # noqa: BLE001 - whatever pickling the value raises
+        return cloudpickle.dumps((RAISE, RuntimeError(f"the caller's answer could not be sent: {err!r}")))
 
 
 def send_bytes(fd: int, payload: bytes) -> None:

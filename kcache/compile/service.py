@@ -1,6 +1,6 @@
 """The compile service: one long-lived server per user, machine and environment, shared by every process.
 
-    python -m kcache.compile.service --name NAME --workers N --idle SECONDS --preload JSON --ready-fd FD
+    run(["--name", NAME, "--workers", N, "--idle", SECONDS, "--preload", JSON, "--ready-fd", FD])
 
 Started on demand by a client (`kcache.compile.service_client`), detached (it forks once and its
 parent exits, so it is nobody's child), it keeps a `CompilePool` of warm workers (TileLang imported;
@@ -41,6 +41,8 @@ import threading
 import time
 from concurrent.futures import Future
 from typing import Any
+
+from kcache.compile.service_calls import CallRelay
 
 log = logging.getLogger("kcache")
 
@@ -120,6 +122,7 @@ class Server:
                 self._clients += 1
                 self.counts["clients_served"] += 1
                 self._senders[client] = send
+            relay = CallRelay(send)
 
             try:
                 while True:
@@ -130,9 +133,10 @@ class Server:
                     except Exception:  # noqa: BLE001 - a message this server cannot read: see below
                         log.exception("kcache service: an unreadable message; closing the connection")
                         return
-                    if not self._handle(message, client, send):
+                    if not self._handle(message, client, send, relay):
                         return
             finally:
+                relay.close()  # a job waiting for this client's answer hears it is gone
                 with self._lock:
                     self._senders.pop(client, None)
                 with send_lock:
@@ -142,7 +146,7 @@ class Server:
                     self._clients -= 1
                     self.counts["cancelled"] += cancelled
 
-    def _handle(self, message: Any, client: int, send: Any) -> bool:
+    def _handle(self, message: Any, client: int, send: Any, relay: CallRelay) -> bool:
         """One message of a client; False when its connection should close. A message this server
         does not understand (a client of another protocol) closes it: the client then runs its jobs
         in its own pool, never waits for an answer that will not come."""
@@ -150,7 +154,9 @@ class Server:
             kind = message[0]
             if kind == "job":
                 _, job_id, payload, name, timeout_s, output = message
-                self._submit(client, job_id, payload, name, timeout_s, send, output)
+                self._submit(client, job_id, payload, name, timeout_s, send, output, relay.for_job(job_id))
+            elif kind == "return":  # ("return", job id, pickled answer): a client answered its job's call
+                relay.answered(message[1], message[2])
             elif kind == "hello":
                 send(("hello", os.getpid(), self.warm.is_set()))
             elif kind == "ping":  # answered after every message before it on this connection
@@ -180,7 +186,7 @@ class Server:
         return True
 
     def _submit(self, client: int, job_id: int, payload: bytes, name: str, timeout_s: float | None,
-                send: Any, output: Any) -> None:
+                send: Any, output: Any, calls: Any) -> None:
         """Queue a client's job, or let it follow an identical one in flight (`service_inflight`)."""
         from kcache.compile import protocol as wire
         from kcache.compile.service_inflight import Follower
@@ -219,7 +225,7 @@ class Server:
             answer_followers()
 
         def run_own() -> None:
-            self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done_alone))
+            self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done_alone, calls))
 
         def done_alone(finished: Future[Any]) -> None:
             cancelled = finished.cancelled()
@@ -229,7 +235,7 @@ class Server:
         if output is not None and not self.inflight.lead_or_follow(output.key, output.directory,
                                                                    Follower(output.directory, answer, run_own)):
             return
-        self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done))
+        self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done, calls))
 
     def warm_up(self) -> None:
         """Start the first worker, then say that the service is warm (`mark_warm`)."""
@@ -297,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sys-path", default=None, help="the client's sys.path (JSON): jobs import as there")
     args = parser.parse_args(argv)
     if args.sys_path:
-        sys.path[:] = json.loads(args.sys_path)
+        from kcache.compile.worker import importable_path
+
+        sys.path[:] = importable_path(json.loads(args.sys_path))
     if os.fork() > 0:  # detach: the starter reaps this parent at once, the server is nobody's child
         os._exit(0)
     ready = args.ready_fd
@@ -359,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run(argv: list[str]) -> int:
+    """The service's process (`service_client.start` runs it through `interpreter.python_command`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    sys.exit(main())
+    return main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

@@ -33,10 +33,11 @@ from kcache.compile import caller_fork
 from kcache.compile import protocol as wire
 from kcache.compile import service_address as address
 from kcache.compile.compile_slots import CompileSlot, CompileSlots
-from kcache.compile.interpreter import POPEN, internal_environment
+from kcache.compile.interpreter import POPEN, internal_environment, python_command
 from kcache.compile.jobs import UNSET, JobOutput, JobRunner, usable_cpu_count
 from kcache.compile.protocol import CallByName
-from kcache.compile.worker import current_umask
+from kcache.compile.worker import current_umask, importable_path
+from kcache.compile.worker_process import answer_call
 from kcache.config import caller_fork_setting
 from kcache.errors import CompileAborted
 from kcache.store.locks import try_flock
@@ -69,7 +70,8 @@ class ServicePool(JobRunner):
         self._lock = threading.Lock()
         self._conn: socket.socket | None = None
         self._send_lock = threading.Lock()
-        self._pending: dict[int, tuple[Future[Any], bytes, str, float | None]] = {}
+        # job id -> (its future, payload, name, time limit, the caller's functions it may call)
+        self._pending: dict[int, tuple[Future[Any], bytes, str, float | None, Any]] = {}
         self._pongs: dict[int, threading.Event] = {}
         self._left_idle: set[int] = set()  # connections whose server said it exits when idle
         self._ids = itertools.count()
@@ -85,29 +87,33 @@ class ServicePool(JobRunner):
     # ------------------------------------------------------------ the CompilePool interface
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET, output: JobOutput | None = None) -> Future[Any]:
+               timeout_s: float | None = UNSET, output: JobOutput | None = None, calls: Any = None) -> Future[Any]:
         label = name or getattr(fn, "__qualname__", None) or repr(fn)
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
-        return self.submit_payload(cloudpickle.dumps((fn, args)), label, limit, output)
+        return self.submit_payload(cloudpickle.dumps((fn, args)), label, limit, output, calls=calls)
 
     def _wrapped(self, payload: bytes, umask: int | None) -> bytes:
         """The job as the service runs it: with this process's sys.path and umask (worker.run_client_job)."""
         return cloudpickle.dumps((CallByName("kcache.compile.worker", "run_client_job"), (list(sys.path), umask, payload)))
 
     def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET,
-                       output: JobOutput | None = None, *, retried: bool = False) -> Future[Any]:
+                       output: JobOutput | None = None, *, retried: bool = False, calls: Any = None) -> Future[Any]:
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
         conn = self._connection()
         if conn is None:
-            return self._fallback().submit_payload(payload, name, limit)
+            return self._fallback().submit_payload(payload, name, limit, calls)
         future: Future[Any] = Future()
         job_id = next(self._ids)
         with self._lock:
-            self._pending[job_id] = (future, payload, name, limit)
+            self._pending[job_id] = (future, payload, name, limit, calls)
         try:
             umask = current_umask()
             merge_as = output
-            if output is not None and umask is not None:
+            if calls is not None and calls.functions:
+                # A job that calls its caller's code never merges with another client's: each caller's
+                # callbacks run once for its own compile, as with plain TileLang.
+                merge_as = None
+            elif output is not None and umask is not None:
                 # Jobs merge only when their outputs would be the same files, modes included.
                 merge_as = JobOutput(f"{output.key} umask {umask:o}", output.directory)
             self._send(conn, ("job", job_id, self._wrapped(payload, umask), name, limit, merge_as))
@@ -120,26 +126,26 @@ class ServicePool(JobRunner):
                 self._pending.pop(job_id, None)
             self._lost(conn, f"sending a job failed: {err}")
             if retried:
-                return self._fallback().submit_payload(payload, name, limit)
-            return self.submit_payload(payload, name, limit, output, retried=True)
+                return self._fallback().submit_payload(payload, name, limit, calls)
+            return self.submit_payload(payload, name, limit, output, retried=True, calls=calls)
         return future
 
     def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
-            output: JobOutput | None = None) -> Any:
+            output: JobOutput | None = None, calls: Any = None) -> Any:
         """`submit(...).result()`; or, while the service is not warm and this process may (`caller_fork`),
-        the job in a fork of this process, with the service started beside it for later jobs."""
+        the job in a fork of this process, from memory, with the service started beside it for later
+        jobs. The job's calls to this process (`calls`) are answered in this thread either way."""
         slot = self._caller_fork_slot()
         if slot is None:
-            return self.submit(fn, *args, name=name, timeout_s=timeout_s, output=output).result()
+            return super().run(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls)
         label = name or getattr(fn, "__qualname__", None) or repr(fn)
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
-        payload = cloudpickle.dumps((fn, args))
         with slot:
             try:
-                return caller_fork.run_in_fork(payload, label, limit, self._forked)
+                return caller_fork.run_in_fork(fn, args, label, limit, self._forked, calls)
             except caller_fork.ForkUnavailable as err:  # the job did not run
                 self._warn("fork", f"could not compile in a fork of this process ({err}); using the compile service")
-        return self.submit_payload(payload, label, limit, output).result()
+        return super().run(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls)
 
     def _caller_fork_slot(self) -> CompileSlot | None:
         """A compile slot when this job should run in a fork of this process: the service is not
@@ -223,7 +229,7 @@ class ServicePool(JobRunner):
         with self._lock:
             conn, self._conn = self._conn, None
             unfinished, self._pending = self._pending, {}  # not run again anywhere: closing stops them
-        for future, _payload, name, _limit in unfinished.values():
+        for future, _payload, name, _limit, _calls in unfinished.values():
             future.set_exception(CompileAborted(name, "its ServicePool was closed"))
         if conn is not None:
             with contextlib.suppress(OSError):
@@ -277,6 +283,9 @@ class ServicePool(JobRunner):
                     if answered is not None:
                         answered.set()
                     continue
+                if message[0] == "call":  # ("call", job id, name, pickled args): a job calls this process
+                    self._answer_call(conn, *message[1:])
+                    continue
                 if message[0] not in ("ok", "err"):
                     continue
                 with self._lock:
@@ -308,14 +317,23 @@ class ServicePool(JobRunner):
             return  # an idle service that exited: the next job reconnects (or starts a new one)
         if left_idle:
             # The jobs crossed the server's idle exit on the way: none of them ran. A new service.
-            for future, payload, name, limit in orphans.values():
-                _chain(self.submit_payload(payload, name, limit, retried=True), future)
+            for future, payload, name, limit, calls in orphans.values():
+                _chain(self.submit_payload(payload, name, limit, retried=True, calls=calls), future)
             return
         self._down_until = time.monotonic() + RETRY_AFTER_S
         self._warn("lost", f"the compile service (pid {self.server_pid}) went away with {len(orphans)} job(s) running: "
                    f"{why}; running them in this process's own pool")
-        for future, payload, name, limit in orphans.values():
-            _chain(self._fallback().submit_payload(payload, name, limit), future)
+        for future, payload, name, limit, calls in orphans.values():
+            _chain(self._fallback().submit_payload(payload, name, limit, calls), future)
+
+    def _answer_call(self, conn: socket.socket, job_id: int, name: str, args: bytes) -> None:
+        """A running job calls a function of this process: call it (in the thread waiting for the
+        job, if one does) and send the answer back, pickled, through the service to the job."""
+        with self._lock:
+            entry = self._pending.get(job_id)
+        answer = answer_call(entry[4] if entry is not None else None, name, args)
+        with contextlib.suppress(OSError):
+            self._send(conn, ("return", job_id, answer))
 
     def _warn(self, topic: str, message: str) -> None:
         if topic not in self._warned:  # once per kind of trouble and process
@@ -441,12 +459,13 @@ def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> Non
         raise ServiceUnavailable(str(err)) from err
     read_end, write_end = os.pipe()
     try:
+        argv = ["--name", name, "--workers", str(workers), "--idle", str(idle_s), "--preload", json.dumps(list(preload)),
+                "--ready-fd", str(write_end), "--sys-path", json.dumps(importable_path(sys.path))]
         starter = POPEN(  # bound at import, as the workers' (interpreter.start_interpreter)
-            [sys.executable, "-m", "kcache.compile.service", "--name", name, "--workers", str(workers),
-             "--idle", str(idle_s), "--preload", json.dumps(list(preload)), "--ready-fd", str(write_end),
-             "--sys-path", json.dumps(sys.path)],
+            python_command(f"from kcache.compile.service import run; sys.exit(run({argv!r}))"),
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, pass_fds=(write_end,),
-            start_new_session=True, env=internal_environment({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}),
+            start_new_session=True, cwd="/",  # the service outlives, and serves every, working directory
+            env=internal_environment({"PYTHONPATH": os.pathsep.join(importable_path(sys.path))}),
         )
     except OSError as err:
         os.close(read_end)

@@ -39,6 +39,7 @@ class QueuedJob:
     name: str
     timeout_s: float | None
     done: Callable[[Future[Any]], None]  # called once, with the pool's finished future
+    calls: Any = None  # the relay of the job's calls to its client (service.CallRelay)
     future: Future[Any] | None = field(default=None, init=False)
     slot: CompileSlot | None = field(default=None, init=False)
 
@@ -108,7 +109,7 @@ class FairScheduler:
                     del self._queues[client]
                 job.slot = slot
                 self._running.add(job)
-            job.future = self.pool.submit_payload(job.payload, job.name, job.timeout_s)
+            job.future = self.pool.submit_payload(job.payload, job.name, job.timeout_s, job.calls)
             job.future.add_done_callback(lambda finished, job=job: self._finished(job, finished))
 
     def _memory_allows(self) -> bool:

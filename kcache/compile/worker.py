@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 
 from kcache.compile import protocol as wire
 from kcache.errors import KCacheError
@@ -61,14 +62,12 @@ def die_with_parent(parent: int) -> None:
 
 def run_client_job(path: list[str], umask: int | None, payload: bytes) -> object:
     """Run a compile-service job as its client would have: `payload` is `(fn, args)` pickled by a
-    client whose sys.path was `path` and whose umask was `umask`. The service's workers serve every
-    process of the environment, whatever its script's directory, so the client's entries are added
-    (at the end: never shadowing the worker's own) before the job's functions are unpickled, which
-    imports their modules. The umask is the client's for the job's files (a worker runs one job at
-    a time), as a worker of the client's own pool would have inherited it."""
-    for entry in path:
-        if entry not in sys.path:
-            sys.path.append(entry)
+    client whose sys.path was `path` and whose umask was `umask`. A service worker is a fresh fork of
+    the template for each job, so the job's sys.path is exactly its client's (less the working
+    directory and relative entries: `importable_path`), set before the job is unpickled, which
+    imports its modules; nothing an earlier job imported or registered is there. The umask is the
+    client's for the job's files, as a worker of the client's own pool would have inherited it."""
+    sys.path[:] = importable_path(path)
     fn, args = wire.cloudpickle.loads(payload)
     previous = os.umask(umask) if umask is not None else None
     try:
@@ -76,6 +75,12 @@ def run_client_job(path: list[str], umask: int | None, payload: bytes) -> object
     finally:
         if previous is not None:
             os.umask(previous)
+
+
+def importable_path(path: list[str]) -> list[str]:
+    """`path` without the entries that name the working directory ('' and '.') or any relative
+    directory: kcache's processes import nothing from wherever they happen to run."""
+    return [entry for entry in path if entry and os.path.isabs(entry)]
 
 
 def current_umask() -> int | None:
@@ -101,17 +106,22 @@ def main() -> int:
     return serve(proto_in, proto_out)
 
 
-def serve_forked(job_in: int, reply_out: int, stderr: int, parent: int) -> int:
+def serve_forked(job_in: int, reply_out: int, stderr: int, parent: int,
+                 job: tuple[Callable[..., object], tuple] | None = None) -> int:
     """The life of a worker forked from a running process (the worker template, or a client that
     compiles in a fork of itself: `caller_fork`): its own session (a kill of its group takes its nvcc
     too, and a terminal's Ctrl-C reaches its parent, not it), its output into its stderr file, its
-    death with `parent`, then jobs until the job pipe closes."""
+    death with `parent`, then jobs until the job pipe closes; or, given `job` (a fork of the caller,
+    which has the caller's objects in memory), that one job, unpickled from nothing."""
     os.setsid()
     os.dup2(stderr, 2)
     os.dup2(2, 1)
     die_with_parent(parent)
     name_process(WORKER_NAME)
     wire.send(reply_out, (wire.READY, os.getpid()))
+    if job is not None:
+        _send_reply(reply_out, _run_job(job_in, reply_out, lambda: job))
+        return 0
     return serve(job_in, reply_out)
 
 
@@ -128,7 +138,7 @@ def job_outcome(reply: tuple) -> tuple[object, BaseException | None]:
 
 def prepare(setup: dict) -> None:
     """The parent's sys.path, then the modules a job should find imported."""
-    sys.path[:] = setup["sys_path"]
+    sys.path[:] = importable_path(setup["sys_path"])
     for module in setup["preload"]:
         importlib.import_module(module)
 
@@ -140,16 +150,60 @@ def serve(proto_in: int, proto_out: int) -> int:
             payload = wire.recv_bytes(proto_in)
         except EOFError:  # the pool closed this worker
             return 0
+        _send_reply(proto_out, _run_job(proto_in, proto_out, lambda: wire.cloudpickle.loads(payload)))
+
+
+def _run_job(proto_in: int, proto_out: int, job: Callable[[], tuple]) -> tuple:
+    """Unpickle (`job()`) and run one job, its calls to the caller going over these pipes: its reply."""
+    global _caller
+    _caller = _CallerLink(proto_in, proto_out)
+    try:
+        fn, args = job()
+        return (wire.OK, fn(*args))
+    except BaseException as err:  # noqa: BLE001 - every failure of a job goes back to the parent
+        return (wire.ERR, err, traceback.format_exc())
+    finally:
+        _caller = None
+
+
+def _send_reply(proto_out: int, reply: tuple) -> None:
+    try:
+        wire.send(proto_out, reply)
+    except Exception as err:  # the result or exception would not pickle: send what can be sent
+        text = reply[2] if reply[0] == wire.ERR else ""
+        wire.send(proto_out, (wire.ERR, RuntimeError(f"the job's result could not be sent back: {err!r}"), text))
+
+
+class _CallerLink:
+    """The running job's way to its caller: a call goes out on the reply pipe, its answer comes back
+    on the job pipe (the parent answers before it reads anything else of this job)."""
+
+    def __init__(self, proto_in: int, proto_out: int) -> None:
+        self.proto_in = proto_in
+        self.proto_out = proto_out
+
+    def call(self, name: str, args: tuple) -> object:
+        # The arguments travel as bytes of their own: a compile service relays them to the caller
+        # unopened (it imports nothing of what they are made of).
+        wire.send(self.proto_out, (wire.CALL, name, wire.cloudpickle.dumps(args)))
         try:
-            fn, args = wire.cloudpickle.loads(payload)
-            reply = (wire.OK, fn(*args))
-        except BaseException as err:  # noqa: BLE001 - every failure of a job goes back to the parent
-            reply = (wire.ERR, err, traceback.format_exc())
-        try:
-            wire.send(proto_out, reply)
-        except Exception as err:  # the result or exception would not pickle: send what can be sent
-            text = reply[2] if reply[0] == wire.ERR else ""
-            wire.send(proto_out, (wire.ERR, RuntimeError(f"the job's result could not be sent back: {err!r}"), text))
+            answer = wire.cloudpickle.loads(wire.recv_bytes(self.proto_in))
+        except EOFError:
+            raise RuntimeError(f"the caller went away while this job called its {name}") from None
+        if answer[0] == wire.RAISE:
+            raise answer[1]
+        return answer[1]
+
+
+_caller: _CallerLink | None = None
+
+
+def call_caller(name: str, args: tuple) -> object:
+    """Call the function `name` of the running job's caller, in the caller's process, and return what
+    it returned (or raise what it raised). Only while a job runs in this worker."""
+    if _caller is None:
+        raise RuntimeError(f"{name}: no job of a caller runs in this process")
+    return _caller.call(name, args)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 from kcache.compile import protocol as wire
@@ -14,6 +16,11 @@ from kcache.compile.interpreter import start_interpreter
 from kcache.compile.protocol import ReplyUnreadable, WorkerDied, receive_reply
 from kcache.compile.template_process import TemplateGone, WorkerTemplate
 from kcache.errors import WorkerStartFailed
+
+# A job's calls to its caller (`worker.call_caller`): (name, pickled args) -> the pickled answer,
+# (RETURN, value) or (RAISE, exception), made where the job's caller is (`caller_calls.CallerCalls`,
+# or the compile service's relay to its client, which passes both on unopened).
+CallsOfCaller = Callable[[str, bytes], bytes]
 
 STDERR_TAIL_LINES = 25
 # A worker's stderr file is emptied between jobs once it is this big.
@@ -140,15 +147,28 @@ class WorkerProcess:
             return ExecChild(start_interpreter("kcache.compile.worker", (job_read, reply_write), self._stderr, {}))
         return ForkedChild(template, template.fork((job_read, reply_write, self._stderr)))
 
-    def run(self, payload: bytes, timeout_s: float | None) -> tuple:
-        """Send one job, wait for its reply. Raises WorkerDied or TimeoutError (the worker is then unusable)."""
+    def run(self, payload: bytes | None, timeout_s: float | None, calls: CallsOfCaller | None = None) -> tuple:
+        """Send one job (None: the worker has it already, a fork of the caller), wait for its reply,
+        answering its calls to the caller with `calls` meanwhile. Raises WorkerDied or TimeoutError
+        (the worker is then unusable)."""
         self._trim_stderr()
         self.job_stderr_start = os.fstat(self._stderr).st_size
-        try:
-            wire.send_bytes(self._to_worker, payload)
-        except BrokenPipeError as err:
-            raise WorkerDied("the worker's pipe was closed") from err
-        return self._receive(timeout_s, "running a job")
+        if payload is not None:
+            try:
+                wire.send_bytes(self._to_worker, payload)
+            except BrokenPipeError as err:
+                raise WorkerDied("the worker's pipe was closed") from err
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            reply = self._receive(remaining, "running a job")
+            if reply[0] != wire.CALL:
+                return reply
+            answer = answer_call(calls, reply[1], reply[2])
+            try:
+                wire.send_bytes(self._to_worker, answer)
+            except BrokenPipeError as err:
+                raise WorkerDied("the worker's pipe was closed") from err
 
     def _receive(self, timeout_s: float | None, doing: str) -> tuple:
         return receive_reply(self._from_worker, timeout_s, doing)
@@ -223,3 +243,13 @@ def anonymous_append_file() -> int:
         os.unlink(path)
         return fd
     raise FileExistsError(f"could not create a worker stderr file in {directory}")
+
+
+def answer_call(calls: CallsOfCaller | None, name: str, args: bytes) -> bytes:
+    """The pickled answer to a job's call to its caller: (RETURN, value) or (RAISE, exception)."""
+    if calls is None:
+        return wire.answer_bytes((wire.RAISE, RuntimeError(f"{name}: this job was given no functions of its caller to call")))
+    try:
+        return calls(name, args)
+    except BaseException as err:  # noqa: BLE001 - the job hears of it; this thread goes on
+        return wire.answer_bytes((wire.RAISE, err))

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import tilelang  # noqa: F401 - puts TileLang's tvm on the path
-from tvm.tirx import PrimFunc
 
 from kcache.keys import canonical_json  # noqa: F401 - part of the backend interface
 from kcache.store import layout
@@ -54,28 +53,11 @@ def write_entry(*args: Any, **kwargs: Any) -> None:
     compiler.write_entry(*args, **kwargs)
 
 
-def compile_entry(
-    func: PrimFunc, resolved: ResolvedTarget, out_idx: list[int] | None, pass_configs: dict[str, Any],
-    compile_flags: list[str] | None, log_dir: Path, *, pool: Any, out_dir: Path, key: str, toolchain: dict,
-    context: Any = None, described_fields: dict | None = None,
-) -> None:
-    """Compile in a worker of `pool`, which writes every component of the entry into `out_dir`.
+def compile_entry(*args: Any, **kwargs: Any) -> None:
+    """Compile into the staging directory `out_dir`, in the lane the pool gives (`compile_lanes`)."""
+    from kcache.tilelang import compile_lanes  # a miss only
 
-    The target travels as its canonical JSON (arch included), so the worker
-    never looks for a GPU; the PrimFunc travels pickled (TVM's serialized
-    IR: exact, and ~1 ms for a matmul); the caller's compile context
-    (environment, callbacks) travels and is applied around the compile.
-    """
-    from kcache.compile.jobs import JobOutput
-    from kcache.compile.protocol import CallByName
-
-    pool.run(
-        CallByName("kcache.tilelang.compiler", "compile_job"),
-        func, resolved.canonical, resolved.context.execution_backend.name, out_idx, pass_configs,
-        compile_flags, str(log_dir), str(out_dir), key, toolchain, context, described_fields,
-        name=kernel_name(func),
-        output=JobOutput(key, str(out_dir)),  # the entry of `key`: one compile for identical jobs in flight
-    )
+    compile_lanes.compile_entry(*args, **kwargs)
 
 
 def log_dir(root: Path) -> Path:

@@ -7,10 +7,11 @@ the one call every Python registration goes through) and remembers the Python fu
 watched name by the FFI handle it got. At a compile, the registry's current handle for each watched
 name says which function is in force:
 - one kcache saw registered: it is fingerprinted (its code, closure, defaults and the constants it
-  reads) for the key, and travels to the compile worker by value (cloudpickle);
-- one registered before kcache watched, through C++, or that cloudpickle cannot carry: "opaque".
-  Its effect cannot be keyed, so such a compile runs in the caller's process and is not stored on
-  disk (docs/design.md, "The compile context").
+  reads) for the key. It never leaves the caller: a compile worker calls it back in the caller
+  (`kcache.compile.caller_calls`), so its side effects happen where plain TileLang's would;
+- one registered before kcache watched, through C++, or whose closure cannot be pickled (so cannot
+  be fingerprinted): "opaque". Its effect cannot be keyed, so such a compile runs in the caller's
+  process and is not stored on disk (docs/design.md, "The compile context").
 
 This module imports nothing of TileLang at import time: the facade may load it to start watching.
 """
@@ -29,19 +30,20 @@ WATCHED = ("tilelang_callback_cuda_postproc", "tilelang_callback_c_host_postproc
 
 
 class Callback:
-    """A registered callback in force at a compile: its name, its fingerprint for the key, and its
-    cloudpickled function (None when it cannot travel: then `opaque` says why)."""
+    """A registered callback in force at a compile: its name, its fingerprint for the key, and the
+    function to call in the caller (`function`: never pickled, so None in a worker; `opaque` says why
+    it cannot be keyed, when it cannot)."""
 
-    __slots__ = ("name", "fingerprint", "payload", "opaque")
+    __slots__ = ("name", "fingerprint", "function", "opaque")
 
-    def __init__(self, name: str, fingerprint: str, payload: bytes | None, opaque: str = "") -> None:
+    def __init__(self, name: str, fingerprint: str, function: Callable[..., Any] | None, opaque: str = "") -> None:
         self.name = name
         self.fingerprint = fingerprint
-        self.payload = payload
+        self.function = function
         self.opaque = opaque
 
     def __reduce__(self) -> tuple:
-        return (Callback, (self.name, self.fingerprint, self.payload, self.opaque))
+        return (Callback, (self.name, self.fingerprint, None, self.opaque))  # the function stays here
 
 
 _lock = threading.Lock()
@@ -131,20 +133,18 @@ def in_force() -> tuple[Callback, ...]:
 
 
 def _describe(name: str, handle: int, function: Callable[..., Any] | None) -> Callback:
+    registered = _seen[handle][0]
     if function is None:
-        return Callback(name, f"opaque:{handle}", None,
+        return Callback(name, f"opaque:{handle}", registered,
                         f"{name} was registered before kcache started watching (import kcache, or open the cache, "
                         "before registering it) or through the FFI alone, so its Python function is out of reach")
-    import cloudpickle
-
     try:
-        payload = cloudpickle.dumps(function)
         fingerprint = fingerprint_of(function)
-    except Exception as err:  # an unpicklable closure value, say: it cannot travel, nor be keyed
-        return Callback(name, f"opaque:{handle}", None,
-                        f"{name} ({getattr(function, '__qualname__', function)!r}) cannot be pickled: "
+    except Exception as err:  # an unpicklable closure value, say: it cannot be keyed
+        return Callback(name, f"opaque:{handle}", function,
+                        f"{name} ({getattr(function, '__qualname__', function)!r}) cannot be fingerprinted: "
                         f"{type(err).__name__}: {err}")
-    return Callback(name, fingerprint, payload)
+    return Callback(name, fingerprint, function)
 
 
 def fingerprint_of(function: Callable[..., Any]) -> str:

@@ -41,6 +41,7 @@ from kcache.tilelang.context import CompileContext, applied
 from kcache.tilelang.device_arch import check_on_first_call
 from kcache.tilelang.identity import kernel_name
 from kcache.tilelang.target import ResolvedTarget, resolve_target
+from kcache.tilelang.transfer import TransferableFunc
 
 log = logging.getLogger("kcache")
 
@@ -129,7 +130,7 @@ def compile_kernel(
                 backend_context=backend_context,
             )
     except Exception as err:  # TileLang, TVM and nvcc raise many types; all mean "this kernel did not compile"
-        raise CompileError(name, summarize_compiler_error(str(err)), _write_log(log_dir, name, err)) from err
+        raise CompileError(name, summarize_compiler_error(str(err)), _write_log(log_dir, name, err), str(err)) from err
     finally:
         _compiling.binaries = None
     seconds = time.perf_counter() - start
@@ -142,15 +143,21 @@ def compile_kernel(
 
 
 def compile_job(
-    func: PrimFunc, target_json: str, execution_backend: str, out_idx: list[int] | None, pass_configs: dict[str, Any],
-    compile_flags: list[str] | None, log_dir: str, out_dir: str, key: str, toolchain: dict,
-    context: CompileContext | None = None, described_fields: dict | None = None,
+    func: PrimFunc | TransferableFunc, target_json: str, execution_backend: str, out_idx: list[int] | None,
+    pass_configs: dict[str, Any], compile_flags: list[str] | None, log_dir: str, out_dir: str, key: str,
+    toolchain: dict, context: CompileContext | None = None, described_fields: dict | None = None,
+    in_worker: bool = True,
 ) -> float:
-    """A compile worker's job (see `kcache.tilelang.backend.compile_entry`): compile, write the entry; the seconds it took."""
+    """A compile worker's job (see `kcache.tilelang.backend.compile_entry`): compile, write the entry;
+    the seconds it took. `func` arrives as the caller's checked copy (unpickled) or, in a fork of the
+    caller, as the caller's own object. `in_worker`: the caller's callbacks are called back in the
+    caller; False where the job runs in the caller itself, whose callbacks are in force already."""
+    if isinstance(func, TransferableFunc):
+        func = func.func
     empty_staging(Path(out_dir))  # a run again after the compile service died mid-job starts clean
     resolved = resolve_target(json.loads(target_json), execution_backend)
     compiled = compile_kernel(func, resolved, out_idx, pass_configs, compile_flags, Path(log_dir), context,
-                              in_worker=True)
+                              in_worker=in_worker)
     write_entry(Path(out_dir), compiled, key, resolved, toolchain, described_fields)
     return compiled.seconds
 

@@ -140,18 +140,16 @@ def _refresh_host_compiler() -> None:
 
 
 def _register(in_force: tuple[Callback, ...]) -> Any:
-    """Register the caller's callbacks (and unregister watched ones the caller has not); return the
-    function that puts back what was there."""
-    import cloudpickle
+    """In a worker: register, in place of the caller's callbacks, functions that call them back in
+    the caller (`worker.call_caller`); unregister watched ones the caller has not. Return the function
+    that puts back what was there. No user function is ever unpickled here."""
     import tvm_ffi
 
     previous = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in callbacks.WATCHED}
-    wanted = {c.name: c for c in in_force}
+    wanted = {c.name for c in in_force}
     for name in callbacks.WATCHED:
-        callback = wanted.get(name)
-        if callback is not None:
-            assert callback.payload is not None, "an opaque callback never reaches a worker"
-            tvm_ffi.register_global_func(name, cloudpickle.loads(callback.payload), override=True)
+        if name in wanted:
+            tvm_ffi.register_global_func(name, _in_caller(name), override=True)
         elif previous[name] is not None:
             tvm_ffi.remove_global_func(name)
 
@@ -163,3 +161,19 @@ def _register(in_force: tuple[Callback, ...]) -> Any:
                 tvm_ffi.remove_global_func(name)
 
     return restore
+
+
+def _in_caller(name: str) -> Any:
+    def call_in_caller(*args: Any) -> Any:
+        from kcache.compile.worker import call_caller
+
+        return call_caller(name, args)
+
+    return call_in_caller
+
+
+def caller_functions(context: CompileContext | None) -> dict[str, Any]:
+    """The caller's callbacks of `context` by name: what a worker may call back (`_in_caller`)."""
+    if context is None:
+        return {}
+    return {c.name: c.function for c in context.callbacks if c.function is not None}

@@ -32,6 +32,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from kcache.compile.interpreter import internal_environment, python_command
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore
 from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport, read_exactly
@@ -73,8 +74,9 @@ class ProcessStaging:
 
     def _start(self, header: str) -> None:
         stderr = tempfile.TemporaryFile()  # a pipe nobody reads until the end could fill and block it
-        process = subprocess.Popen([sys.executable, "-m", "kcache.tools.bundle_stager"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=stderr, env=_stager_environment())
+        process = subprocess.Popen(python_command("from kcache.tools.bundle_stager import main; sys.exit(main())"),
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                   env=internal_environment({}))
         assert process.stdin is not None
         answers = threading.Thread(target=self._collect, args=(process,), daemon=True, name="kcache-import-answers")
         answers.start()
@@ -154,14 +156,6 @@ class ProcessStaging:
             first = self._errors[0] if self._errors else None
         if first is not None:
             raise BundleError(str(self._job.path), first)
-
-
-def _stager_environment() -> dict[str, str]:
-    """This environment, with this kcache first on the path: the importer may have found it through
-    a sys.path its program set, which a fresh interpreter would not have."""
-    here = str(Path(__file__).resolve().parent.parent.parent)
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else "")}
 
 
 # ---------------------------------------------------------------- the stager process

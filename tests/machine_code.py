@@ -1,0 +1,29 @@
+"""The machine code of a device binary, for byte-for-byte comparisons across compiles."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+
+def text_sections(binary: bytes) -> tuple[str, list[str]]:
+    """(sha256 of the ELF's .text* sections, every section name): the machine code, without the
+    debug-line sections that hold the compile's temporary directory."""
+    if binary[:4] != b"\x7fELF":
+        return hashlib.sha256(binary).hexdigest(), []
+    shoff, = struct.unpack_from("<Q", binary, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", binary, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", binary, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+
+    def name_of(offset: int) -> str:
+        end = binary.index(b"\0", names_at + offset)
+        return binary[names_at + offset:end].decode()
+
+    digest, names = hashlib.sha256(), []
+    for header in headers:
+        name = name_of(header[0])
+        names.append(name)
+        if name.startswith(".text"):
+            digest.update(name.encode() + binary[header[4]:header[4] + header[5]])
+    return digest.hexdigest(), sorted(n for n in names if n)
