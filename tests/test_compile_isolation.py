@@ -5,7 +5,6 @@ kcache's own interpreters import nothing from the working directory."""
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import shutil
 import subprocess

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from stress.service_runtime import stop_services
 from stress.gpu import gpu_missing, gpu_target
+from stress.service_runtime import stop_services
 
 pytestmark = [pytest.mark.tilelang, pytest.mark.gpu]  # on a CPU machine it compiles for sm_90a
 
