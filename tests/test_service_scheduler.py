@@ -16,7 +16,7 @@ class RecordingPool:
         self.workers: list[int] = []
         self.aborted: list[str] = []
 
-    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None) -> Future[Any]:
+    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None, calls: Any = None) -> Future[Any]:
         future: Future[Any] = Future()
         future.set_running_or_notify_cancel()
         self.started.append((name, future))

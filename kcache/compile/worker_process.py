@@ -115,6 +115,7 @@ class WorkerProcess:
 
     def __init__(self, preload: tuple[str, ...], start_timeout_s: float, template: WorkerTemplate | None = None) -> None:
         self._stderr = anonymous_append_file()
+        self.job_stderr_start = 0
         job_read, self._to_worker = os.pipe2(os.O_CLOEXEC)
         self._from_worker, reply_write = os.pipe2(os.O_CLOEXEC)
         try:
@@ -151,9 +152,9 @@ class WorkerProcess:
         """Send one job (None: the worker has it already, a fork of the caller), wait for its reply,
         answering its calls to the caller with `calls` meanwhile. Raises WorkerDied or TimeoutError
         (the worker is then unusable)."""
-        self._trim_stderr()
-        self.job_stderr_start = os.fstat(self._stderr).st_size
-        if payload is not None:
+        if payload is not None:  # else the job started with the worker: its whole stderr is the job's
+            self._trim_stderr()
+            self.job_stderr_start = os.fstat(self._stderr).st_size
             try:
                 wire.send_bytes(self._to_worker, payload)
             except BrokenPipeError as err:
