@@ -92,7 +92,6 @@ def compile_plain(entry: CorpusKernel) -> tuple[Any, bytes | None]:
 def compile_kcache(entry: CorpusKernel, cache: Any) -> tuple[Any, bytes | None]:
     """The kernel through kcache, and the device binary of the entry it published."""
     kernels = ROOT / "kernels"
-    before = set(os.listdir(kernels)) if kernels.exists() else set()
     with Target(TARGET):
         if entry.style == "prim_func":
             kernel = cache.get_or_compile(entry.build(), TARGET, out_idx=entry.out_idx, pass_configs=entry.pass_configs)
@@ -106,8 +105,13 @@ def compile_kcache(entry: CorpusKernel, cache: Any) -> tuple[Any, bytes | None]:
                                   backend.target_memo_key(TARGET), cache._toolchain_fingerprint(backend)).key
         binary = kernels / key / "kernel.cubin"
         return kernel, (binary.read_bytes() if binary.exists() else None)
-    new = sorted(set(os.listdir(kernels)) - before) if kernels.exists() else []
-    return kernel, ((kernels / new[-1] / "kernel.cubin").read_bytes() if len(new) == 1 else None)
+    # The jit and autotune styles: the entry whose device source is the kernel's (an autotuned kernel
+    # is the entry of its best config, compiled before it, so it may be no new entry).
+    source = kernel.get_kernel_source().encode()
+    for key in sorted(os.listdir(kernels)) if kernels.exists() else []:
+        if (kernels / key / "device.cu").read_bytes() == source:
+            return kernel, (kernels / key / "kernel.cubin").read_bytes()
+    return kernel, None
 
 
 def describe(kernel: Any, binary: bytes | None) -> dict[str, Any]:
