@@ -34,6 +34,9 @@ GATED = ("tests.pool_jobs_gated_import", "tests.pool_jobs")
 @pytest.fixture
 def gate(runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The FIFO the service's import waits on; the fork allowed (the runtime fixture turns it off)."""
+    others = [t.name for t in threading.enumerate() if t is not threading.current_thread()
+              and t.name not in caller_fork.KCACHE_THREADS]
+    assert not others, f"threads left by an earlier test keep this process from forking: {others}"
     fifo = tmp_path / "import-gate"
     os.mkfifo(fifo)
     monkeypatch.setenv(IMPORT_GATE_ENV, str(fifo))

@@ -111,10 +111,18 @@ def test_a_fingerprint_that_differs_on_arrival_is_never_compiled(kernels_module)
 def _compile_in(mode: str, root: Path, func: object, caplog: pytest.LogCaptureFixture,
                 monkeypatch: pytest.MonkeyPatch) -> object:
     import kcache
+    from kcache.compile import pool
 
     monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", mode)
-    with caplog.at_level(logging.WARNING, logger="kcache"):
-        return kcache.KernelCache(root).get_or_compile(func, TARGET, out_idx=[2])
+    try:
+        with caplog.at_level(logging.WARNING, logger="kcache"):
+            return kcache.KernelCache(root).get_or_compile(func, TARGET, out_idx=[2])
+    finally:
+        # The process's shared pool (pool mode) leaves its threads behind, and a later test's caller
+        # would not fork beside them (caller_fork.unsafe_reason): close it.
+        for shared in list(pool._shared.values()):
+            shared.close()
+        pool._shared.clear()
 
 
 @pytest.mark.tilelang
