@@ -32,11 +32,10 @@ if MODE != "tilelang":
     os.environ["KCACHE_COMPILE_ISOLATION"] = {"fork": "server"}.get(MODE, MODE)
 
 import tilelang  # noqa: E402
-import tvm_ffi  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 from tests.corpus import CorpusKernel, all_kernels  # noqa: E402
-from tests.machine_code import text_sections  # noqa: E402
+from tests.machine_code import capture_tilelang_binaries, text_sections  # noqa: E402
 
 TARGET = {"kind": "cuda", "arch": ARCH}
 
@@ -61,21 +60,7 @@ class Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-_binaries: list[bytes] = []
-
-
-def capture_tilelang_binaries() -> None:
-    """Plain TileLang: record what its nvcc callback returns (the test's instrument, not kcache's)."""
-    from tilelang.cuda import backend
-
-    original = backend.tilelang_callback_cuda_compile
-
-    def compile_callback(code: str, target: Any, pass_config: Any = None) -> Any:
-        binary = original(code, target, pass_config)
-        _binaries.append(bytes(binary))
-        return binary
-
-    tvm_ffi.register_global_func("tilelang_callback_cuda_compile", compile_callback, override=True)
+_binaries: list[bytes] = []  # what plain TileLang's nvcc callback returned (machine_code)
 
 
 def compile_plain(entry: CorpusKernel) -> tuple[Any, bytes | None]:
@@ -146,7 +131,7 @@ def main() -> None:
     cache = None
     if MODE == "tilelang":
         tilelang.disable_cache()
-        capture_tilelang_binaries()
+        capture_tilelang_binaries(_binaries)
     else:
         import kcache
 

@@ -41,7 +41,7 @@ from tilelang.engine import callback as tl_callback  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.machine_code import text_sections  # noqa: E402
+from tests.machine_code import capture_tilelang_binaries, text_sections  # noqa: E402
 
 POSTPROC = "tilelang_callback_cuda_postproc"
 HOST_POSTPROC = "tilelang_callback_c_host_postproc"
@@ -180,21 +180,7 @@ def _both(first: Any, second: Any) -> Iterator[None]:
 # ---------------------------------------------------------------- what a step produced
 
 
-_binaries: list[bytes] = []
-
-
-def capture_tilelang_binaries() -> None:
-    """Plain TileLang: record what its nvcc callback returns (the test's instrument, not kcache's)."""
-    from tilelang.cuda import backend
-
-    original = backend.tilelang_callback_cuda_compile
-
-    def compile_callback(code: str, target: Any, pass_config: Any = None) -> Any:
-        binary = original(code, target, pass_config)
-        _binaries.append(bytes(binary))
-        return binary
-
-    tvm_ffi.register_global_func("tilelang_callback_cuda_compile", compile_callback, override=True)
+_binaries: list[bytes] = []  # what plain TileLang's nvcc callback returned (machine_code)
 
 
 def run_on_gpu(kernel: Any) -> str | None:
@@ -268,7 +254,7 @@ def main() -> None:
     rows = []
     if MODE == "tilelang":
         tilelang.disable_cache()  # the baseline compiles every step in its context
-        capture_tilelang_binaries()
+        capture_tilelang_binaries(_binaries)
         for name, make_context, target_arg in STEPS:
             rows.append({"step": name, **run_tilelang(name, make_context, target_arg)})
     elif MODE in ("inprocess", "pool", "server", "fork"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import Any
 
 
 def text_sections(binary: bytes) -> tuple[str, list[str]]:
@@ -27,3 +28,19 @@ def text_sections(binary: bytes) -> tuple[str, list[str]]:
         if name.startswith(".text"):
             digest.update(name.encode() + binary[header[4]:header[4] + header[5]])
     return digest.hexdigest(), sorted(n for n in names if n)
+
+
+def capture_tilelang_binaries(into: list[bytes]) -> None:
+    """Plain TileLang: append what its nvcc callback returns to `into` (the test's instrument, not
+    kcache's)."""
+    import tvm_ffi
+    from tilelang.cuda import backend
+
+    original = backend.tilelang_callback_cuda_compile
+
+    def compile_callback(code: str, target: Any, pass_config: Any = None) -> Any:
+        binary = original(code, target, pass_config)
+        into.append(bytes(binary))
+        return binary
+
+    tvm_ffi.register_global_func("tilelang_callback_cuda_compile", compile_callback, override=True)
