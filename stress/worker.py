@@ -15,6 +15,7 @@ import random
 import signal
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from .procs import worker_handshake, worker_report
@@ -93,7 +94,12 @@ class Worker:
                     # compile this process asked for is counted here already.
                     return original(func, *args, **kwargs)
                 name = getattr(func, "name", None) or str(func.attrs["global_symbol"])
-                worker.emit({"t": "compile_begin", "kernel": name})
+                # A compile into a private directory (`CompileStep.compile_unsaved`): the entry this
+                # process had just published could not be loaded (chaos corrupted it in between, and
+                # the load quarantined it), so the caller's kernel is compiled once more, unsaved.
+                out_dir = kwargs.get("out_dir")
+                private = out_dir is not None and Path(out_dir).name.startswith("kcache-unsaved-")
+                worker.emit({"t": "compile_begin", "kernel": name, **({"private": True} if private else {})})
                 result = original(func, *args, **kwargs)
                 worker.emit({"t": "compile_end", "kernel": name})
                 return result
