@@ -7,8 +7,9 @@ already, so the job starts at once; the service starts beside it for the compile
 
 The fork is a compile worker like the service's (`worker.serve_forked`): the same job code, run
 on the caller's own objects in memory (nothing is pickled into it, so nothing can arrive changed),
-its calls to the caller's callbacks answered by the caller over its pipes, its own session (a timeout kills it and its nvcc; a Ctrl-C reaches the caller, which kills it), its
-output in its own stderr file, SIGKILLed when the caller dies; a crash or a hang costs the caller
+its calls to the caller's callbacks answered by the caller over its pipes, its own session (a
+timeout kills it and its nvcc; a Ctrl-C reaches the caller, which kills it), its output in its own
+stderr file, SIGKILLed when the caller dies; a crash or a hang costs the caller
 `CompilerCrashed` or `CompileTimeout`, as from a worker of the service. The caller reaps it before it
 returns, so nothing the child inherited (the key lock's descriptor, say) outlives the compile.
 

@@ -20,7 +20,8 @@ replacement of a crashed one, then costs a fork (milliseconds) instead of an
 interpreter that imports TileLang (seconds), and every job gets a fresh one
 (it serves one job and is replaced at once), so nothing of one client's job
 reaches another's. Where the template cannot fork safely (it would hold
-threads) or cannot start, workers start by exec.
+threads) or cannot start, workers start by exec (and such a pool still gives
+every job a fresh worker: slower, as isolated).
 """
 
 from __future__ import annotations
