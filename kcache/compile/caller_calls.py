@@ -31,7 +31,6 @@ class CallerCalls:
         self._inbox: queue.SimpleQueue[tuple[str, bytes, threading.Event, list[bytes]] | None] = queue.SimpleQueue()
         self._waiting = False
         self._lock = threading.Lock()
-        self.calls = 0
 
     def __call__(self, name: str, args: bytes) -> bytes:
         """Call `name(*args)` here (`args` pickled), in the waiting thread if there is one; the
@@ -49,7 +48,6 @@ class CallerCalls:
         function = self.functions.get(name)
         if function is None:
             return wire.answer_bytes((wire.RAISE, RuntimeError(f"the job called {name!r}, which its caller did not give it")))
-        self.calls += 1
         try:
             return wire.answer_bytes((wire.RETURN, function(*wire.cloudpickle.loads(args))))
         except BaseException as err:  # noqa: BLE001 - raised in the job, as in plain TileLang
@@ -62,26 +60,23 @@ class CallerCalls:
         future.add_done_callback(lambda _done: self._inbox.put(None))
         try:
             while not future.done():
-                item = self._inbox.get()
-                if item is None:
-                    continue
-                name, args, done, box = item
-                box.append(self._call(name, args))
-                done.set()
+                self._answer(self._inbox.get())
         finally:
             with self._lock:
                 self._waiting = False
             self._drain()
         return future.result()
 
+    def _answer(self, item: tuple[str, bytes, threading.Event, list[bytes]] | None) -> None:
+        if item is not None:  # None: the job is done (its future's callback woke this thread)
+            name, args, done, box = item
+            box.append(self._call(name, args))
+            done.set()
+
     def _drain(self) -> None:
         """Calls that came as the job ended: answered here, so that no delivering thread waits."""
         while True:
             try:
-                item = self._inbox.get_nowait()
+                self._answer(self._inbox.get_nowait())
             except queue.Empty:
                 return
-            if item is not None:
-                name, args, done, box = item
-                box.append(self._call(name, args))
-                done.set()

@@ -7,6 +7,11 @@ from typing import Any
 
 from kcache.compile import protocol as wire
 
+# How long a worker's call waits for its client's answer. A postproc callback edits a source string
+# (milliseconds); a client that does not answer (stopped, or stuck in its callback) must not hold a
+# worker and a compile slot of every client's for ever: the job fails instead.
+ANSWER_TIMEOUT_S = 600.0
+
 
 class CallRelay:
     """A client's side of its jobs' calls to it: a worker's call (name, pickled args) is sent to the
@@ -28,7 +33,12 @@ class CallRelay:
                     return wire.answer_bytes((wire.RAISE, RuntimeError("the job's client went away")))
                 self._waiting[job_id] = (answered, box)
             self._send(("call", job_id, name, args))
-            answered.wait()  # set by answered(), or by close() when the client goes
+            # Set by answered(), or by close() when the client goes; bounded for a client that neither.
+            if not answered.wait(ANSWER_TIMEOUT_S):
+                with self._lock:
+                    self._waiting.pop(job_id, None)
+                return wire.answer_bytes((wire.RAISE, TimeoutError(
+                    f"the job's client did not answer its call of {name} within {ANSWER_TIMEOUT_S:g} s")))
             return box[0]
 
         return call
