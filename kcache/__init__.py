@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from kcache.cache.default import default_cache, get_or_compile
     from kcache.cache.deployment import UnexpectedCompile, guard, record
     from kcache.cache.kernel_cache import KernelCache
-    from kcache.compile.pool import CompilePool, Job, JobResult
+    from kcache.compile.pool.process_pool import CompilePool, Job, JobResult
     from kcache.config import Settings, default_root
     from kcache.dropin import install, is_installed, uninstall
     from kcache.tools.bundle import export_bundle, import_bundle
@@ -54,9 +54,9 @@ _PUBLIC = {
     "get_or_compile": "kcache.cache.default",
     "Settings": "kcache.config",
     "default_root": "kcache.config",
-    "CompilePool": "kcache.compile.pool",
-    "Job": "kcache.compile.pool",
-    "JobResult": "kcache.compile.pool",
+    "CompilePool": "kcache.compile.pool.process_pool",
+    "Job": "kcache.compile.pool.process_pool",
+    "JobResult": "kcache.compile.pool.process_pool",
     "install": "kcache.dropin",
     "is_installed": "kcache.dropin",
     "uninstall": "kcache.dropin",

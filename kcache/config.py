@@ -173,7 +173,7 @@ def remote_urls(value: str | None) -> list[str]:
 
 def caller_fork_setting() -> bool:
     """KCACHE_CALLER_FORK (default on): while the compile service is not warm, a process that imported
-    TileLang compiles in a fork of itself (kcache.compile.caller_fork)."""
+    TileLang compiles in a fork of itself (kcache.compile.fork.caller_fork)."""
     enabled: bool = _env_parsed("KCACHE_CALLER_FORK", _parse_flag, True)
     return enabled
 

@@ -71,19 +71,19 @@ def _sample(mode: str, kernel: str, work: Path, env: dict[str, str]) -> float:
 def _service(env: dict[str, str]) -> tuple[Any, str]:
     """The service the children of this run use: its module and name (same settings as theirs)."""
     os.environ.update(env)
-    from kcache.compile import service_client
     from kcache.compile.jobs import usable_cpu_count
-    from kcache.compile.pool import TILELANG_PRELOAD
-    from kcache.compile.service_address import identity
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
+    from kcache.compile.service import connection as service_connection
+    from kcache.compile.service.address import identity
 
     workers = int(os.environ.get("KCACHE_COMPILE_WORKERS") or usable_cpu_count())
-    return service_client, identity(TILELANG_PRELOAD, workers)
+    return service_connection, identity(TILELANG_PRELOAD, workers)
 
 
-def _stop(client: Any, name: str) -> None:
+def _stop(connection: Any, name: str) -> None:
 
     try:
-        pid = client.request(name, ("stop",))
+        pid = connection.request(name, ("stop",))
     except (OSError, EOFError):
         return
     try:
@@ -102,7 +102,7 @@ def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
     runtime = Path(tempfile.mkdtemp(prefix="kb-", dir="/tmp"))  # the run's own services
     env = {**env, "XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "600"}
     client, name = _service(env)
-    from kcache.compile.pool import TILELANG_PRELOAD
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
 
     samples: dict[tuple[str, str], list[float]] = {(m, k): [] for m in MODES for k in KERNELS}
     try:
@@ -129,7 +129,7 @@ def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
     service (forked from its template) and in a per-process pool (a fresh interpreter that imports
     TileLang). Each crash is a segfault in the worker; the time runs from the crash's reply to the
     replacement's ready (the pool's `warm`, which waits for it)."""
-    from kcache.compile.pool import TILELANG_PRELOAD, CompilePool
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD, CompilePool
     from kcache.compile.protocol import CallByName
 
     runtime = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))

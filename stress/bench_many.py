@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kcache.compile.worker import TEMPLATE_NAME, WORKER_NAME
+from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
 
 from .procs import Barrier, worker_handshake, worker_report
 from .service_runtime import fresh_runtime, stop_services

@@ -61,7 +61,7 @@ def child(root: str, mode: str) -> None:
 
 
 def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) -> dict[str, Any]:
-    from kcache.compile import service_client
+    from kcache.compile.service import connection as service_connection
 
     from .bench import run_workers, start_warm_service
     from .procs import Barrier
@@ -90,7 +90,7 @@ def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) ->
         previous = os.environ.get("XDG_RUNTIME_DIR")
         os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # the status of the herd's own service
         try:
-            served = service_client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"),
+            served = service_connection.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"),
                                             ("status",))
         finally:
             os.environ.pop("XDG_RUNTIME_DIR", None)

@@ -11,9 +11,9 @@ import tempfile
 from pathlib import Path
 
 from kcache.compile.protocol import readable_within
-from kcache.compile.worker import TEMPLATE_NAME, WORKER_NAME
+from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
 
-SERVICE_MARK = b"kcache.compile.service"
+SERVICE_MARK = b"kcache.compile.service.server"
 STOP_WAIT_S = 10.0
 
 
@@ -48,14 +48,14 @@ def stop_services(runtime: Path, *, wait: bool = True) -> None:
     """Stop every service of this runtime directory and remove it. `wait`: until each has exited (a
     benchmark's next scenario must not count its workers), killing one that takes over STOP_WAIT_S;
     the test suite only asks them to stop."""
-    from kcache.compile import service_client as client
+    from kcache.compile.service import connection as service_connection
 
     previous = os.environ.get("XDG_RUNTIME_DIR")
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)
     try:
         for socket_file in (runtime / "kcache").glob("*.sock"):
             with contextlib.suppress(OSError, EOFError):
-                client.request(socket_file.name.removeprefix("compile-").removesuffix(".sock"), ("stop",))
+                service_connection.request(socket_file.name.removeprefix("compile-").removesuffix(".sock"), ("stop",))
     finally:
         if previous is None:
             os.environ.pop("XDG_RUNTIME_DIR", None)

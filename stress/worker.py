@@ -89,7 +89,7 @@ class Worker:
         def counted(original: Any) -> Any:
             def compile_step(func: Any, *args: Any, **kwargs: Any) -> Any:
                 if os.getpid() != pid:
-                    # A compile in a fork of this worker (kcache.compile.caller_fork) runs the job's own
+                    # A compile in a fork of this worker (kcache.compile.fork.caller_fork) runs the job's own
                     # compile_kernel, which this wrapper replaced in the synthetic backend's module: the
                     # compile this process asked for is counted here already.
                     return original(func, *args, **kwargs)

@@ -1,6 +1,6 @@
 """The differential corpus, compiled in one fresh process per mode (tests/test_corpus.py).
 
-    python tests/corpus_driver.py MODE ROOT OUT ARCH [NAME,NAME,...]
+    python tests/corpus_driver.py MODE ROOT OUT ARCH [NAME,NAME,...]   (KCACHE_CORPUS_REPEATS=N: see REPEATS)
 
 MODE is `tilelang` (plain TileLang, its caches off: every kernel compiles) or a kcache lane:
 `inprocess`, `pool` (the process's own pool), `server` (every compile in the compile service) or
@@ -26,6 +26,9 @@ from typing import Any
 
 MODE, ROOT, OUT, ARCH = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 ONLY = set(sys.argv[5].split(",")) if len(sys.argv) > 5 else None  # these kernels only
+# Plain TileLang only: compile each kernel this many times, a row each (TileLang's output varies with
+# the process's state: tests/test_corpus.py samples it).
+REPEATS = int(os.environ.get("KCACHE_CORPUS_REPEATS", "1"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.corpus`
 os.environ["KCACHE_DIR"] = str(ROOT)
 if MODE != "tilelang":
@@ -109,12 +112,13 @@ def describe(kernel: Any, binary: bytes | None) -> dict[str, Any]:
 
 
 def lane_counts(cache: Any, warnings: Warnings) -> dict[str, int]:
-    from kcache.compile import service_client
+    from kcache.compile.service import client as service_client
+    from kcache.compile.service import connection as service_connection
 
     jobs = 0
     for pool in service_client._shared.values():
         try:
-            jobs += int(service_client.request(pool.name, ("status",))["jobs"])
+            jobs += int(service_connection.request(pool.name, ("status",))["jobs"])
         except (OSError, EOFError):
             pass
     return {"service_jobs": jobs,
@@ -151,6 +155,8 @@ def main() -> None:
         try:
             kernel, binary = compile_plain(entry) if cache is None else compile_kcache(entry, cache)
             row.update(describe(kernel, binary))
+            for _ in range(REPEATS - 1 if cache is None else 0):  # compiled again in this process's later states
+                rows.append({**row, **describe(*compile_plain(entry))})
         except Exception as err:  # noqa: BLE001 - the row says what failed; the test names it
             row["error"] = f"{type(err).__name__}: {err}"[:4000]
             row["traceback"] = traceback.format_exc()[-4000:]

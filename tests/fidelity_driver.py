@@ -262,7 +262,7 @@ def main() -> None:
 
         for name, make_context, target_arg in STEPS:
             rows.append({"step": name, **run_kcache(name, make_context, target_arg)})
-        from kcache.compile import service_client
+        from kcache.compile.service import client as service_client
 
         forks = sum(pool.caller_forks for pool in service_client._shared.values())
         print(f"fidelity driver: {forks} compile(s) in a fork of this process", file=sys.stderr)

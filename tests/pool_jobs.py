@@ -101,6 +101,11 @@ def gated_run(fifo: str, runs: str) -> int:
     return os.getpid()
 
 
+def string_hash(text: str) -> int:
+    """`hash(text)` in the worker: its interpreter's hash seed (PYTHONHASHSEED)."""
+    return hash(text)
+
+
 def environment(*names: str) -> dict[str, str | None]:
     return {name: os.environ.get(name) for name in names}
 

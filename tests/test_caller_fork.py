@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from kcache.compile import caller_fork
-from kcache.compile import service_client as client
 from kcache.compile.compile_slots import CompileSlots
-from kcache.compile.pool import CompilePool
+from kcache.compile.fork import caller_fork
+from kcache.compile.pool.process_pool import CompilePool
+from kcache.compile.service import client
+from kcache.compile.service import connection as service_connection
 from kcache.errors import CompilerCrashed, CompileTimeout
 
 from . import pool_jobs
@@ -74,7 +75,7 @@ def test_until_the_service_is_warm_a_job_runs_in_a_fork_of_the_caller_and_then_i
         assert pool.run(pool_jobs.parent_pid) == os.getpid()  # its parent: this process, not a template
         assert pool.caller_forks == 1
         assert pool.ping()  # the service, started beside the fork, listens (and still imports)
-        served = client.request(pool.name, ("status",))
+        served = service_connection.request(pool.name, ("status",))
         assert served["warm"] is False and served["jobs"] == 0
         assert not children_left()  # the fork was reaped before the job's value came back
 
@@ -92,7 +93,7 @@ def test_until_the_service_is_warm_a_job_runs_in_a_fork_of_the_caller_and_then_i
         pool.warm(1, wait=True)  # the service's worker is ready ...
         assert pool.ping()  # ... and its "warmed", sent before the ping's answer, was read
         assert pool.run(pool_jobs.parent_pid) != os.getpid()  # now the service's worker runs it
-        assert pool.caller_forks == 4 and client.request(pool.name, ("status",))["jobs"] == 1
+        assert pool.caller_forks == 4 and service_connection.request(pool.name, ("status",))["jobs"] == 1
     finally:
         pool.close()
 
@@ -138,7 +139,7 @@ def test_forks_and_the_services_workers_share_one_bound_of_compile_slots(gate: P
         assert held is not None and slots.try_take() is None
         future = pool.submit(pool_jobs.double, 21)
         assert pool.ping()  # the service took the job in, and found no slot for it
-        served = client.request(pool.name, ("status",))
+        served = service_connection.request(pool.name, ("status",))
         assert served["waited_for_slot"] >= 1 and served["running"] == 0 and not future.done()
         held.release()
         assert future.result(60) == 42
@@ -160,7 +161,8 @@ import json, os, sys, tempfile
 import tilelang
 from stress.kernels import CPU_TARGET, pool as kernels
 import kcache
-from kcache.compile import service_client, service_address
+from kcache.compile.service import address as service_address, client as service_client
+from kcache.compile.service import connection as service_connection
 spec = kernels(1)[0]
 func = spec.build()
 cache = kcache.KernelCache(sys.argv[1])
@@ -170,7 +172,7 @@ plain = tilelang.compile(func, target=CPU_TARGET, out_idx=spec.out_idx)
 pools = list(service_client._shared.values())
 print(json.dumps({"forks": sum(p.caller_forks for p in pools), "compiles": cache.stats()["compiles"],
                   "same_source": (entry / "device.cu").read_text() == plain.get_kernel_source(),
-                  "service": service_client.request(pools[0].name, ("status",))["jobs"]}))
+                  "service": service_connection.request(pools[0].name, ("status",))["jobs"]}))
 """
 
 
@@ -214,8 +216,9 @@ def test_a_process_with_descriptors_numbered_over_1024_compiles_in_a_fork(gate: 
 ORPHAN_CLIENT = """
 import sys
 sys.path.insert(0, {project!r})
-from kcache.compile import service_client as client
-from kcache.compile.pool import CompilePool
+from kcache.compile.service import client
+from kcache.compile.service import connection as service_connection
+from kcache.compile.pool.process_pool import CompilePool
 from tests import pool_jobs
 pool = client.ServicePool(2, None, {preload!r}, 60.0, lambda: CompilePool(1, None, preload=()))
 pool.run(pool_jobs.tell_pid_and_hang, {fifo!r})

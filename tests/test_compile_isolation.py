@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kcache.compile.pool import CompilePool
+from kcache.compile.pool.process_pool import CompilePool
 
 from . import pool_jobs
 from .helpers import PROJECT, child_env
@@ -111,7 +111,7 @@ def test_a_fingerprint_that_differs_on_arrival_is_never_compiled(kernels_module)
 def _compile_in(mode: str, root: Path, func: object, caplog: pytest.LogCaptureFixture,
                 monkeypatch: pytest.MonkeyPatch) -> object:
     import kcache
-    from kcache.compile import pool
+    from kcache.compile.pool import process_pool as pool
 
     monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", mode)
     try:
@@ -161,7 +161,7 @@ def test_a_mismatch_on_arrival_is_compiled_unserialized_with_one_warning(
 
 
 def test_a_service_job_sees_nothing_an_earlier_job_left(runtime: Path) -> None:
-    from kcache.compile.service_client import ServicePool
+    from kcache.compile.service.client import ServicePool
 
     with ServicePool(1, None, ("tests.pool_jobs",), 60.0, lambda: CompilePool(1, preload=("tests.pool_jobs",))) as pool:
         assert pool.run(pool_jobs.remember, "a secret of client A") == 1

@@ -155,6 +155,26 @@ def test_every_import_goes_down_the_layers() -> None:
     assert not wrong, "imports against the layer direction:\n" + "\n".join(wrong)
 
 
+# The compile layer's lanes (docs/design.md, "What crosses a process"): each lane's folder imports the
+# shared modules of kcache.compile and itself; the service imports its fallbacks' lanes; the shared
+# modules import no lane.
+COMPILE_LANES = {"kcache.compile.fork": (), "kcache.compile.pool": (),
+                 "kcache.compile.service": ("kcache.compile.fork", "kcache.compile.pool")}
+
+
+def lane_of(module: str) -> str | None:
+    return next((lane for lane in COMPILE_LANES if module == lane or module.startswith(lane + ".")), None)
+
+
+def test_the_compile_lanes_import_only_the_shared_modules_and_their_fallbacks() -> None:
+    graph = import_graph()
+    assert {lane_of(module) for module in graph if module.startswith("kcache.compile.")} == {None, *COMPILE_LANES}
+    wrong = [f"{module} imports {target}" for module, targets in graph.items() if module.startswith("kcache.compile")
+             for target in sorted(targets)
+             if lane_of(target) not in (None, lane_of(module), *COMPILE_LANES.get(lane_of(module) or "", ()))]
+    assert not wrong, "imports across the compile lanes:\n" + "\n".join(wrong)
+
+
 def loaded_after(statement: str) -> set[str]:
     """The project modules a fresh interpreter has loaded after `statement`."""
     code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {PACKAGES!r})))"
@@ -208,6 +228,6 @@ print(cache.stats()["{{counter}}"])
     assert "kcache.tiers.disk" in loaded and "kcache.tilelang.loader" in loaded
     assert not sorted(m for m in loaded if m.startswith(MISS_PATH)), "a hit loaded the miss path"
     warmed = loaded_after(hit.format(build_first="", counter="disk_hits"))
-    assert "kcache.compile.service_client" in warmed  # the warm-up at open, in server mode (the default)
+    assert "kcache.compile.service.client" in warmed  # the warm-up at open, in server mode (the default)
     beyond_the_client = sorted(m for m in warmed if m.startswith(MISS_PATH) and not m.startswith("kcache.compile"))
     assert not beyond_the_client, "a hit loaded the miss path beyond the compile service's client"

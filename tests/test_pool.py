@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import kcache
-from kcache.compile.pool import CompilePool, Job
-from kcache.compile.service_client import ServicePool
+from kcache.compile.pool.process_pool import CompilePool, Job
+from kcache.compile.service.client import ServicePool
 from kcache.config import Settings
 
 from . import pool_jobs
@@ -136,7 +136,7 @@ def _wait_for_exit(pid: int, timeout_s: float) -> bool:
 def test_killing_the_parent_leaves_no_orphan_workers() -> None:
     parent = spawn("""
         import json, sys
-        from kcache.compile.pool import CompilePool
+        from kcache.compile.pool.process_pool import CompilePool
         from tests import pool_jobs
         pool = CompilePool(2, preload=())
         pool.warm()
@@ -155,11 +155,11 @@ def test_killing_the_parent_leaves_no_orphan_workers() -> None:
 def test_killing_the_service_leaves_no_orphan_workers(runtime: Path) -> None:
     """The service's side of the test above: its workers (forked from its template) and the template
     die with it, busy or idle."""
-    from kcache.compile import service_client as client
+    from kcache.compile.service import connection as service_connection
 
     with WaitingServicePool(2, ("tests.pool_jobs",), None) as pool:
         pool.warm()
-        served = client.request(pool.name, ("status",))
+        served = service_connection.request(pool.name, ("status",))
         workers, template = served["worker_pids"], served["template_pid"]
         pool.submit(pool_jobs.hang)  # one worker busy, one idle
         assert len(workers) == 2 and template is not None
@@ -177,7 +177,7 @@ def test_a_worker_that_cannot_start_is_a_clear_error_not_a_hang(make_pool) -> No
         if isinstance(pool, ServicePool):
             # The error came from the service's pool, whose driver thread lives on: a TypeError once
             # killed it when the forked template died at import, and the job waited minutes.
-            from kcache.compile import service_address
+            from kcache.compile.service import address as service_address
 
             assert "Exception in thread" not in service_address.log_path(pool.name).read_text()
 
@@ -204,7 +204,7 @@ def test_a_compile_that_crashes_or_hangs_raises_and_the_next_call_works(
     cache_root: Path, monkeypatch: pytest.MonkeyPatch, fault: str, make_pool
 ) -> None:
     pytest.importorskip("tilelang")
-    from kcache.compile.pool import TILELANG_PRELOAD
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
     from stress.kernels import CPU_TARGET, elementwise_add
 
     faulty, good = elementwise_add(n=1024), elementwise_add(n=2048)
@@ -292,7 +292,7 @@ def test_a_worker_that_never_gets_ready_fails_within_its_deadline() -> None:
 def test_a_program_that_patches_popen_still_gets_its_workers(monkeypatch: pytest.MonkeyPatch, runtime: Path) -> None:
     """TileLang's own tests patch subprocess.Popen to fake a hanging nvcc; kcache's workers and its
     service start through the Popen bound when kcache was imported."""
-    from kcache.compile.service_client import ServicePool
+    from kcache.compile.service.client import ServicePool
 
     def broken_popen(*args: object, **kwargs: object) -> object:
         raise AttributeError("a test double of Popen without the attributes kcache would use")
@@ -319,7 +319,7 @@ def test_an_answer_that_cannot_be_rebuilt_fails_its_job_and_the_pool_serves_on(m
 def test_a_failure_in_the_pools_own_thread_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever breaks inside the thread that drives a worker fails that job's future, never leaves
     the caller waiting; the next job gets a fresh worker."""
-    from kcache.compile import worker_process
+    from kcache.compile.workers import worker_process
 
     with CompilePool(1, preload=("tests.pool_jobs",)) as pool:
         pool.warm()

@@ -12,15 +12,16 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from pathlib import Path
 
 import pytest
 
-from kcache.compile import service_address as address
-from kcache.compile import service_client as client
-from kcache.compile.pool import CompilePool
+from kcache.compile.pool.process_pool import CompilePool
+from kcache.compile.service import address, client
+from kcache.compile.service import connection as service_connection
 from kcache.errors import CompilerCrashed, CompileTimeout
 from kcache.store import layout
 
@@ -39,7 +40,7 @@ def service_pool(idle_s: float = 60.0, workers: int = 2, fallback: CompilePool |
 
 
 def status(pool: client.ServicePool) -> dict:
-    return client.request(pool.name, ("status",))
+    return service_connection.request(pool.name, ("status",))
 
 
 def wait_for_exit(pid: int, timeout: float) -> bool:
@@ -57,8 +58,9 @@ def wait_for_exit(pid: int, timeout: float) -> bool:
 CLIENT = """
 import json, sys
 sys.path.insert(0, {project!r})
-from kcache.compile import service_client as client
-from kcache.compile.pool import CompilePool
+from kcache.compile.service import client
+from kcache.compile.service import connection as service_connection
+from kcache.compile.pool.process_pool import CompilePool
 from tests import pool_jobs
 pool = client.ServicePool(2, None, ("tests.pool_jobs",), 60.0, lambda: CompilePool(1, None, preload=()))
 print(json.dumps({{"worker": pool.run(pool_jobs.worker_pid), "server": pool.server_pid}}))
@@ -81,17 +83,18 @@ def test_processes_share_one_service_and_its_warm_workers(runtime: Path) -> None
 RACING_CLIENT = """
 import json, os, sys
 sys.path.insert(0, {project!r})
-from kcache.compile import service_client as client
-from kcache.compile.pool import CompilePool
+from kcache.compile.service import client
+from kcache.compile.service import connection as service_connection
+from kcache.compile.pool.process_pool import CompilePool
 from tests import pool_jobs
-real_start = client.start
+real_start = service_connection.start
 
 def start(*args):
     with open({starts!r}, "a") as starts:
         starts.write(f"{{os.getpid()}}\\n")
     return real_start(*args)
 
-client.start = start
+service_connection.start = start
 pool = client.ServicePool(2, None, ("tests.pool_jobs",), 60.0, lambda: CompilePool(1, None, preload=()))
 print("ready", flush=True)
 sys.stdin.readline()  # the barrier: every client finds no service at the same moment
@@ -210,7 +213,7 @@ def test_importing_tilelang_before_or_after_the_cache_opens_names_one_service() 
     code = textwrap.dedent("""
         import os, sys
         os.environ.pop("TL_TEMPLATE_PATH", None); os.environ.pop("TL_CUTLASS_PATH", None); os.environ.pop("TVM_LIBRARY_PATH", None)
-        from kcache.compile.service_address import identity
+        from kcache.compile.service.address import identity
         before = identity(("tilelang",), 2)
         import tilelang
         assert os.environ.get("TL_TEMPLATE_PATH"), "TileLang no longer sets TL_TEMPLATE_PATH at import"
@@ -225,6 +228,28 @@ def test_importing_tilelang_before_or_after_the_cache_opens_names_one_service() 
     assert before == after != elsewhere
 
 
+def test_a_client_s_hash_seed_is_its_worker_s(runtime: Path) -> None:
+    """TileLang's output depends on the interpreter's hash seed (its lowering iterates over hashed
+    sets: tests/test_corpus.py saw a LayerNorm compile two ways under two seeds). A client that
+    fixes PYTHONHASHSEED gets a service, and workers, of that seed; one that does not shares one
+    with the others that do not."""
+    code = CLIENT.format(project=str(PROJECT)).replace("pool.run(pool_jobs.worker_pid)",
+                                                       'pool.run(pool_jobs.string_hash, "kcache"), "own": hash("kcache")')
+    assert "string_hash" in code
+    runs = {}
+    for seed in ("1", "2", "1", None, None):
+        env = {name: value for name, value in os.environ.items() if name != "PYTHONHASHSEED"}
+        if seed is not None:
+            env["PYTHONHASHSEED"] = seed
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.setdefault(seed, []).append(json.loads(done.stdout))
+    for seed in ("1", "2"):
+        assert all(run["worker"] == run["own"] for run in runs[seed]), (seed, runs[seed])
+    assert runs["1"][0]["server"] == runs["1"][1]["server"] != runs["2"][0]["server"]
+    assert runs[None][0]["server"] == runs[None][1]["server"] not in (runs["1"][0]["server"], runs["2"][0]["server"])
+
+
 @needs_root
 def test_another_user_can_neither_reach_nor_use_the_service(runtime: Path, unprivileged_env: UnprivilegedEnv) -> None:  # noqa: F811
     """kcache-a's service: kcache-b cannot even connect (a 0700 directory), and root, whom permissions do
@@ -235,8 +260,9 @@ def test_another_user_can_neither_reach_nor_use_the_service(runtime: Path, unpri
         import os, json
         os.makedirs({str(a_runtime)!r}, mode=0o700, exist_ok=True)
         os.environ["XDG_RUNTIME_DIR"] = {str(a_runtime)!r}
-        from kcache.compile import service_client as client
-        from kcache.compile.pool import CompilePool
+        from kcache.compile.service import client
+        from kcache.compile.service import connection as service_connection
+        from kcache.compile.pool.process_pool import CompilePool
         pool = client.ServicePool(1, None, (), 60.0, lambda: CompilePool(1, None, preload=()))
         print(json.dumps({{"value": pool.run(abs, -3), "name": pool.name, "pid": pool.server_pid}}))
     """))
@@ -272,23 +298,34 @@ def check_refusals(env: UnprivilegedEnv, a_runtime: Path, info: dict) -> None:  
     intruder.close()
 
 
-def test_a_service_directory_open_to_others_means_no_service_and_the_own_pool(runtime: Path, caplog) -> None:
-    (runtime / "kcache").mkdir(mode=0o755)  # as another user could have prepared it: not private
-    (runtime / "kcache").chmod(0o755)
+def test_service_directories_all_open_to_others_mean_no_service_and_the_own_pool(
+    runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """Each place the service may live (kcache.compile.runtime_dir) prepared open to others, as
+    another user could have: no service, and the compile in the process's own pool.
+    (tests/test_security_local.py: one squatted place moves the service to the next.)"""
+    tmp, cache_home = tmp_path / "tmp", tmp_path / "cache"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    prepared = [runtime / "kcache", tmp / f"kcache-{os.geteuid()}", cache_home / "kcache-run" / socket.gethostname()]
+    for directory in prepared:
+        directory.mkdir(parents=True)
+        directory.chmod(0o755)
     own = CompilePool(1, None, preload=PRELOAD)
     pool = service_pool(fallback=own)
     with caplog.at_level(logging.WARNING, logger="kcache"):
         assert pool.run(pool_jobs.double, 6) == 12  # compiled all the same
     assert pool.server_pid is None and own.worker_pids()  # in the own pool: no service was started
-    assert any("not a private directory" in r.getMessage() for r in caplog.records)
-    assert not list((runtime / "kcache").iterdir())
+    assert any("is open to others (mode 0755)" in r.getMessage() and "set XDG_RUNTIME_DIR" in r.getMessage()
+               for r in caplog.records)
+    assert not any(list(directory.iterdir()) for directory in prepared)
     own.close()
 
 
 def test_the_warm_up_names_the_service_the_tilelang_backend_uses() -> None:
     """KernelCache's warm-up names the service by the pool's TILELANG_PRELOAD without importing the
     backend: it must be the backend's own preload, or the warm-up would start a service nobody uses."""
-    from kcache.compile.pool import TILELANG_PRELOAD
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
     from kcache.tilelang.backend import COMPILE_PRELOAD
 
     assert TILELANG_PRELOAD == COMPILE_PRELOAD
@@ -326,7 +363,7 @@ def test_a_cache_opened_in_server_mode_starts_the_service_in_the_background(runt
     # The drop-in's warm-up may be over already: install() imports TileLang after the open.
     assert done.stdout.split()[-1] in (("0", "1") if case in ("install", "KCACHE_TILELANG") else ("1",))
     assert len(sockets) == 1
-    served = client.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"), ("status",))
+    served = service_connection.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"), ("status",))
     assert served["failed"] == 0
     assert served["jobs"] == 1  # the toolchain's identification; no compile
     # Its template forks (the service's own `import tilelang` installed no drop-in under KCACHE_TILELANG=1).
@@ -394,7 +431,7 @@ def test_a_client_killed_mid_job_has_its_running_job_killed(runtime: Path, tmp_p
 def test_the_doctor_shows_the_service(runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import kcache
     from kcache.compile.jobs import usable_cpu_count
-    from kcache.compile.pool import TILELANG_PRELOAD
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
 
     monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", "server")
     (before,) = [f for f in kcache.doctor(tmp_path / "root") if f.check == "compile service"]
@@ -480,7 +517,7 @@ def test_forked_workers_see_the_callers_environment_not_the_templates_import_set
         runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The template imports with no visible GPU and single-threaded BLAS (template.FORK_SAFE_IMPORT_ENV);
     its workers get the caller's values back, set or unset."""
-    from kcache.compile.template import FORK_SAFE_IMPORT_ENV
+    from kcache.compile.workers.template import FORK_SAFE_IMPORT_ENV
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.setenv("OMP_NUM_THREADS", "8")

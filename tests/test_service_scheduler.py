@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-from kcache.compile.service_scheduler import FairScheduler, QueuedJob
+from kcache.compile.service.scheduler import FairScheduler, QueuedJob
 
 
 class RecordingPool:

@@ -103,8 +103,9 @@ def test_a_violation_fails_the_run(tmp_path: Path) -> None:
 def test_the_chaos_mix_finds_the_compile_server_not_its_forks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server kill must hit the server: its template and workers are forks with its command line
     (the H100's stress run with server kills killed workers instead, and called it a crash)."""
-    from kcache.compile import service_client
-    from kcache.compile.pool import CompilePool
+    from kcache.compile.pool.process_pool import CompilePool
+    from kcache.compile.service import client as service_client
+    from kcache.compile.service import connection as service_connection
     from stress.service_runtime import fresh_runtime, service_pids, stop_services
 
     runtime = fresh_runtime("kt-")
@@ -113,7 +114,7 @@ def test_the_chaos_mix_finds_the_compile_server_not_its_forks(monkeypatch: pytes
     pool = service_client.ServicePool(2, None, (), 60.0, lambda: CompilePool(1, None, preload=()))
     try:
         pool.warm(2, wait=True)
-        served = service_client.request(pool.name, ("status",))
+        served = service_connection.request(pool.name, ("status",))
         assert served["template_pid"] is not None and len(served["worker_pids"]) == 2
         assert service_pids(runtime) == [pool.server_pid]
     finally:

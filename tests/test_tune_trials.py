@@ -18,7 +18,7 @@ from autotuner.trials import (  # noqa: E402
     compile_configs,
     summary_table,
 )
-from kcache.compile.pool import TILELANG_PRELOAD, CompilePool  # noqa: E402
+from kcache.compile.pool.process_pool import TILELANG_PRELOAD, CompilePool  # noqa: E402
 from stress.kernels import CPU_TARGET  # noqa: E402
 
 pytestmark = pytest.mark.tilelang

@@ -3,7 +3,9 @@
 - **Recording** (`KCACHE_RECORD=FILE`, or `kcache.record(path)`): every key a process asks for, hit
   or miss, is appended to FILE once per process, as a JSON line {"key", "kernel", "target", "fields"}: the
   list a bundle must cover (`kcache export --keys FILE`, `kcache verify-coverage --keys FILE`).
-  Lines are appended with O_APPEND, one write each, so processes can share one file.
+  Lines are appended with O_APPEND, one write each, so processes can share one file. The file is
+  this user's own, never a link, created 0600 (group read and write in group mode)
+  (kcache.store.owned_files).
 - **The JIT guard** (`KCACHE_JIT_GUARD=warn|error`, or `kcache.guard(mode)` after a warm-up): a
   compile that happens anyway warns once per kernel, or raises `UnexpectedCompile` naming the
   kernel, its key and how it differs from the nearest stored entry of the kernel
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from kcache.config import JIT_GUARD_MODES, jit_guard_setting
 from kcache.errors import KCacheError
+from kcache.store import owned_files
 
 log = logging.getLogger("kcache")
 
@@ -54,6 +57,7 @@ class KeyRecorder:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._seen: set[str] = set()
+        self._refused = False  # the file is unsafe: said once
 
     def note(self, key: str, kernel: str, target: str, fields: dict[str, object] | None = None) -> None:
         """`fields`: the key's fields (as meta.json keeps them), so `kcache why-miss --keys FILE` can
@@ -66,11 +70,15 @@ class KeyRecorder:
             record["fields"] = fields
         line = json.dumps(record, sort_keys=True) + "\n"
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = owned_files.open_for_append(self.path)
             try:
                 os.write(fd, line.encode())
             finally:
                 os.close(fd)
+        except owned_files.UnsafeFile as err:
+            if not self._refused:
+                self._refused = True
+                log.warning("kcache: not recording keys (KCACHE_RECORD): %s", err)
         except OSError as err:
             log.warning("kcache: cannot record key %s in %s: %s", key[:16], self.path, err)
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from kcache.cache.compiling import CompileStep
     from kcache.cache.single_flight import SingleFlight
-    from kcache.compile.pool import CompilePool
+    from kcache.compile.pool.process_pool import CompilePool
     from kcache.tiers.remote_chain import RemoteTiers
 
 log = logging.getLogger("kcache")
@@ -118,8 +118,10 @@ class KernelCache:
         instead of following it. Never blocks, never raises; nothing in the other modes."""
         if not self._serves_through_service:
             return
-        from kcache.compile.pool import TILELANG_PRELOAD  # the TileLang backend's preload, without importing it
-        from kcache.compile.service_client import shared_service_pool
+        from kcache.compile.pool.process_pool import (
+            TILELANG_PRELOAD,  # the TileLang backend's preload, without importing it
+        )
+        from kcache.compile.service.client import shared_service_pool
 
         service = shared_service_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
                                       TILELANG_PRELOAD, self.settings.server_idle_s)
@@ -194,11 +196,11 @@ class KernelCache:
         this user's compile service, else the process's shared pool."""
         if self._pool is not None:
             return self._pool
-        from kcache.compile.pool import shared_pool  # not on the hit path: ~5 ms of imports
+        from kcache.compile.pool.process_pool import shared_pool  # not on the hit path: ~5 ms of imports
 
         settings, preload = self.settings, self._tilelang().COMPILE_PRELOAD
         if settings.compile_isolation == "server":
-            from kcache.compile.service_client import shared_service_pool
+            from kcache.compile.service.client import shared_service_pool
 
             return shared_service_pool(settings.compile_workers, settings.compile_timeout_s, preload,
                                        settings.server_idle_s)  # type: ignore[return-value]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import random
 
-from kcache.compile import service_address as address
+from kcache.compile.runtime_dir import runtime_directory
 from kcache.store.locks import try_flock
 
 
@@ -72,5 +72,5 @@ class CompileSlots:
                 slot.release()
 
     def path(self, index: int) -> str:
-        return str(address.service_directory() / f"compile-{self.name}.slot-{index}")
+        return str(runtime_directory() / f"compile-{self.name}.slot-{index}")
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from kcache.compile.protocol import PROTOCOL_FDS_ENV
-from kcache.compile.worker import PARENT_ENV
+from kcache.compile.workers.worker import PARENT_ENV
 from kcache.config import DROPIN_ENV
 from kcache.errors import CompilePoolError
 

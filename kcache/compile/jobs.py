@@ -25,7 +25,7 @@ class JobOutput:
     writing the entry of a cache key, say), or with `directory` None nothing but its result (the
     toolchain's identification of a root, which the job persists itself). The compile service runs
     one of the identical jobs in flight and copies its directory, if any, for the others
-    (`service_inflight`); a pool ignores it."""
+    (`service.inflight`); a pool ignores it."""
 
     key: str
     directory: str | None

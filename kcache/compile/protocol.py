@@ -18,9 +18,9 @@ import cloudpickle
 
 _HEADER = struct.Struct(">Q")
 
-# The compile service's message format: part of the service's name (service_address.identity), so a
+# The compile service's message format: part of the service's name (service.address.identity), so a
 # client never talks to a running server of another format (one started before kcache was upgraded
-# in place). Raise it with any change to the messages of service.py and service_client.py.
+# in place). Raise it with any change to the messages of service/server.py and service/client.py.
 SERVICE_PROTOCOL = 5  # 3: jobs carry the client's umask; 4: the greeting and ("warmed",) say when it is warm;
 # 5: a job calls functions of its caller ("call" / "return")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from tvm.tirx import PrimFunc
 
-from kcache.compile import caller_fork
 from kcache.compile.caller_calls import CallerCalls
+from kcache.compile.fork import caller_fork
 from kcache.compile.jobs import JobOutput
 from kcache.compile.protocol import CallByName
 from kcache.tilelang import transfer

@@ -165,7 +165,7 @@ def _register(in_force: tuple[Callback, ...]) -> Any:
 
 def _in_caller(name: str) -> Any:
     def call_in_caller(*args: Any) -> Any:
-        from kcache.compile.worker import call_caller
+        from kcache.compile.workers.worker import call_caller
 
         return call_caller(name, args)
 

@@ -188,19 +188,20 @@ def _s3(url: str) -> Finding:
 
 def _compile_service(settings: Settings) -> Finding:
     """The compile service of this environment: reachable, running, its workers and memory."""
-    from kcache.compile import service_address as address
-    from kcache.compile import service_client as client
     from kcache.compile.jobs import usable_cpu_count
-    from kcache.compile.pool import TILELANG_PRELOAD
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
+    from kcache.compile.service import address
+    from kcache.compile.service import connection as service_connection
 
     used = settings.compile_isolation == "server"
     name = address.identity(TILELANG_PRELOAD, settings.compile_workers or usable_cpu_count())
     try:
         where = address.socket_path(name)
     except address.NoServiceDirectory as err:
-        return Finding("compile service", used, str(err), "remove that directory, or set XDG_RUNTIME_DIR" if used else "")
+        return Finding("compile service", used, str(err),
+                       "set XDG_RUNTIME_DIR to a private directory of yours" if used else "")
     try:
-        status = client.request(name, ("status",))
+        status = service_connection.request(name, ("status",))
     except (OSError, EOFError):
         how = "starts on the first compile, or with `kcache server start`" if used else \
             "not used (KCACHE_COMPILE_ISOLATION=server uses it)"

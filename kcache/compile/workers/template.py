@@ -26,7 +26,14 @@ import sys
 import traceback
 
 from kcache.compile import protocol as wire
-from kcache.compile.worker import PARENT_ENV, TEMPLATE_NAME, die_with_parent, name_process, prepare, serve_forked
+from kcache.compile.workers.worker import (
+    PARENT_ENV,
+    TEMPLATE_NAME,
+    die_with_parent,
+    name_process,
+    prepare,
+    serve_forked,
+)
 
 CONTROL_ENV = "KCACHE_TEMPLATE_CONTROL"
 # What the template imports with, so that the imports leave it with one thread and no CUDA context:

@@ -14,7 +14,7 @@ from typing import Protocol
 from kcache.compile import protocol as wire
 from kcache.compile.interpreter import start_interpreter
 from kcache.compile.protocol import ReplyUnreadable, WorkerDied, receive_reply
-from kcache.compile.template_process import TemplateGone, WorkerTemplate
+from kcache.compile.workers.template_process import TemplateGone, WorkerTemplate
 from kcache.errors import WorkerStartFailed
 
 # A job's calls to its caller (`worker.call_caller`): (name, pickled args) -> the pickled answer,
@@ -145,7 +145,7 @@ class WorkerProcess:
     def _start_child(self, job_read: int, reply_write: int, template: WorkerTemplate | None) -> Child:
         """The worker's process, given its ends of the pipes (the caller closes them after)."""
         if template is None:
-            return ExecChild(start_interpreter("kcache.compile.worker", (job_read, reply_write), self._stderr, {}))
+            return ExecChild(start_interpreter("kcache.compile.workers.worker", (job_read, reply_write), self._stderr, {}))
         return ForkedChild(template, template.fork((job_read, reply_write, self._stderr)))
 
     def run(self, payload: bytes | None, timeout_s: float | None, calls: CallsOfCaller | None = None) -> tuple:

@@ -22,7 +22,7 @@ import threading
 from kcache.compile import protocol as wire
 from kcache.compile.interpreter import start_interpreter
 from kcache.compile.protocol import receive_reply
-from kcache.compile.template import CONTROL_ENV, FORK_SAFE_IMPORT_ENV, MESSAGE_BYTES, RESTORE_ENV, start_forked
+from kcache.compile.workers.template import CONTROL_ENV, FORK_SAFE_IMPORT_ENV, MESSAGE_BYTES, RESTORE_ENV, start_forked
 
 
 class TemplateGone(OSError):
@@ -67,7 +67,7 @@ class WorkerTemplate:
         restore = {name: os.environ.get(name) for name in FORK_SAFE_IMPORT_ENV}
         try:
             proc = start_interpreter(
-                "kcache.compile.template", (setup_read, ready_write), stderr,
+                "kcache.compile.workers.template", (setup_read, ready_write), stderr,
                 {**FORK_SAFE_IMPORT_ENV, CONTROL_ENV: str(theirs.fileno()), RESTORE_ENV: json.dumps(restore)},
                 extra_fds=(theirs.fileno(),),
             )

@@ -37,13 +37,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kcache.compile.protocol import ReplyUnreadable, WorkerDied
-from kcache.compile.template import reap
-from kcache.compile.template_process import WorkerTemplate
-from kcache.compile.worker import job_outcome, serve_forked
-from kcache.compile.worker_process import STDERR_TAIL_LINES, CallsOfCaller, Child, ReapedChild, WorkerProcess
+from kcache.compile.workers.template import reap
+from kcache.compile.workers.template_process import WorkerTemplate
+from kcache.compile.workers.worker import job_outcome, serve_forked
+from kcache.compile.workers.worker_process import STDERR_TAIL_LINES, CallsOfCaller, Child, ReapedChild, WorkerProcess
 from kcache.errors import CompilerCrashed, CompileTimeout, WorkerStartFailed
 
-# The compile service client's threads (`service_client`), the only ones a fork may leave behind: the
+# The compile service client's threads (`service.client`), the only ones a fork may leave behind: the
 # reader blocks reading its socket, the starter starts the service (a subprocess, a flock, a pipe); a
 # job in the fork takes none of the locks they hold (the client's own, the start lock's flock).
 SERVICE_READER_THREAD = "kcache-service-reader"

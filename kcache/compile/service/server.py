@@ -2,13 +2,13 @@
 
     run(["--name", NAME, "--workers", N, "--idle", SECONDS, "--preload", JSON, "--ready-fd", FD])
 
-Started on demand by a client (`kcache.compile.service_client`), detached (it forks once and its
+Started on demand by a client (`kcache.compile.service.client`), detached (it forks once and its
 parent exits, so it is nobody's child), it keeps a `CompilePool` of warm workers (TileLang imported;
 forked from a worker template) for all of this user's processes: a fresh process's first compile
 costs a compile, not an import. At most `N` compiles run machine-wide, whoever asks, taking the
-clients in turn within the memory budget (`service_scheduler`), and sharing `N` compile slots with
+clients in turn within the memory budget (`scheduler`), and sharing `N` compile slots with
 the clients that compile in a fork of themselves until the service is warm (`compile_slots`,
-`caller_fork`); identical jobs in flight run once (`service_inflight`).
+`caller_fork`); identical jobs in flight run once (`inflight`).
 
 - Warm: a worker is ready (TileLang imported). The greeting says whether the service is warm, and
   every connected client is told ("warmed",) once it is: until then, a client that imported TileLang
@@ -17,7 +17,7 @@ the clients that compile in a fork of themselves until the service is warm (`com
 - Only one server per name: it holds `compile-NAME.lock` (flock) for its life. A stale socket file
   left by a dead server is removed under that lock, never one in use.
 - Every connection's peer is checked with SO_PEERCRED: only this uid is served. The socket is in a
-  0700 directory of this user (`service_address`), and nothing listens on a network.
+  0700 directory of this user (`address`), and nothing listens on a network.
 - A job is `(fn, args)` pickled by the client; it is passed to the pool as it came, and its result or
   exception goes back pickled. A crash, segfault or hang kills that job's worker only (the pool's
   isolation): the client gets `CompilerCrashed` or `CompileTimeout` as from its own pool.
@@ -42,7 +42,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from kcache.compile.service_calls import CallRelay
+from kcache.compile.service.calls import CallRelay
 
 log = logging.getLogger("kcache")
 
@@ -57,8 +57,8 @@ def peer_uid(conn: socket.socket) -> int:
 class Server:
     def __init__(self, listener: socket.socket, pool: Any, idle_s: float, memory_budget: int | None = None,
                  slots: Any = None) -> None:
-        from kcache.compile.service_inflight import InflightOutputs
-        from kcache.compile.service_scheduler import FairScheduler
+        from kcache.compile.service.inflight import InflightOutputs
+        from kcache.compile.service.scheduler import FairScheduler
 
         self.listener = listener
         self.pool = pool
@@ -187,10 +187,10 @@ class Server:
 
     def _submit(self, client: int, job_id: int, payload: bytes, name: str, timeout_s: float | None,
                 send: Any, output: Any, calls: Any) -> None:
-        """Queue a client's job, or let it follow an identical one in flight (`service_inflight`)."""
+        """Queue a client's job, or let it follow an identical one in flight (`inflight`)."""
         from kcache.compile import protocol as wire
-        from kcache.compile.service_inflight import Follower
-        from kcache.compile.service_scheduler import QueuedJob
+        from kcache.compile.service.inflight import Follower, merge_key
+        from kcache.compile.service.scheduler import QueuedJob
         from kcache.errors import CompileAborted
 
         with self._lock:
@@ -219,8 +219,8 @@ class Server:
             cancelled = finished.cancelled()
             error = None if cancelled else finished.exception()
             result = None if cancelled or error is not None else finished.result()
-            answer_followers = (self.inflight.finish(output.key, result, error, cancelled or isinstance(error, CompileAborted))
-                                if output is not None else lambda: None)
+            answer_followers = (self.inflight.finish(merged_as, result, error, cancelled or isinstance(error, CompileAborted))
+                                if merged_as is not None else lambda: None)
             answer(result, error, cancelled)  # the leader first: its directory was copied already
             answer_followers()
 
@@ -232,8 +232,9 @@ class Server:
             error = None if cancelled else finished.exception()
             answer(None if cancelled or error is not None else finished.result(), error, cancelled)
 
-        if output is not None and not self.inflight.lead_or_follow(output.key, output.directory,
-                                                                   Follower(output.directory, answer, run_own)):
+        merged_as = None if output is None else merge_key(output.key, output.directory)
+        if merged_as is not None and not self.inflight.lead_or_follow(merged_as, output.directory,
+                                                                      Follower(output.directory, answer, run_own)):
             return
         self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done, calls))
 
@@ -294,7 +295,7 @@ def _memory(pid: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kcache.compile.service")
+    parser = argparse.ArgumentParser(prog="python -m kcache.compile.service.server")
     parser.add_argument("--name", required=True)
     parser.add_argument("--workers", type=int, required=True)
     parser.add_argument("--idle", type=float, required=True)
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sys-path", default=None, help="the client's sys.path (JSON): jobs import as there")
     args = parser.parse_args(argv)
     if args.sys_path:
-        from kcache.compile.worker import importable_path
+        from kcache.compile.workers.worker import importable_path
 
         sys.path[:] = importable_path(json.loads(args.sys_path))
     if os.fork() > 0:  # detach: the starter reaps this parent at once, the server is nobody's child
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             os.close(ready)
             ready = -1
 
-    from kcache.compile import service_address as address
+    from kcache.compile.service import address
 
     lock_fd = os.open(address.lock_path(args.name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -326,10 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     except BlockingIOError:
         tell(b"busy")  # another server of this name runs or is starting
         return 0
-    from kcache.compile.worker import SERVER_NAME, name_process
+    from kcache.compile.workers.worker import SERVER_NAME, name_process
 
     name_process(SERVER_NAME)
-    from kcache.compile.pool import CompilePool
+    from kcache.compile.pool.process_pool import CompilePool
 
     pool = CompilePool(args.workers, None, preload=json.loads(args.preload), start="fork")
     # The template is forked from this process now, while it holds one thread and no listener: its
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str]) -> int:
-    """The service's process (`service_client.start` runs it through `interpreter.python_command`)."""
+    """The service's process (`connection.start` runs it through `interpreter.python_command`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     return main(argv)
 

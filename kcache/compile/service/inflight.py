@@ -4,7 +4,8 @@ A compile job names its output (`JobOutput`: the cache key, and the staging dire
 entry into). The key's file lock already makes one compile per key and root; what it cannot merge is
 the same key compiled for different roots, or for no root at all (`KCACHE_READONLY`, compiles that
 write nothing under the root), where every process would compile. Here the first job of a key
-leads; a job of the same key that arrives while the leader is queued or running follows it: when
+leads; a job of the same key and trust domain (`trust_domain`: only outputs that no one but this
+user could have changed cross roots) that arrives while the leader is queued or running follows it: when
 the leader's job succeeds, the server copies the leader's files into each follower's directory
 (before the leader's client hears of it, so the leader's directory is still whole: its client
 publishes it by a rename once told), then answers every one with the leader's result. A leader that
@@ -47,7 +48,8 @@ class InflightOutputs:
         self.merged = 0  # jobs that followed a leader instead of compiling
 
     def lead_or_follow(self, key: str, directory: str | None, follower: Follower) -> bool:
-        """True: the job leads (run it). False: it follows the key's leader (do not run it)."""
+        """True: the job leads (run it). False: it follows the key's leader (do not run it). `key`
+        is then the merge key, to `finish` with."""
         with self._lock:
             leader = self._leaders.get(key)
             if leader is None:
@@ -93,6 +95,32 @@ class InflightOutputs:
             return len(self._leaders)
 
 
+def merge_key(key: str, directory: str | None) -> str:
+    """The key under which identical jobs merge: the job's key and its output's trust domain."""
+    return f"{key} in {trust_domain(directory)}"
+
+
+def trust_domain(directory: str | None) -> str:
+    """"private" for an output that nobody but this user can change while it is staged: a directory
+    of this user's, writable by nobody else, in a parent that is too or is sticky (a private root's
+    staging, a private temporary directory); outputs of that domain may be copied into each other.
+    Any other output (a group root's staging, writable by the group while staged) is its own
+    domain, its staging parent: its files are copied only within its root, never into a private one
+    (nor is a private output copied into a group root: that would need no trust, but gains little)."""
+    if directory is None:
+        return "private"  # the result alone: it crosses nothing but this service's own reply
+    path = os.path.abspath(directory)
+    parent = os.path.dirname(path)
+    try:
+        mine, theirs = os.stat(path, follow_symlinks=False), os.stat(parent)
+    except OSError:
+        return f"root {parent}"
+    uid = os.geteuid()
+    alone = stat.S_ISDIR(mine.st_mode) and mine.st_uid == uid and not mine.st_mode & 0o022
+    parent_alone = theirs.st_mode & stat.S_ISVTX or (theirs.st_uid == uid and not theirs.st_mode & 0o022)
+    return "private" if alone and parent_alone else f"root {os.path.realpath(parent)}"
+
+
 def copy_output(source: str, target: str) -> None:
     """Every regular file of `source` into `target` (same names, modes and bytes, fsynced), through
     descriptors opened without following links: a link in either directory is an error, not a
@@ -125,7 +153,7 @@ def _copy_file(source_fd: int, target_fd: int, name: str) -> None:
                 while view:
                     view = view[os.write(writer, view):]
             # The modes the follower's own job would have written: jobs merge only under one umask
-            # (service_client), and KCACHE_UMASK and KCACHE_GROUP are part of the service's name.
+            # (service.client), and KCACHE_UMASK and KCACHE_GROUP are part of the service's name.
             os.fchmod(writer, stat.S_IMODE(info.st_mode))
             os.fsync(writer)
         finally:

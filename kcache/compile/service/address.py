@@ -1,38 +1,36 @@
 """Where this user's compile service for this environment listens, and what makes two environments one.
 
 One service per (user, machine, Python environment and toolchain): the socket's name holds a digest
-of the interpreter, kcache's own location and message format, the worker preload, the worker count and the import-time
-settings of TileLang (the toolkit and header directories). Not sys.path: each job carries its
-client's (`kcache.compile.worker.run_client_job`), so programs in different directories share one
-service, and `kcache server start` names the same one. A process of another environment
-computes another name and starts its own service; it never talks to this one.
+of the interpreter, kcache's own location and message format, the worker preload, the worker count
+and the import-time settings of TileLang (the toolkit and header directories). Not sys.path: each
+job carries its client's (`kcache.compile.workers.worker.run_client_job`), so programs in different
+directories share one service, and `kcache server start` names the same one. A process of another
+environment computes another name and starts its own service; it never talks to this one.
 
-The socket lives in a directory only this user can enter: `$XDG_RUNTIME_DIR/kcache` where that is
-ours and private, else `<tmp>/kcache-<uid>`, created 0700 and checked (a real directory, ours, no
-access for others) every time. A predictable name in a shared tmp is safe here only because of that
-check: another user who made it first fails it, and then there is no service (the per-process pool
-compiles), never a connection to their socket.
+The socket lives in a directory only this user can enter (`kcache.compile.runtime_dir`): another
+user who made it first fails that directory's check, and then there is no service (the per-process
+pool compiles), never a connection to their socket.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from kcache.compile.protocol import SERVICE_PROTOCOL
-from kcache.store import access
+from kcache.compile.runtime_dir import NoServiceDirectory, runtime_directory
 
-# Import-time settings of TileLang that a compile depends on: a service started with other values
-# would compile something else (docs/design.md, "The compile context").
+# Start-time settings that a compile depends on: a service started with other values would compile
+# something else (docs/design.md, "The compile context"). TileLang's import-time paths; and the hash
+# seed, which every worker inherits from the service's start: TileLang's lowering iterates over
+# hashed sets, so its output can differ with the seed (a LayerNorm of tests/corpus did).
 IMPORT_TIME_ENV = ("CUDA_HOME", "CUDA_PATH", "PATH", "TL_TEMPLATE_PATH", "TL_CUTLASS_PATH", "TVM_LIBRARY_PATH",
-                   "KCACHE_UMASK", "KCACHE_GROUP")
+                   "KCACHE_UMASK", "KCACHE_GROUP", "PYTHONHASHSEED")
 
 
 def tilelang_default_paths() -> dict[str, str]:
@@ -60,16 +58,12 @@ def tilelang_default_paths() -> dict[str, str]:
             "TL_TEMPLATE_PATH": os.path.join(third_party, "..", "src")}
 
 
-class NoServiceDirectory(OSError):
-    """No private directory for the service's socket: the directory another user made, say."""
-
-
 def identity(preload: Iterable[str], workers: int) -> str:
     """The digest naming this environment's service."""
     document = {
         "python": sys.executable,
         "version": sys.version,
-        "kcache": str(Path(__file__).resolve().parents[1]),
+        "kcache": str(Path(__file__).resolve().parents[2]),
         "protocol": SERVICE_PROTOCOL,
         "preload": list(preload),
         "workers": workers,
@@ -81,28 +75,12 @@ def identity(preload: Iterable[str], workers: int) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def service_directory() -> Path:
-    """This user's private directory for service sockets (created if missing). Raises
-    NoServiceDirectory when there is none that is ours alone."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and access.is_private_and_ours(Path(runtime)):
-        candidate = Path(runtime) / "kcache"
-    else:
-        candidate = Path(tempfile.gettempdir()) / f"kcache-{os.geteuid()}"
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(candidate, 0o700)
-    if not access.is_private_and_ours(candidate):
-        raise NoServiceDirectory(f"{candidate} is not a private directory of uid {os.geteuid()} (a link, another "
-                                 "user's, or open to others): no compile service; remove it or set XDG_RUNTIME_DIR")
-    return candidate
-
-
 # sockaddr_un's sun_path: 108 bytes, the terminating NUL included.
 MAX_SOCKET_PATH = 107
 
 
 def socket_path(name: str) -> Path:
-    path = service_directory() / f"compile-{name}.sock"
+    path = runtime_directory() / f"compile-{name}.sock"
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise NoServiceDirectory(f"{path} is longer than a Unix socket's path may be ({MAX_SOCKET_PATH} bytes): "
                                  "set XDG_RUNTIME_DIR to a shorter private directory")
@@ -110,13 +88,13 @@ def socket_path(name: str) -> Path:
 
 
 def lock_path(name: str) -> Path:
-    return service_directory() / f"compile-{name}.lock"
+    return runtime_directory() / f"compile-{name}.lock"
 
 
 def start_lock_path(name: str) -> Path:
-    """Held by the one client that starts the service `name` (`service_client.connect_or_start`)."""
-    return service_directory() / f"compile-{name}.start.lock"
+    """Held by the one client that starts the service `name` (`connection.connect_or_start`)."""
+    return runtime_directory() / f"compile-{name}.start.lock"
 
 
 def log_path(name: str) -> Path:
-    return service_directory() / f"compile-{name}.log"
+    return runtime_directory() / f"compile-{name}.log"

@@ -45,9 +45,9 @@ from kcache.compile.jobs import UNSET, Job, JobOutput, JobResult, JobRunner, usa
 
 __all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "shared_pool", "usable_cpu_count"]
 from kcache.compile.protocol import ReplyUnreadable, WorkerDied
-from kcache.compile.template_process import TemplateGone, WorkerTemplate
-from kcache.compile.worker import job_outcome
-from kcache.compile.worker_process import EXIT_GRACE_S, WorkerProcess, anonymous_append_file
+from kcache.compile.workers.template_process import TemplateGone, WorkerTemplate
+from kcache.compile.workers.worker import job_outcome
+from kcache.compile.workers.worker_process import EXIT_GRACE_S, WorkerProcess, anonymous_append_file
 from kcache.errors import CompileAborted, CompilePoolError, CompilerCrashed, CompileTimeout
 
 log = logging.getLogger("kcache")
