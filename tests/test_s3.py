@@ -23,7 +23,8 @@ import obstore  # noqa: E402
 
 import kcache  # noqa: E402
 from kcache.config import Settings  # noqa: E402
-from kcache.tiers.s3_tier import S3Tier, open_bucket  # noqa: E402
+from kcache.tiers.s3_bucket import open_bucket  # noqa: E402
+from kcache.tiers.s3_tier import S3Tier  # noqa: E402
 from stress import synthetic  # noqa: E402
 
 from .helpers import cold_cluster, expect_line, spawn  # noqa: E402
@@ -284,9 +285,10 @@ def test_a_lease_object_is_exclusive_released_and_taken_over_when_stale(s3: str,
     document = json.loads(stale)
     document.pop("mac")
     document["expires_ms"] = int((time.time() - 60) * 1000)  # expired a minute ago, signed properly
-    from kcache.tiers.s3_tier import _canonical, bound_mac
-    document["mac"] = bound_mac(b"s", second.lease_name("k"), _canonical(document)).hex()
-    obstore.put(store, second.lease_name("k"), _canonical(document))
+    from kcache.tiers.remote_guard import bound_mac
+    from kcache.tiers.s3_bucket import canonical
+    document["mac"] = bound_mac(b"s", second.lease_name("k"), canonical(document)).hex()
+    obstore.put(store, second.lease_name("k"), canonical(document))
     with caplog.at_level(logging.WARNING, logger="kcache"):
         assert first.try_lease("k", 30.0)
     assert any("took over the compile lease" in r.getMessage() for r in caplog.records)

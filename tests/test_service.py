@@ -207,6 +207,35 @@ def test_a_job_writes_with_its_clients_umask_not_the_services(runtime: Path, tmp
     assert (private, shared) == (0o600, 0o664)
 
 
+def test_one_environment_names_one_service_whatever_its_spelling(tmp_path: Path) -> None:
+    """`python`, `python3.11`, the `kcache` console script (whose shebang names `python3.11`) and a
+    PATH that finds the same compilers name one service (`kcache server status` shows its socket);
+    a PATH that finds another nvcc names another (the compile would differ)."""
+    bin_dir, other_nvcc, extra = tmp_path / "venv-bin", tmp_path / "other-cuda", tmp_path / "extra"
+    for directory in (bin_dir, other_nvcc, extra):
+        directory.mkdir()
+    (bin_dir / "python3.11").symlink_to(sys.executable)
+    (bin_dir / "python").symlink_to("python3.11")
+    script = bin_dir / "kcache"  # what pip writes for the console script
+    script.write_text(f"#!{bin_dir / 'python3.11'}\nimport sys\nfrom kcache.tools.cli import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    (other_nvcc / "nvcc").write_text("#!/bin/sh\nexit 1\n")
+    (other_nvcc / "nvcc").chmod(0o755)
+    path = os.environ["PATH"]
+
+    def socket_of(command: list[str], search: str = path) -> str:
+        done = subprocess.run([*command, "server", "status", "--json"], capture_output=True, text=True, timeout=120,
+                              env=child_env(PATH=search), cwd=str(PROJECT))
+        assert done.returncode in (0, 1), done.stderr[-2000:]
+        return json.loads(done.stdout)["socket"]
+
+    plain = socket_of([sys.executable, "-m", "kcache"])
+    assert socket_of([str(bin_dir / "python"), "-m", "kcache"]) == plain
+    assert socket_of([str(script)]) == plain
+    assert socket_of([sys.executable, "-m", "kcache"], f"{extra}{os.pathsep}{bin_dir}{os.pathsep}{path}") == plain
+    assert socket_of([sys.executable, "-m", "kcache"], f"{other_nvcc}{os.pathsep}{path}") != plain
+
+
 def test_importing_tilelang_before_or_after_the_cache_opens_names_one_service() -> None:
     """`import tilelang` sets its path variables to its own defaults: the same environment as unset.
     A value of the caller's own still names another service."""

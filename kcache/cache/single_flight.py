@@ -87,38 +87,24 @@ class SingleFlight:
     # ------------------------------------------------------------ the remote tier
 
     def _cluster_once(self, request: KernelRequest, remote: RemoteTiers) -> Any:
-        """Under the local lock: a remote hit, or wait for the node holding the remote lease, or compile
-        and upload."""
-        delay = 0.005
-        deadline = time.monotonic() + self._lock_timeout_s
-        lease: Any = None
-        while True:
-            kernel = self._load_remote(request, remote)
-            if kernel is not None:
-                return kernel
-            lease = remote.try_lease(request.key, self._remote_lease_s)
-            if lease is not False or time.monotonic() > deadline:
-                break  # ours, or Redis is unavailable, or we waited long enough
-            # Another node compiles it: poll until its upload lands or its lease lapses (it died).
-            while remote.lease_held(request.key, self._remote_lease_s) and time.monotonic() < deadline:
-                kernel = self._load_remote(request, remote)
-                if kernel is not None:
-                    return kernel
-                time.sleep(delay)  # polling a remote lease has no event to wait on
-                delay = min(delay * 2, 0.25)
+        """Under the local lock: a remote hit, or wait (at most KCACHE_LOCK_TIMEOUT) for the node holding
+        the remote lease to upload, or compile and upload."""
+        claim = remote.claim(request.key, self._remote_lease_s, self._lock_timeout_s,
+                             lambda: self._load_remote(request, remote))
+        if claim.found is not None:
+            return claim.found
+        if claim.timed_out:
+            log.warning("kcache: another node held the compile lease of %s (key %s) in %s for KCACHE_LOCK_TIMEOUT "
+                        "(%.0f s) without uploading it; compiling it here too (raise KCACHE_LOCK_TIMEOUT if its "
+                        "compiles take longer)", self._backend.kernel_name(request.func), request.key[:16],
+                        remote.url, self._lock_timeout_s)
         try:
-            if lease:
-                # The node before us may have uploaded and released between our last look and our
-                # lease: look once more, or the key compiles twice.
-                kernel = self._load_remote(request, remote)
-                if kernel is not None:
-                    return kernel
             kernel = self._compiler.compile_and_publish(request)
             self.upload(remote, request.key)
             return kernel
         finally:
-            if lease:
-                lease.release()
+            if claim.lease is not None:
+                claim.lease.release()
 
     def _load_remote(self, request: KernelRequest, remote: RemoteTiers) -> Any | None:
         tier = remote.fetch_into(self._store, request.key)

@@ -3,12 +3,16 @@ other process waits for that tune and loads its result.
 
 - On a machine, the identity's file lock (`<root>/.locks/tune-<key>.lock`) decides who tunes. The
   kernel drops it when its holder dies (SIGKILL included), and one waiter takes over.
-- In a cluster (KCACHE_REMOTE), the lock's holder looks in Redis for the result, then takes the
-  identity's lease there (SET NX PX, renewed while it tunes), or waits for the node that holds it.
-  A node that dies stops renewing, its lease lapses, and another node takes over.
+- In a cluster (KCACHE_REMOTE), the lock's holder looks in the remote tier for the result, then takes
+  the identity's lease there (renewed while it tunes), or waits for the node that holds it
+  (RemoteTiers.claim: bounded, backing off). A node that dies stops renewing, its lease lapses, and
+  another node takes over; a lease that is not a valid one is taken over at once.
 - The holder writes a note in its lock file (pid, host, since when, how far it got). Waiters show
   it while they wait, so a rank that waits says whom for.
-- Waiting is bounded by KCACHE_TUNE_WAIT: past it, TuneWaitTimeout names the holder and the setting.
+- Waiting is bounded by KCACHE_TUNE_WAIT, on the local lock and the remote lease together: past it,
+  TuneWaitTimeout names the holder and the setting.
+- A forced re-tune (`fetch_remote=False`) never takes another node's result, and its upload replaces
+  the remote result, in every tier.
 
 The same claim serves `autotuner.tune` and TileLang's AutoTuner under `kcache.install()`.
 """
@@ -38,9 +42,6 @@ log = logging.getLogger("kcache")
 Result = TypeVar("Result")
 # How often a waiter says again that it still waits, and how far the tuner got.
 PROGRESS_EVERY_S = 15.0
-# Polling Redis for a result another node is tuning: from this, doubling, up to the next.
-FIRST_REMOTE_POLL_S = 0.05
-MAX_REMOTE_POLL_S = 1.0
 HELD, APPEARED, UNAVAILABLE = "held", "appeared", "unavailable"
 
 
@@ -102,8 +103,9 @@ class RemoteResults:
         """Whether a verified remote result was published into the local root."""
         return self.tier.fetch_into(self.store, self.key) is not None
 
-    def upload(self) -> bool:
-        return self.tier.upload_from(self.store, self.key)
+    def upload(self, *, replace: bool = False) -> bool:
+        """This result into every tier; `replace` (a forced re-tune): over the result there, too."""
+        return self.tier.upload_from(self.store, self.key, replace=replace)
 
 
 class TuneOnce(Generic[Result]):
@@ -118,7 +120,7 @@ class TuneOnce(Generic[Result]):
     `load()` returns the saved result or None; `exists()` says cheaply whether one may be there (it
     ends a wait, and `load` decides). `report(message, first)` shows waiting messages (default:
     `report_to_log`). `fetch_remote=False` (a forced re-tune) still takes the cluster's lease, but
-    never takes another node's result for its own.
+    never takes another node's result for its own, and its `upload()` replaces the remote result.
     """
 
     def __init__(self, root: Path, identity: str, name: str, *, load: Callable[[], Result | None],
@@ -204,32 +206,24 @@ class TuneOnce(Generic[Result]):
 
     def _claim_in_cluster(self, started: float, deadline: float) -> Result | None:
         """Under the local lock: the remote result, or the cluster's lease (None: tune), or the result of
-        the node that held it. Redis being unavailable means: tune here."""
+        the node that held it, within what is left of KCACHE_TUNE_WAIT. No tier answering means: tune
+        here."""
         assert self._remote is not None
-        tier = self._remote.tier
-        reported = False
-        while True:
-            if self._fetch_remote and self._remote.fetch():
-                found = self._load()
-                if found is not None:
-                    return found
-            lease = tier.try_lease(self._remote.key, self._lease_s)
-            if lease is None or lease is not False:
-                self._lease = lease or None
-                return None
-            if not reported:
-                self._report(f"kcache: another node holds the tune lease of {self.name} in {tier.url}; waiting "
-                             f"for its result (KCACHE_TUNE_WAIT={self.wait_s:g} s)", True)
-                reported = True
-            poll = FIRST_REMOTE_POLL_S
-            while tier.lease_held(self._remote.key, self._lease_s):
-                if time.monotonic() >= deadline:
-                    raise TuneWaitTimeout(self.name, self.identity, time.monotonic() - started,
-                                          f"the node holding the lease in {tier.url}")
-                if self._fetch_remote and self._remote.fetch():
-                    break
-                time.sleep(poll)  # a remote lease has no event to wait on
-                poll = min(poll * 2, MAX_REMOTE_POLL_S)
+        remote = self._remote
+
+        def look() -> Result | None:
+            return self._load() if self._fetch_remote and remote.fetch() else None
+
+        def waiting() -> None:
+            self._report(f"kcache: another node holds the tune lease of {self.name} in {remote.tier.url}; waiting "
+                         f"for its result (KCACHE_TUNE_WAIT={self.wait_s:g} s)", True)
+
+        claim = remote.tier.claim(remote.key, self._lease_s, deadline - time.monotonic(), look, on_wait=waiting)
+        if claim.timed_out:
+            raise TuneWaitTimeout(self.name, self.identity, time.monotonic() - started,
+                                  f"the node holding the lease in {remote.tier.url}")
+        self._lease = claim.lease
+        return claim.found
 
     # ------------------------------------------------------------ while tuning
 
@@ -242,7 +236,7 @@ class TuneOnce(Generic[Result]):
     def upload(self) -> None:
         """After the holder saved its result: into the remote tier, for the other nodes."""
         if self._remote is not None:
-            self._remote.upload()
+            self._remote.upload(replace=not self._fetch_remote)
 
     def release(self) -> None:
         lease, self._lease = self._lease, None

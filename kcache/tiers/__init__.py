@@ -1,1 +1,1 @@
-"""The lookup tiers: memory (in process), disk (verified entries of local roots), remote (Redis)."""
+"""The lookup tiers: memory (in process), disk (verified entries of local roots), remote (Redis, S3)."""

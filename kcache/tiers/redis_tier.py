@@ -12,8 +12,8 @@ sha256), meta.json must name the key asked for, and with a secret the HMAC must 
 failure to parse is a refused value with one warning. A remote hit is then
 published into the local root through the ordinary staging protocol.
 
-Single flight across machines: a lease (SET NX PX) renewed while its holder
-compiles; when the holder dies the expiry frees it. Redis being down, slow
+Single flight across machines: a lease (SET NX PX, kcache/tiers/redis_lease.py) renewed while its
+holder compiles; when the holder dies the expiry frees it. Redis being down, slow
 or restarted never stops kcache: short socket timeouts, one warning, and a
 circuit breaker that leaves Redis alone for a while before trying again.
 """
@@ -24,15 +24,14 @@ import hmac
 import json
 import logging
 import struct
-import threading
-import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from kcache.errors import CorruptEntry
 from kcache.store.entries import check_bound_key
 from kcache.store.manifest import verify_contents
+from kcache.tiers.redis_capped import capped_value, register_capped_get
+from kcache.tiers.redis_lease import DEFAULT_LEASE_S, RedisLease, RedisLeases
 from kcache.tiers.remote_guard import DIGEST_SIZE, CircuitBreaker, RemoteCorrupt, bound_mac
 
 log = logging.getLogger("kcache")
@@ -45,10 +44,7 @@ DEFAULT_RETRY_AFTER_S = 30.0
 # the sum of them: a Redis (or a proxy) that trickles a byte every 0.3 s would otherwise hold the
 # caller, under the key's lock, and every local waiter with it. 64 MiB at 100 MB/s takes 0.7 s.
 DEFAULT_OPERATION_TIMEOUT_S = 5.0
-DEFAULT_LEASE_S = 30.0
 DEFAULT_MAX_ENTRY_BYTES = 64 << 20
-# Slack for clocks of different nodes when a lease's expiry (wall-clock time) is judged.
-LEASE_SKEW_S = 10.0
 
 
 DOWN = object()  # what a Redis command "returns" while Redis is unavailable
@@ -123,33 +119,21 @@ class RedisTier:
         self._client = client or redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         # The size (and type) is checked inside Redis before a byte is sent: a planted multi-GB value or a
         # hash under an entry's name costs the reader one small reply, not its memory.
-        self._get_capped = self._client.register_script(
-            "local kind = redis.call('type', KEYS[1])['ok'] "
-            "if kind == 'none' then return false end "
-            "if kind ~= 'string' then return {kind} end "
-            "local size = redis.call('strlen', KEYS[1]) "
-            "if size > tonumber(ARGV[1]) then return size end "
-            "return redis.call('get', KEYS[1])")
-        self._release = self._client.register_script(
-            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end")
-        self._renew = self._client.register_script(
-            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) "
-            "else return 0 end")
+        self._get_capped = register_capped_get(self._client)
+        self._leases = RedisLeases(self._client, self.prefix, url, self.secret, self._call, self._get_capped)
 
     # ------------------------------------------------------------ entries
 
     def get(self, key: str) -> dict[str, bytes] | None:
         """The verified files of `key`, or None (absent, corrupt, refused, or Redis unavailable)."""
         cap = self.max_entry_bytes + DIGEST_SIZE
-        value = self._call(lambda: self._get_capped(keys=[self.prefix + key], args=[cap]))
+        value = capped_value(self._call(lambda: self._get_capped(keys=[self.prefix + key], args=[cap])),
+                             f"the {self.max_entry_bytes} of KCACHE_REMOTE_MAX_ENTRY")
         if value is None:
             return None
         try:
-            if isinstance(value, int):
-                raise RemoteCorrupt(f"a value of {value} bytes, over the {self.max_entry_bytes} of "
-                                    f"KCACHE_REMOTE_MAX_ENTRY (not downloaded)")
-            if not isinstance(value, bytes):
-                raise RemoteCorrupt(f"a Redis {value!r} where a string value belongs")
+            if isinstance(value, RemoteCorrupt):
+                raise value
             files = unpack(value, self.required, self.secret, self.prefix + key)
             check_bound_key("remote value", files, key)
         except (RemoteCorrupt, CorruptEntry) as corrupt:
@@ -158,69 +142,25 @@ class RedisTier:
             return None
         return files
 
-    def put(self, key: str, files: dict[str, bytes]) -> bool:
+    def put(self, key: str, files: dict[str, bytes], *, replace: bool = False) -> bool:
+        """The entry as one SET, which replaces whatever is there (so `replace`, for a forced re-tune,
+        changes nothing here); whether Redis took it."""
         value = pack(files, self.secret, self.prefix + key)
         if len(value) > self.max_entry_bytes:
             log.debug("kcache: %s is %d bytes, over KCACHE_REMOTE_MAX_ENTRY: not uploaded", key, len(value))
             return False
         return bool(self._call(lambda: self._client.set(self.prefix + key, value, px=self.ttl_ms)))
 
-    # ------------------------------------------------------------ leases
+    # ------------------------------------------------------------ leases (kcache.tiers.redis_lease)
 
     def try_lease(self, key: str, lease_s: float = DEFAULT_LEASE_S) -> RedisLease | bool | None:
-        """A lease on compiling `key` (renewed until released); False if another node holds it;
-        None if Redis is unavailable."""
-        token = uuid.uuid4().hex
-        value = self._lease_value(key, token, lease_s)
-        taken = self._call(lambda: self._client.set(self._lease_key(key), value, nx=True, px=int(lease_s * 1000)),
-                           failed=DOWN)
-        if taken is DOWN:
-            return None
-        return RedisLease(self, key, token, lease_s, value) if taken else False
+        """A lease on compiling `key` (renewed until released); False if another node holds a valid one;
+        None if Redis is unavailable. One attempt: RemoteTiers.claim waits."""
+        return self._leases.try_lease(key, lease_s)
 
     def lease_held(self, key: str, lease_s: float = DEFAULT_LEASE_S) -> bool | None:
-        """Whether a node holds a valid compile lease of `key`; None if Redis is unavailable.
-
-        A lease is valid only if it is signed (with a secret), names an expiry, and that expiry is no
-        further ahead than one lease period plus slack for clock skew: a lease planted without a
-        TTL, or forged, is removed (compare-and-delete) instead of stalling every node."""
-        value = self._call(lambda: self._client.get(self._lease_key(key)), failed=DOWN)
-        if value is DOWN:
-            return None
-        if value is None:
-            return False
-        why = self._lease_invalid(key, value, lease_s)
-        if not why:
-            return True
-        log.warning("kcache: removing an invalid compile lease %s in %s: %s", self._lease_key(key), self.url, why)
-        self._call(lambda: self._release(keys=[self._lease_key(key)], args=[value]))
-        return False
-
-    def _lease_value(self, key: str, token: str, lease_s: float) -> bytes:
-        body = f"{token}.{int((time.time() + lease_s) * 1000)}"
-        if self.secret:
-            body += "." + bound_mac(self.secret, self._lease_key(key), body.encode()).hex()
-        return body.encode()
-
-    def _lease_invalid(self, key: str, value: Any, lease_s: float) -> str:
-        try:
-            parts = bytes(value).decode().split(".")
-            body = ".".join(parts[:2])
-            if self.secret and (len(parts) != 3 or not hmac.compare_digest(
-                    parts[2], bound_mac(self.secret, self._lease_key(key), body.encode()).hex())):
-                return "its signature does not verify with KCACHE_REMOTE_SECRET"
-            expires = int(parts[1]) / 1000
-        except (ValueError, IndexError, TypeError, UnicodeDecodeError):
-            return "not a kcache lease"
-        now = time.time()
-        if expires < now - LEASE_SKEW_S:
-            return "it expired (its holder stopped renewing it)"
-        if expires > now + lease_s + LEASE_SKEW_S:
-            return "it claims to last longer than a lease may"
-        return ""
-
-    def _lease_key(self, key: str) -> str:
-        return f"{self.prefix}lease:{key}"
+        """Whether a node holds a valid compile lease of `key`; None if Redis is unavailable."""
+        return self._leases.lease_held(key, lease_s)
 
     # ------------------------------------------------------------ availability
 
@@ -233,30 +173,3 @@ class RedisTier:
         Redis down for a while and returns `failed`. A lease taken by a command that overran is never
         renewed and lapses."""
         return self._breaker.call(operation, failed)
-
-
-class RedisLease:
-    """A held compile lease; a thread renews it (a new expiry, re-signed) until `release()`."""
-
-    def __init__(self, tier: RedisTier, key: str, token: str, lease_s: float, value: bytes) -> None:
-        self.tier = tier
-        self.key = key
-        self.token = token
-        self.lease_s = lease_s
-        self.lease_ms = int(lease_s * 1000)
-        self.value = value
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep, name="kcache-lease", daemon=True)
-        self._thread.start()
-
-    def _keep(self) -> None:
-        while not self._stop.wait(self.lease_ms / 3000):
-            renewed = self.tier._lease_value(self.key, self.token, self.lease_s)
-            if self.tier._call(lambda: self.tier._renew(keys=[self.tier._lease_key(self.key)],
-                                                        args=[self.value, renewed, self.lease_ms])):
-                self.value = renewed
-
-    def release(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.tier._call(lambda: self.tier._release(keys=[self.tier._lease_key(self.key)], args=[self.value]))

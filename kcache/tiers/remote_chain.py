@@ -3,18 +3,27 @@ caches: a hit in a farther tier is backfilled into every nearer one (and, by the
 local disk); an upload goes to all of them; a compile lease is taken in the nearest tier that
 answers (Redis's where one is configured, else the S3 lease object).
 
+`claim` is the one wait on another node's lease (a compile's, a tune's): the tiers make one attempt
+per call, and `claim` owns the deadline, the pauses between attempts (kcache.tiers.backoff) and the
+message that says whom a node waits for.
+
 Each tier keeps its own circuit breaker: a Redis that is down leaves S3 in use, and the reverse.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from kcache.errors import KCacheError
 from kcache.store.entries import EntryStore
+from kcache.tiers.backoff import Backoff
 
 log = logging.getLogger("kcache")
+
+Found = TypeVar("Found")
 
 
 class RemoteLease(Protocol):
@@ -29,9 +38,19 @@ class RemoteTier(Protocol):
 
     def available(self) -> bool: ...
     def get(self, key: str) -> dict[str, bytes] | None: ...
-    def put(self, key: str, files: dict[str, bytes]) -> bool: ...
+    def put(self, key: str, files: dict[str, bytes], *, replace: bool = False) -> bool: ...
     def try_lease(self, key: str, lease_s: float) -> RemoteLease | bool | None: ...
     def lease_held(self, key: str, lease_s: float) -> bool | None: ...
+
+
+@dataclass
+class Claim(Generic[Found]):
+    """How `RemoteTiers.claim` ended: another node's result was found, or the lease is this node's, or
+    another node held it for the whole wait (`timed_out`); none of them: no tier answers."""
+
+    found: Found | None = None
+    lease: RemoteLease | None = None
+    timed_out: bool = False
 
 
 class RemoteTiers:
@@ -63,8 +82,9 @@ class RemoteTiers:
             return tier.name
         return None
 
-    def upload_from(self, store: EntryStore, key: str) -> bool:
-        """The local entry `key` of `store`, verified, into every tier; whether any took it."""
+    def upload_from(self, store: EntryStore, key: str, *, replace: bool = False) -> bool:
+        """The local entry `key` of `store`, verified, into every tier; whether any took it. `replace`
+        (a forced re-tune): it replaces a verifying entry of `key` in every tier, not only a corrupt one."""
         try:
             files = store.read_with_manifest(key)
         except (KCacheError, OSError) as err:
@@ -72,7 +92,47 @@ class RemoteTiers:
             return False
         if files is None:
             return False
-        return [tier.put(key, files) for tier in self.tiers].count(True) > 0
+        return [tier.put(key, files, replace=replace) for tier in self.tiers].count(True) > 0
+
+    def claim(self, key: str, lease_s: float, timeout_s: float, look: Callable[[], Found | None], *,
+              on_wait: Callable[[], None] | None = None) -> Claim[Found]:
+        """Wait, at most `timeout_s`, until `look()` returns another node's result, or the lease of `key`
+        is this node's. Each attempt is one look and one try of the lease; while another node holds a
+        valid lease the attempts back off (a jittered window widening to a second), and past the
+        timeout the claim ends `timed_out` (the caller decides: compile anyway, or raise). `on_wait()`
+        says once that the wait began (default: a line at INFO)."""
+        backoff = Backoff(timeout_s)
+        while True:
+            found = look()
+            if found is not None:
+                return Claim(found=found)
+            lease = self.try_lease(key, lease_s)
+            if lease is None:
+                return Claim()  # no tier answers: work here, without a lease
+            if lease is not False:
+                return self._ours(lease, look)
+            if backoff.attempts == 0:
+                if on_wait is not None:
+                    on_wait()
+                else:
+                    log.info("kcache: another node holds the lease of %s in %s; waiting up to %.0f s for it",
+                             key[:16], self.url, timeout_s)
+            if not backoff.pause():
+                return Claim(timed_out=True)
+
+    @staticmethod
+    def _ours(lease: RemoteLease, look: Callable[[], Found | None]) -> Claim[Found]:
+        """A lease just taken. The holder before us may have uploaded and released between our last look
+        and our lease: look once more, or the work is done twice."""
+        try:
+            found = look()
+        except BaseException:
+            lease.release()
+            raise
+        if found is not None:
+            lease.release()
+            return Claim(found=found)
+        return Claim(lease=lease)
 
     def try_lease(self, key: str, lease_s: float) -> Any:
         """A lease from the nearest tier that answers: the lease, False (another node holds it), or None

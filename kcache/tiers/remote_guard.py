@@ -21,6 +21,11 @@ log = logging.getLogger("kcache")
 
 _LEN = struct.Struct(">I")
 DIGEST_SIZE = 32
+# A lease is a hundred-odd bytes: a value far bigger is not one of ours. It is measured before it is
+# read, never downloaded, and taken over as any invalid lease is.
+MAX_LEASE_BYTES = 4 << 10
+# Slack for the clocks of different nodes when a lease's expiry (wall-clock time) is judged.
+LEASE_SKEW_S = 10.0
 
 
 class RemoteCorrupt(ValueError):

@@ -5,12 +5,13 @@ release the GIL; in threads it stops scaling at about 4. Measured on the 16-core
 (2026-11-24, 2000 entries of 512 KB): one process staged the bundle in 3.4-3.7 s, eight processes
 each staging an eighth of it in 0.85 s (1.06 s with their start), GNU tar with a sync in 1.9-2.0 s.
 
-The importing process parses the archive's headers (tarfile, one thread) and sends each entry,
-as soon as its last header is read, to one of N stager processes (`python -m
+The importing process parses the archive's headers (kcache.tools.bundle_reader, one thread) and
+sends each entry, as soon as its last header is read, to one of N stager processes (`python -m
 kcache.tools.bundle_stager`) as a JSON line: its key, arch, and each file's offset, size and
-sha256 from the signed bundle manifest. A stager reads the bytes from its own descriptor of the
-bundle (opened by path: what it reads is checked against the signed digests, so a file swapped
-since is refused), verifies and stages the entry exactly as a thread would
+sha256 from the signed bundle manifest. A stager reads the bytes with pread from the importer's own
+descriptor of the bundle, inherited (`pass_fds`): the file the importer opened once and checked
+(kcache.tools.bundle_reader), never the path again, so nothing swapped in at the path since is read.
+It verifies what it reads against the signed digests and stages the entry exactly as a thread would
 (kcache.tools.bundle_entries.EntryImport), releases it from its own batch, and answers with the
 staging directory's name; the importer adopts it into its batch (`PublishBatch.adopt`), which
 publishes or discards everything together. A stager that fails removes what it did not hand
@@ -55,15 +56,17 @@ def stager_count(entries: int, total_bytes: int) -> int:
 class ProcessStaging:
     """The importer's side: N stager processes, entries dealt round-robin, answers adopted."""
 
-    def __init__(self, job: EntryImport, count: int) -> None:
+    def __init__(self, job: EntryImport, count: int, bundle_fd: int) -> None:
+        """`count` stagers, each handed `bundle_fd` (the importer's checked descriptor of the bundle)."""
         self._job = job
+        self._bundle_fd = bundle_fd
         self._lock = threading.Lock()
         self.fates: dict[str, EntryFate] = {}
         self._errors: list[str] = []
         self._stagers: list[tuple[subprocess.Popen[bytes], IO[bytes], threading.Thread]] = []
         self._next = 0
         self._waited = False
-        header = json.dumps({"bundle": str(job.path), "root": str(job.store.root),
+        header = json.dumps({"bundle": str(job.path), "bundle_fd": bundle_fd, "root": str(job.store.root),
                              "archs": sorted(job.allowed_archs) if job.allowed_archs is not None else None})
         try:
             for _ in range(count):
@@ -76,7 +79,7 @@ class ProcessStaging:
         stderr = tempfile.TemporaryFile()  # a pipe nobody reads until the end could fill and block it
         process = subprocess.Popen(python_command("from kcache.tools.bundle_stager import main; sys.exit(main())"),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                   env=internal_environment({}))
+                                   pass_fds=(self._bundle_fd,), env=internal_environment({}))
         assert process.stdin is not None
         answers = threading.Thread(target=self._collect, args=(process,), daemon=True, name="kcache-import-answers")
         answers.start()
@@ -167,10 +170,10 @@ def main() -> int:
     out = sys.stdout
     try:
         header = json.loads(sys.stdin.readline())
-        path = Path(header["bundle"])
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BundleError(str(path), "not a regular file")
+        path = Path(header["bundle"])  # for messages only: the bundle is read from its descriptor
+        fd = int(header["bundle_fd"])
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # the importer's was one: this descriptor is not it
+            raise BundleError(str(path), f"descriptor {fd} is not the bundle the importer opened")
         store = EntryStore(Path(header["root"]), KERNELS, COMPONENTS, bind_key=True)
         archs = set(header["archs"]) if header["archs"] is not None else None
         with store.publish_batch() as batch:

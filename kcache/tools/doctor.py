@@ -173,7 +173,7 @@ def _redis(url: str) -> Finding:
 
 
 def _s3(url: str) -> Finding:
-    from kcache.tiers.s3_tier import BucketCheckFailed, S3UrlError, check_bucket
+    from kcache.tiers.s3_bucket import BucketCheckFailed, S3UrlError, check_bucket
 
     try:
         import obstore  # noqa: F401
@@ -190,6 +190,7 @@ def _compile_service(settings: Settings) -> Finding:
     """The compile service of this environment: reachable, running, its workers and memory."""
     from kcache.compile.jobs import usable_cpu_count
     from kcache.compile.pool.process_pool import TILELANG_PRELOAD
+    from kcache.compile.runtime_dir import NoServiceDirectory
     from kcache.compile.service import address
     from kcache.compile.service import connection as service_connection
 
@@ -197,7 +198,7 @@ def _compile_service(settings: Settings) -> Finding:
     name = address.identity(TILELANG_PRELOAD, settings.compile_workers or usable_cpu_count())
     try:
         where = address.socket_path(name)
-    except address.NoServiceDirectory as err:
+    except NoServiceDirectory as err:
         return Finding("compile service", used, str(err),
                        "set XDG_RUNTIME_DIR to a private directory of yours" if used else "")
     try:

@@ -1,8 +1,9 @@
 """Where this user's compile service for this environment listens, and what makes two environments one.
 
 One service per (user, machine, Python environment and toolchain): the socket's name holds a digest
-of the interpreter, kcache's own location and message format, the worker preload, the worker count
-and the import-time settings of TileLang (the toolkit and header directories). Not sys.path: each
+of the interpreter (what it is, not how it was spelled), kcache's own location and message format,
+the worker preload, the worker count, the import-time settings of TileLang (the toolkit and header
+directories) and the programs PATH finds for a compile. Not sys.path: each
 job carries its client's (`kcache.compile.workers.worker.run_client_job`), so programs in different
 directories share one service, and `kcache server start` names the same one. A process of another
 environment computes another name and starts its own service; it never talks to this one.
@@ -18,6 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,8 +31,13 @@ from kcache.compile.runtime_dir import NoServiceDirectory, runtime_directory
 # something else (docs/design.md, "The compile context"). TileLang's import-time paths; and the hash
 # seed, which every worker inherits from the service's start: TileLang's lowering iterates over
 # hashed sets, so its output can differ with the seed (a LayerNorm of tests/corpus did).
-IMPORT_TIME_ENV = ("CUDA_HOME", "CUDA_PATH", "PATH", "TL_TEMPLATE_PATH", "TL_CUTLASS_PATH", "TVM_LIBRARY_PATH",
+IMPORT_TIME_ENV = ("CUDA_HOME", "CUDA_PATH", "TL_TEMPLATE_PATH", "TL_CUTLASS_PATH", "TVM_LIBRARY_PATH",
                    "KCACHE_UMASK", "KCACHE_GROUP", "PYTHONHASHSEED")
+# What the service's workers find on PATH, rather than PATH's spelling: TileLang finds its CUDA by
+# `nvcc` on PATH when CUDA_HOME is unset, and nvcc and TileLang's host build run the C and C++
+# compilers PATH finds (ccache among them, if it is there). pyenv's shims, a venv's activation or a
+# module system prepend directories that find the same programs: one service for all of them.
+PATH_TOOLS = ("nvcc", "cc", "c++", "gcc", "g++", "ccache")
 
 
 def tilelang_default_paths() -> dict[str, str]:
@@ -58,11 +65,21 @@ def tilelang_default_paths() -> dict[str, str]:
             "TL_TEMPLATE_PATH": os.path.join(third_party, "..", "src")}
 
 
+def path_tools() -> dict[str, str | None]:
+    """Where each of PATH_TOOLS is found on PATH, links resolved (None: not found)."""
+    found = {tool: shutil.which(tool) for tool in PATH_TOOLS}
+    return {tool: None if where is None else os.path.realpath(where) for tool, where in found.items()}
+
+
 def identity(preload: Iterable[str], workers: int) -> str:
-    """The digest naming this environment's service."""
+    """The digest naming this environment's service: the interpreter by what it is (its real file and
+    its environment's prefix, not the name it was started by: `python`, `python3.11` and the `kcache`
+    console script of one venv are one environment), and what the worker's compile depends on."""
     document = {
-        "python": sys.executable,
+        "python": os.path.realpath(sys.executable),
+        "prefix": sys.prefix,  # a venv's own: two venvs of one interpreter have other packages
         "version": sys.version,
+        "path_tools": path_tools(),
         "kcache": str(Path(__file__).resolve().parents[2]),
         "protocol": SERVICE_PROTOCOL,
         "preload": list(preload),

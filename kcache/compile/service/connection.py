@@ -18,6 +18,7 @@ from typing import Any
 
 from kcache.compile import protocol as wire
 from kcache.compile.interpreter import POPEN, internal_environment, python_command
+from kcache.compile.runtime_dir import NoServiceDirectory
 from kcache.compile.service import address
 from kcache.compile.workers.worker import importable_path
 from kcache.store.locks import try_flock
@@ -73,7 +74,7 @@ def connect_or_start(name: str, workers: int, preload: Iterable[str], idle_s: fl
             return connect(name)
         except ServiceUnavailable:
             raise
-        except address.NoServiceDirectory as err:
+        except NoServiceDirectory as err:
             raise ServiceUnavailable(str(err)) from err
         except (OSError, EOFError) as err:
             if isinstance(err, OSError) and err.errno not in (errno.ENOENT, errno.ECONNREFUSED, None):
