@@ -155,7 +155,7 @@ def test_every_import_goes_down_the_layers() -> None:
     assert not wrong, "imports against the layer direction:\n" + "\n".join(wrong)
 
 
-# The compile layer's lanes (docs/design.md, "What crosses a process"): each lane's folder imports the
+# The compile layer's lanes (docs/design/compile.md, "What crosses a process"): each lane's folder imports the
 # shared modules of kcache.compile and itself; the service imports its fallbacks' lanes; the shared
 # modules import no lane.
 COMPILE_LANES = {"kcache.compile.fork": (), "kcache.compile.pool": (),

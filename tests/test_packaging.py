@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,18 @@ def without(env: dict[str, str], tool: str) -> dict[str, str]:
     return {**env, "PATH": path}
 
 
+def see_running_environment(venv: Path) -> None:
+    """Where the tests themselves run in a venv (as most users run them), its packages too: a venv made
+    from a venv's interpreter is made from the base interpreter, and --system-site-packages shows only
+    the base's. A .pth in the new venv adds the running one's site directories after its own (its own
+    copy of kcache still wins: the test checks that)."""
+    if sys.prefix == sys.base_prefix:
+        return
+    (own,) = venv.glob("lib/python*/site-packages")
+    lines = [f"import site; site.addsitedir({directory!r})" for directory in site.getsitepackages()]
+    (own / "zz-running-venv.pth").write_text("\n".join(lines) + "\n")
+
+
 @pytest.mark.tilelang  # the memory-hit scenario compiles a real kernel, with kcache and with TileLang
 def test_the_installed_wheel_runs_the_stress_harness_and_the_benchmark(tmp_path: Path) -> None:
     pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; install the project first")
@@ -72,9 +85,10 @@ def test_the_installed_wheel_runs_the_stress_harness_and_the_benchmark(tmp_path:
     (tmp_path / "tmp").mkdir()
     wheel = build_wheel(tmp_path, env)
     venv = tmp_path / "venv"
-    # --system-site-packages: torch, TileLang and redis come from the base interpreter (which also
-    # has the project installed in editable mode: the venv's own copy must win).
+    # --system-site-packages: torch, TileLang and redis come from the interpreter running the tests
+    # (which also has the project installed in editable mode: the venv's own copy must win).
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], env, tmp_path)
+    see_running_environment(venv)
     python = str(venv / "bin" / "python")
     run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "-q", str(wheel)], env, tmp_path)
     cwd = tmp_path / "cwd"  # outside the checkout: nothing is importable from the current directory

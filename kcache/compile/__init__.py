@@ -19,7 +19,7 @@ Shared by the lanes: `workers/` (a worker's loop, a worker as its parent drives 
 template that forks workers), `jobs` (Job, JobRunner), `protocol` (the wire: messages, calls to the
 caller), `caller_calls` (the caller's side of those calls), `interpreter` (every interpreter kcache
 starts: nothing imported from the working directory), `compile_slots` (compiles machine-wide) and
-`runtime_dir` (the user's private directory for sockets and slots). docs/design.md, "What crosses a
-process", has the table. Imports go one way: a lane imports the shared modules, `service` imports
+`runtime_dir` (the user's private directory for sockets and slots). docs/design/compile.md, "What
+crosses a process", has the table. Imports go one way: a lane imports the shared modules, `service` imports
 `fork` and `pool` (its fallbacks and its workers), and nothing shared imports a lane.
 """

@@ -1,6 +1,6 @@
 """The crash-safe entry store: stage, verify, publish with one rename.
 
-This is the one implementation of the publish protocol (docs/design.md);
+This is the one implementation of the publish protocol (docs/design/store.md);
 kernel entries and autotune results both go through it. It knows nothing
 about TileLang: an entry is a directory of named files plus a manifest.
 """

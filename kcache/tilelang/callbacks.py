@@ -11,7 +11,7 @@ name says which function is in force:
   (`kcache.compile.caller_calls`), so its side effects happen where plain TileLang's would;
 - one registered before kcache watched, through C++, or whose closure cannot be pickled (so cannot
   be fingerprinted): "opaque". Its effect cannot be keyed, so such a compile runs in the caller's
-  process and is not stored on disk (docs/design.md, "The compile context").
+  process and is not stored on disk (docs/design/key.md, "The compile context").
 
 This module imports nothing of TileLang at import time: the facade may load it to start watching.
 """

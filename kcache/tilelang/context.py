@@ -5,7 +5,7 @@ service started by another process with another environment. So everything the o
 that is not an argument is read in the caller at the time of the call, travels with the job, and is
 applied around the compile wherever it runs. What changes the output also enters the key; the rest
 only travels. The inventory, with the reason for each item and what is left out, is in
-docs/design.md ("The compile context"); the target part (`Target` scopes, TILELANG_DEFAULT_TARGET)
+docs/design/key.md ("The compile context"); the target part (`Target` scopes, TILELANG_DEFAULT_TARGET)
 is resolved in `kcache.tilelang.target` into the resolved target, which the key already holds.
 """
 

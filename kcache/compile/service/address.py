@@ -28,7 +28,7 @@ from kcache.compile.protocol import SERVICE_PROTOCOL
 from kcache.compile.runtime_dir import NoServiceDirectory, runtime_directory
 
 # Start-time settings that a compile depends on: a service started with other values would compile
-# something else (docs/design.md, "The compile context"). TileLang's import-time paths; and the hash
+# something else (docs/design/key.md, "The compile context"). TileLang's import-time paths; and the hash
 # seed, which every worker inherits from the service's start: TileLang's lowering iterates over
 # hashed sets, so its output can differ with the seed (a LayerNorm of tests/corpus did).
 IMPORT_TIME_ENV = ("CUDA_HOME", "CUDA_PATH", "TL_TEMPLATE_PATH", "TL_CUTLASS_PATH", "TVM_LIBRARY_PATH",
