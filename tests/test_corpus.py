@@ -88,8 +88,8 @@ def test_the_corpus_covers_what_real_libraries_use(corpus: dict) -> None:
 
 
 FIELDS = ("device_source", "host_source", "machine_code")
-# TileLang 0.1.15 compiles some kernels differently in different processes (docs/benchmarks.md, "The
-# differential corpus"). Some of it follows the hash seed (a LayerNorm and a column reduction
+# TileLang 0.1.15 compiles some kernels differently in different processes (docs/benchmarks/history.md,
+# "The differential corpus"). Some of it follows the hash seed (a LayerNorm and a column reduction
 # compile two ways under two PYTHONHASHSEEDs): every process here, plain or kcache's, and every
 # worker it starts, runs under one seed, so that this variation cannot hide a difference. The rest
 # follows the process's state (the MLA decode's two reduction workspaces swap names in about one
