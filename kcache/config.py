@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +30,29 @@ UNWRITABLE_POLICIES = ("fallback", "readonly", "error")
 DEFAULT_MAX_SIZE = 10 << 30
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
                "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
-_EXAMPLES = {"size": "10G, 512MiB, 1.5GB, 0 for unbounded", "duration": "30d, 12h, 90min, 0 for none"}
-_AGE_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_EXAMPLES = {"size": "10G, 512MiB, 1.5GB, 0 for no limit", "duration": "30d, 12h, 15min, 90s, 1w, 3600"}
+# Every time setting and option takes these units (and plain seconds): one syntax everywhere.
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+log = logging.getLogger("kcache")
+
+# Every KCACHE_* variable kcache reads (docs/operations.md's settings table lists them).
+SETTING_NAMES = frozenset({
+    "KCACHE_DIR", "KCACHE_LOCK_TIMEOUT", "KCACHE_TUNE_WAIT", "KCACHE_STAGING_TTL", "KCACHE_GC_INTERVAL",
+    "KCACHE_MAX_SIZE", "KCACHE_MAX_AGE", "KCACHE_REMOTE", "KCACHE_REMOTE_SECRET", "KCACHE_REMOTE_TTL",
+    "KCACHE_REMOTE_MAX_ENTRY", "KCACHE_REMOTE_LEASE", "KCACHE_BUNDLE_SECRET", "KCACHE_RECORD", "KCACHE_JIT_GUARD",
+    "KCACHE_READONLY", "KCACHE_ON_UNWRITABLE", "KCACHE_UMASK", "KCACHE_GROUP", "KCACHE_TILELANG", "KCACHE_EXEC_DIR",
+    "KCACHE_COMPILE_ISOLATION", "KCACHE_SERVER_IDLE", "KCACHE_CALLER_FORK", "KCACHE_COMPILE_MEMORY",
+    "KCACHE_COMPILE_WORKERS", "KCACHE_COMPILE_TIMEOUT", "KCACHE_DEBUG",
+})
+# Not settings, but no typos either: what kcache sets for its own worker processes, and what its stress
+# harness and tests read (KCACHE_TEST_* included).
+INTERNAL_NAMES = frozenset({
+    "KCACHE_POOL_PARENT", "KCACHE_PROTOCOL_FDS", "KCACHE_TEMPLATE_CONTROL", "KCACHE_TEMPLATE_RESTORE",
+    "KCACHE_SYNTHETIC_COMPILE_S", "KCACHE_BENCH_VERBOSE", "KCACHE_CORPUS_REPEATS", "KCACHE_CORPUS_RESULTS",
+    "KCACHE_FIDELITY_UNRELATED",
+})
+INTERNAL_PREFIX = "KCACHE_TEST_"
 
 
 def default_root() -> Path:
@@ -38,14 +63,9 @@ def default_root() -> Path:
     return Path(platformdirs.user_cache_dir("kcache", appauthor=False))
 
 
-def _parse_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError("not a number of seconds") from None
-    if value < 0:
-        raise ValueError("must not be negative")
-    return value
+def parse_duration(text: str) -> float:
+    """"90s", "15min", "12h", "30d", "1w", "3600" (seconds): the one syntax of every time setting."""
+    return _number_and_unit(text, _DURATION_UNITS, "duration")
 
 
 def _parse_count(text: str) -> int:
@@ -66,7 +86,7 @@ def _parse_flag(text: str) -> bool:
 
 
 def _env_seconds(name: str, default: float) -> float:
-    seconds: float = _env_parsed(name, _parse_seconds, default)
+    seconds: float = _env_parsed(name, parse_duration, default)
     return seconds
 
 
@@ -184,14 +204,14 @@ def jit_guard_setting() -> str:
 
 
 def _number_and_unit(text: str, units: dict[str, int], what: str) -> float:
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*", text)
     if match is None or match.group(2).lower() not in units:
         raise ValueError(f"{text!r} is not a {what} (examples: {_EXAMPLES[what]})")
     return float(match.group(1)) * units[match.group(2).lower()]
 
 
 def parse_size(text: str) -> int | None:
-    """"10G", "512MiB", "1.5GB", "1048576"; "0" or "none" means unbounded."""
+    """"10G", "512MiB", "1.5GB", "1048576"; "0" or "none" means no limit (as in ccache)."""
     if text.strip().lower() in ("0", "none", "unlimited"):
         return None
     return int(_number_and_unit(text, _SIZE_UNITS, "size"))
@@ -219,10 +239,10 @@ def _total_memory() -> int:
 
 
 def parse_age(text: str) -> float | None:
-    """"30d", "12h", "90min", "3600"; "0" or "none" means no age limit."""
+    """A duration (parse_duration) as a limit: "0" or "none" means no limit."""
     if text.strip().lower() in ("0", "none"):
         return None
-    return _number_and_unit(text, _AGE_UNITS, "duration")
+    return parse_duration(text)
 
 
 def _env_parsed(name: str, parse: Any, default: Any) -> Any:
@@ -247,3 +267,42 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
 def _env_count(name: str) -> int | None:
     count: int | None = _env_parsed(name, _parse_count, None)
     return count
+
+
+def unknown_settings(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The KCACHE_* variables of the environment that kcache does not read (a typo is silently ignored
+    otherwise), each with the setting it most likely meant, or None."""
+    names = os.environ if environ is None else environ
+    unknown = sorted(name for name in names if name.startswith("KCACHE_") and name not in SETTING_NAMES
+                     and name not in INTERNAL_NAMES and not name.startswith(INTERNAL_PREFIX))
+    return {name: _nearest_setting(name) for name in unknown}
+
+
+def _nearest_setting(name: str) -> str | None:
+    # Compared without the shared prefix, which would make every name look alike.
+    suffixes = {known.removeprefix("KCACHE_"): known for known in SETTING_NAMES}
+    close = difflib.get_close_matches(name.removeprefix("KCACHE_"), list(suffixes), n=1)
+    return suffixes[close[0]] if close else None
+
+
+def describe_unknown_settings(unknown: dict[str, str | None]) -> str:
+    """"KCACHE_MAXSIZE (did you mean KCACHE_MAX_SIZE?) is not a kcache setting, so it has no effect"."""
+    names = ", ".join(f"{name} (did you mean {nearest}?)" if nearest else name for name, nearest in unknown.items())
+    return names + (" is not a kcache setting, so it has no effect" if len(unknown) == 1
+                    else " are not kcache settings, so they have no effect")
+
+
+_unknown_warned: list[bool] = []
+_unknown_warned_lock = threading.Lock()
+
+
+def warn_unknown_settings() -> None:
+    """One warning per process naming the KCACHE_* variables that kcache ignores (`kcache doctor`
+    reports them too)."""
+    unknown = unknown_settings()
+    with _unknown_warned_lock:
+        if not unknown or _unknown_warned:
+            return
+        _unknown_warned.append(True)
+    log.warning("kcache: %s: correct or unset %s (docs/operations.md lists the settings)",
+                describe_unknown_settings(unknown), "it" if len(unknown) == 1 else "them")

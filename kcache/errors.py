@@ -195,15 +195,17 @@ class WorkerStartFailed(CompilePoolError):
 class UnwritableCache(_Explained, KCacheError, PermissionError):
     """The cache root cannot be written by this process, and KCACHE_ON_UNWRITABLE=error."""
 
-    def __init__(self, root: str, reason: str) -> None:
+    def __init__(self, root: str, reason: str, fix: str | None = None) -> None:
         self.root = root
         self.reason = reason
-        self._init_args = (root, reason)
+        self._init_args = (root, reason, fix)
+        # The fix fits the cause (kcache.store.access.unwritable_fix): no group helps a read-only mount.
+        fix = fix or ("share it through a group (KCACHE_UMASK=002 and a setgid root, see docs/operations.md), give "
+                      "it to this user, or point KCACHE_DIR elsewhere")
         super().__init__(
             _errno.EACCES,
-            f"the kcache root {root} is not writable by this process: {reason}. Fix: share it through a group "
-            "(KCACHE_UMASK=002 and a setgid root, see docs/operations.md), give it to this user, or point "
-            "KCACHE_DIR elsewhere; KCACHE_ON_UNWRITABLE=fallback reads it and writes a per-user root instead",
+            f"the kcache root {root} is not writable by this process: {reason}. Fix: {fix}; "
+            "KCACHE_ON_UNWRITABLE=fallback reads it and writes a per-user root instead",
         )
 
 

@@ -189,7 +189,7 @@ def test_without_json_the_output_is_a_table(cache_root: Path, populated: dict) -
 
 
 COMMANDS = ("stats", "ls", "show", "verify", "prune", "clear", "export", "import", "verify-coverage", "why-miss",
-            "tunes", "untune", "gc", "doctor", "server", "run")
+            "tunes", "untune", "gc", "doctor", "server", "run", "help")
 
 
 def test_every_command_help_lists_dir_and_json(capsys: pytest.CaptureFixture[str]) -> None:

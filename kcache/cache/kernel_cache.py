@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
-from kcache.config import Settings, jit_guard_setting, remote_urls
+from kcache.config import Settings, jit_guard_setting, remote_urls, warn_unknown_settings
 from kcache.errors import KCacheError, UnwritableCache
 from kcache.keys import ENTRY_FORMAT, canonical_json
 from kcache.maintenance.gc import GcReport, collect_garbage, gc_is_due
@@ -58,6 +58,7 @@ class KernelCache:
         `compile_pool`: compile in this pool instead of the process's shared one. `remote`: a Redis
         URL for the remote tier (default: KCACHE_REMOTE)."""
         self.settings = settings if settings is not None else Settings.from_env(root)
+        warn_unknown_settings()  # a misspelt setting would otherwise do nothing, silently
         if remote is not None:
             self.settings = dataclasses.replace(self.settings, remote_url=remote)
         try:

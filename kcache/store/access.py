@@ -109,6 +109,7 @@ def claim_root(root_fd: int, root: Path) -> bool:
 
 
 NOT_A_DIRECTORY = "not a directory"
+READ_ONLY_FILESYSTEM = "is on a read-only filesystem"
 
 
 def unwritable_reason(root: Path) -> str:
@@ -138,18 +139,13 @@ def plan(root: Path, policy: str, readonly: bool) -> RootPlan:
     reason = unwritable_reason(root)
     if not reason:
         return RootPlan(root, (root,))
+    fix = unwritable_fix(reason, policy)
     if policy == "error":
-        raise UnwritableCache(str(root), reason)
+        raise UnwritableCache(str(root), reason, fix)
     fallback = fallback_root(root) if policy == "fallback" else None
     if fallback is not None and unwritable_reason(fallback):
         fallback = None
-    if NOT_A_DIRECTORY in reason:  # a mistake in KCACHE_DIR, not a matter of permissions
-        fix = "point KCACHE_DIR (or the root you pass) at a directory"
-        reads = ()
-    else:
-        fix = ("share it through a group (KCACHE_UMASK=002, docs/operations.md) or point KCACHE_DIR at a "
-               "writable directory")
-        reads = (root,)
+    reads = () if NOT_A_DIRECTORY in reason else (root,)  # a mistake in KCACHE_DIR: nothing to read there
     if fallback is None:
         doing = ("Serving its hits and compiling misses without saving them (read-only)" if reads
                  else "Compiling misses without saving them")
@@ -158,8 +154,21 @@ def plan(root: Path, policy: str, readonly: bool) -> RootPlan:
         return RootPlan(None, reads)
     _warn_once(root, f"kcache: the cache root {root} is not writable by this process: {reason}. "
                f"{'Reading its hits, and saving' if reads else 'Saving'} new kernels in {fallback} instead. "
-               f"Fix: {fix}; KCACHE_ON_UNWRITABLE=readonly|error chooses another policy.")
+               f"Fix: {fix}" + ("." if "KCACHE_ON_UNWRITABLE" in fix else
+                                 "; KCACHE_ON_UNWRITABLE=readonly|error chooses another policy."))
     return RootPlan(fallback, (fallback, *reads))
+
+
+def unwritable_fix(reason: str, policy: str = "fallback") -> str:
+    """The fix that fits why a root cannot be written (unwritable_reason): on a read-only filesystem no
+    permission or group helps, only another root or reading this one (KCACHE_ON_UNWRITABLE=readonly)."""
+    if NOT_A_DIRECTORY in reason:  # a mistake in KCACHE_DIR, not a matter of permissions
+        return "point KCACHE_DIR (or the root you pass) at a directory"
+    if READ_ONLY_FILESYSTEM in reason:
+        return "point KCACHE_DIR at a directory on a writable filesystem" + (
+            "" if policy == "readonly" else ", or set KCACHE_ON_UNWRITABLE=readonly to only read this one")
+    return ("share it through a group (KCACHE_UMASK=002 and a setgid root, docs/operations.md), ask its owner to "
+            "give it to you, or point KCACHE_DIR at a writable directory")
 
 
 def fallback_root(root: Path) -> Path:
@@ -205,7 +214,7 @@ def _describe(directory: Path) -> str:
     except OSError as err:
         return f"{directory}: {err.strerror}"
     if os.statvfs(directory).f_flag & os.ST_RDONLY:
-        return f"{directory} is on a read-only filesystem"
+        return f"{directory} {READ_ONLY_FILESYSTEM}"
     return (f"{directory} is owned by {_user(info.st_uid)}:{_group(info.st_gid)} with mode "
             f"{stat.filemode(info.st_mode)}, and you are {_user(os.geteuid())} in groups "
             f"{', '.join(sorted({_group(g) for g in (os.getegid(), *os.getgroups())}))}")

@@ -13,29 +13,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kcache.config import Settings, parse_age, parse_size
+from kcache.config import Settings, parse_age, parse_size, warn_unknown_settings
 from kcache.errors import CorruptEntry, KCacheError
-from kcache.maintenance.eviction import evict, evict_entry, recorded_size, scan_entries
+from kcache.maintenance.eviction import evict, evict_entry, scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
-from kcache.maintenance.stats import read_persisted
-from kcache.store import dirfd, layout
-from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META
+from kcache.store import layout
+from kcache.store.components import META
 from kcache.store.elf import require_loadable
-from kcache.store.entries import EntryStore
-from kcache.store.fsutil import read_regular_at
 from kcache.store.locks import KeyLock
-from kcache.store.manifest import MANIFEST_NAME
-from kcache.tools import why_miss_cli
-from kcache.tools.cli_format import count_of, format_table, human_age, human_size
+from kcache.tools import cli_help, why_miss_cli
+from kcache.tools.cli_entries import (
+    AUTOTUNER,
+    autotune_results,
+    cmd_ls,
+    cmd_show,
+    cmd_stats,
+    cmd_tunes,
+    entry_meta,
+    kernel_store,
+)
+from kcache.tools.cli_format import count_of, format_table, human_age, human_size, short_key
 from kcache.tools.doctor import doctor, installed_tilelang
 from kcache.tools.server_cli import cmd_server
 
-AUTOTUNER = "autotuner"
 OTHER_VERSION_UNUSED_S = 7 * 86400
-
-
-# meta.json, manifest.json: a few hundred bytes; anything far bigger is not kcache's.
-MAX_JSON_BYTES = 1 << 20
 
 
 # Exit statuses: a command's own (0, 1), then what stopped it before it could run.
@@ -104,7 +105,10 @@ def join_dashed_values(arguments: list[str]) -> list[str]:
 
 def _run(argv: list[str] | None) -> int | Callable[[], int]:
     """A command's exit status; for `run`, what runs the program (checked and prepared here)."""
-    args = build_parser().parse_args(join_dashed_values(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args = parser.parse_args(join_dashed_values(sys.argv[1:] if argv is None else argv))
+    if args.command == "help":
+        return cli_help.show_help(parser, args.topic)
     if args.command == "run":
         from kcache.tools.run import prepare_program  # the one command that imports TileLang
 
@@ -113,6 +117,7 @@ def _run(argv: list[str] | None) -> int | Callable[[], int]:
         settings = None  # the doctor reports bad settings and roots as findings: it must not stop on them
     else:
         settings = Settings.from_env(args.dir)
+        warn_unknown_settings()  # `kcache doctor` reports them as findings instead
         _check_root(settings.root)
     run: Callable[[argparse.Namespace, Any], tuple[Any, str, int]] = COMMANDS[args.command]
     missing = settings is not None and not settings.root.exists() and args.command in READ_ONLY_COMMANDS
@@ -159,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="kcache", description=__doc__.splitlines()[0], parents=[_shared_options()],
                                      epilog="--dir and --json go before or after the command; "
                                             "given in both places, the one after the command wins.")
+    parser.add_argument("--version", action=cli_help.VersionAction,
+                        help="print kcache's version, where it runs from, and exit")
     after = _shared_options(after_command=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -166,14 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
         return commands.add_parser(name, help=summary, description=summary, parents=[after], **kwargs)
 
     command("stats", "the persisted stats of every process, and the size")
-    command("ls", "key, kernel, target, size, age, last used")
-    show = command("show", "one entry: meta, manifest, paths of the sources")
+    command("ls", "key, kernel, params (dtypes and shapes), out_idx, target, size, created, last used")
+    show = command("show", "one entry: a summary (kernel, key, params, target, created, size), its files, "
+                   "then every detail of its meta.json")
     show.add_argument("key", help="a key or a unique prefix of one")
     verify = command("verify", "hash-check every entry")
     verify.add_argument("--repair", action="store_true", help="quarantine the bad ones (they recompile on next use)")
     prune = command("prune", "evict least recently used entries down to a size or age")
-    prune.add_argument("--max-size", type=_argument(parse_size), help="e.g. 5G (default: KCACHE_MAX_SIZE)")
-    prune.add_argument("--max-age", type=_argument(parse_age), help="e.g. 30d (default: KCACHE_MAX_AGE)")
+    prune.add_argument("--max-size", type=_argument(parse_size), default=argparse.SUPPRESS,
+                       help="e.g. 5G; 0 means no limit (default: KCACHE_MAX_SIZE, 10G unless set)")
+    prune.add_argument("--max-age", type=_argument(parse_age), default=argparse.SUPPRESS,
+                       help="e.g. 30d, 12h, 90min; 0 means no limit (default: KCACHE_MAX_AGE, no limit unless set)")
     clear = command("clear", "remove the entries of the installed TileLang version")
     clear.add_argument("--all-versions", action="store_true", help="every entry and autotune result")
     export = command("export", "write kernel entries to one bundle file, signed with KCACHE_BUNDLE_SECRET")
@@ -213,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="-m MODULE [ARGS ...]: run a module, as python -m does")
     program.add_argument("argv", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
                          help="the script and its arguments")
+    cli_help.add_parser(command)
     return parser
 
 
@@ -244,64 +255,8 @@ def _shared_options(after_command: bool = False) -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- commands
 
 
-def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    counters = read_persisted(settings.root)
-    try:
-        entries = sum(1 for name in os.listdir(settings.root / KERNELS) if layout.is_key(name))
-    except FileNotFoundError:
-        entries = 0
-    # Stat-ing every file of 10,000 entries takes seconds; gc and prune record the total they scan.
-    measured = recorded_size(settings.root)
-    size = measured["bytes"] if measured else None
-    result = {"root": str(settings.root), "entries": entries, "size_bytes": size,
-              "size_measured": measured["measured"] if measured else None,
-              "max_size_bytes": settings.max_size_bytes, **counters}
-    looked_up = counters["memory_hits"] + counters["disk_hits"] + counters["misses"]
-    hit_rate = (counters["memory_hits"] + counters["disk_hits"]) / looked_up if looked_up else 0.0
-    limit = human_size(settings.max_size_bytes) if settings.max_size_bytes else "unbounded"
-    when = (f" (at the last gc, {human_age(time.time() - measured['measured'])} ago)" if measured
-            else " (run `kcache gc`)")
-    rows = [("root", str(settings.root)), ("entries", str(entries)),
-            ("size", f"{human_size(size)} of {limit}{when}"), ("hit rate", f"{hit_rate:.1%}")]
-    rows += [(name.replace("_", " "), f"{value:.1f}" if isinstance(value, float) else str(value))
-             for name, value in counters.items()]
-    return result, format_table(["", ""], rows, show_header=False), 0
-
-
-def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    now = time.time()
-    listing = []
-    for entry in sorted(scan_entries(settings.root), key=lambda e: -e.last_used):
-        meta = _meta(entry.path)
-        target = meta.get("target") if isinstance(meta.get("target"), dict) else {}
-        listing.append({"key": entry.key, "kernel": meta.get("kernel", "?"), "target": target.get("arch") or
-                        target.get("kind") or "-", "size_bytes": entry.size, "created": meta.get("created"),
-                        "last_used": entry.last_used})
-    rows = [(e["key"][:16], e["kernel"], e["target"], human_size(e["size_bytes"]),
-             human_age(now - e["created"]) if isinstance(e["created"], (int, float)) else "-",
-             human_age(now - e["last_used"]))
-            for e in listing]
-    return listing, format_table(["key", "kernel", "target", "size", "age", "last used"], rows), 0
-
-
-def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    store = _kernels(settings)
-    matches = [key for key in store.keys() if key.startswith(args.key.lower())]
-    if len(matches) != 1:
-        why = "no entry matches" if not matches else f"{len(matches)} entries match"
-        return {"error": f"{why} {args.key!r}"}, f"kcache: {why} {args.key!r} under {store.entries_dir}", 1
-    path = store.entry_path(matches[0])
-    manifest = _json_file(path / MANIFEST_NAME)
-    result = {"key": matches[0], "path": str(path), "meta": _meta(path), "manifest": manifest,
-              "sources": {name: str(path / name) for name in (DEVICE_SOURCE, HOST_SOURCE, LIBRARY)}}
-    text = "\n".join([f"{path}", "", "meta:", json.dumps(result["meta"], indent=1, sort_keys=True), "",
-                      "manifest:", json.dumps(manifest, indent=1, sort_keys=True), "", "sources:"]
-                     + [f"  {name}: {p}" for name, p in result["sources"].items()])
-    return result, text, 0
-
-
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    store = _kernels(settings)
+    store = kernel_store(settings)
     bad = []
     keys = store.keys()
     for key in keys:
@@ -322,7 +277,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     result = {"entries": len(keys), "bad": bad, "staging_in_progress": in_progress}
     lines = [f"{len(keys)} entries, {len(keys) - len(bad)} good, {len(bad)} bad; "
              f"{in_progress} staging directories (unpublished writes: never visible)"]
-    lines += [f"  BAD {b['key'][:16]}: {b['reason']}" + (f" -> {b['quarantined']}" if b["quarantined"] else "")
+    lines += [f"  BAD {short_key(b['key'])}: {b['reason']}" + (f" -> {b['quarantined']}" if b["quarantined"] else "")
               for b in bad]
     if bad and not args.repair:
         lines.append("run `kcache verify --repair` to quarantine them; they recompile on next use")
@@ -331,13 +286,16 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
 
 
 def cmd_prune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    max_size = args.max_size if args.max_size is not None else settings.max_size_bytes
-    max_age = args.max_age if args.max_age is not None else settings.max_age_s
+    # An option left out takes the setting; one given as 0 parses to None, no limit, and must not.
+    max_size = getattr(args, "max_size", settings.max_size_bytes)
+    max_age = getattr(args, "max_age", settings.max_age_s)
     report = evict(settings.root, max_size, max_age)
     result = {"evicted": report.evicted, "freed_bytes": report.freed_bytes, "remaining": report.remaining,
-              "remaining_bytes": report.remaining_bytes}
+              "remaining_bytes": report.remaining_bytes, "max_size_bytes": max_size, "max_age_s": max_age}  # None: no limit
+    limits = (f"size {human_size(max_size) if max_size is not None else 'no limit'}, "
+              f"age {human_age(max_age) if max_age is not None else 'no limit'}")
     return result, (f"evicted {count_of(report.evicted, 'entry', 'entries')} ({human_size(report.freed_bytes)}); "
-                    f"{report.remaining} remain ({human_size(report.remaining_bytes)})"), 0
+                    f"{report.remaining} remain ({human_size(report.remaining_bytes)}); limits: {limits}"), 0
 
 
 def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
@@ -347,11 +305,11 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
                 "kcache: TileLang is not installed here, so no entry is of 'this' version; use --all-versions", 1)
     removed = 0
     for entry in scan_entries(settings.root):
-        if args.all_versions or _meta(entry.path).get("tilelang") == version:
+        if args.all_versions or entry_meta(entry.path).get("tilelang") == version:
             removed += evict_entry(settings.root, entry.path)
     results = 0
     if args.all_versions:
-        for item in _autotune_results(settings.root):
+        for item in autotune_results(settings.root):
             results += evict_entry(settings.root, item)
     scope = "every version" if args.all_versions else f"TileLang {version}"
     return ({"removed_entries": removed, "removed_autotune_results": results, "scope": scope},
@@ -405,22 +363,8 @@ def _arch_of_target(target: Any) -> str:
     return str(parsed.get("arch") or parsed.get("kind")) if isinstance(parsed, dict) else str(parsed or "?")
 
 
-def cmd_tunes(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    now = time.time()
-    listing = []
-    for path in sorted(_autotune_results(settings.root), key=lambda p: p.name):
-        meta = _meta(path)
-        device = meta.get("device") if isinstance(meta.get("device"), dict) else {}
-        listing.append({"key": path.name, "factory": meta.get("factory") or meta.get("source") or "?",
-                        "config": _json_file(path / "best_config.json"), "device": device.get("name") or "-",
-                        "tuned": meta.get("tuned")})
-    rows = [(e["key"][:19], e["factory"], json.dumps(e["config"], sort_keys=True)[:60], e["device"],
-             human_age(now - e["tuned"]) if isinstance(e["tuned"], (int, float)) else "-") for e in listing]
-    return listing, format_table(["key", "factory", "best config", "device", "age"], rows), 0
-
-
 def cmd_untune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    matches = [p for p in _autotune_results(settings.root) if p.name.startswith(args.key)]
+    matches = [p for p in autotune_results(settings.root) if p.name.startswith(args.key)]
     if len(matches) != 1:
         why = "no autotune result matches" if not matches else f"{len(matches)} autotune results match"
         return ({"error": f"{why} {args.key!r}"},
@@ -439,7 +383,7 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
     if version is not None:
         now = time.time()
         for entry in scan_entries(settings.root):
-            built_by = _meta(entry.path).get("tilelang")
+            built_by = entry_meta(entry.path).get("tilelang")
             if built_by and built_by != version and now - entry.last_used > OTHER_VERSION_UNUSED_S:
                 old_versions += evict_entry(settings.root, entry.path)
     result = {**vars(report), "other_versions_removed": old_versions}
@@ -467,17 +411,6 @@ COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_ve
 # ---------------------------------------------------------------- helpers
 
 
-def _kernels(settings: Settings) -> EntryStore:
-    return EntryStore(settings.root, KERNELS, COMPONENTS, bind_key=True)
-
-
-def _autotune_results(root: Path) -> list[Path]:
-    try:
-        return [Path(e.path) for e in os.scandir(root / AUTOTUNER) if not e.name.startswith(".") and e.is_dir()]
-    except FileNotFoundError:
-        return []
-
-
 def _is_tilelang_entry(files: dict[str, bytes]) -> bool:
     """Whether a verified entry is TileLang's (its library is dlopened: worth an ELF check); stress's
     synthetic entries hold random bytes there."""
@@ -486,25 +419,6 @@ def _is_tilelang_entry(files: dict[str, bytes]) -> bool:
     except (KeyError, ValueError):
         return False
     return isinstance(meta, dict) and "tilelang" in meta
-
-
-def _json_file(path: Path) -> Any:
-    """A small JSON file of an entry, read through its directory's descriptor: a link, a FIFO (which
-    would block the open) or a device is unreadable, never waited on."""
-    try:
-        directory = os.open(path.parent, dirfd.DIR_FLAGS)
-        try:
-            data = read_regular_at(directory, path.name, MAX_JSON_BYTES)
-        finally:
-            os.close(directory)
-        return json.loads(data)
-    except (OSError, ValueError) as err:
-        return {"unreadable": f"{path}: {err}"}
-
-
-def _meta(entry: Path) -> dict:
-    value = _json_file(entry / META)
-    return value if isinstance(value, dict) else {}
 
 
 if __name__ == "__main__":

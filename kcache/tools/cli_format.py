@@ -1,6 +1,20 @@
-"""How `kcache` prints: sizes, ages, tables."""
+"""How `kcache` prints: keys, sizes, ages, times, tables."""
 
 from __future__ import annotations
+
+import time
+
+# Every command shows this many hex digits of a key (a unique prefix is accepted wherever a key is).
+KEY_WIDTH = 16
+
+
+def short_key(key: str) -> str:
+    return key[:KEY_WIDTH]
+
+
+def human_time(epoch_s: float) -> str:
+    """A moment as local clock time, with its zone: "2026-11-25 06:48:23 UTC"."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(epoch_s))
 
 
 def human_size(n: float | None) -> str:

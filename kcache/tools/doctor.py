@@ -8,7 +8,14 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache.config import Settings, default_root, remote_urls
+from kcache.config import (
+    SETTING_NAMES,
+    Settings,
+    default_root,
+    describe_unknown_settings,
+    remote_urls,
+    unknown_settings,
+)
 from kcache.maintenance.eviction import scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
 from kcache.store import access, exec_copy, layout, sharing
@@ -42,6 +49,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
         except ValueError as err:  # a bad KCACHE_* value: reported, and the rest checked with the defaults
             findings.append(Finding("settings", True, str(err), "correct that variable or unset it"))
             settings = Settings(root=Path(root).expanduser() if root is not None else default_root())
+    findings.append(_unknown_names())
     root = settings.root
     if root.is_symlink() and not root.exists():
         findings.append(Finding("root", True, f"{root} is a dangling symbolic link",
@@ -79,7 +87,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
                             "free space, lower KCACHE_MAX_SIZE, or move KCACHE_DIR"))
     size = sum(e.size for e in scan_entries(root))
     over = settings.max_size_bytes is not None and size > settings.max_size_bytes
-    limit = "unbounded" if settings.max_size_bytes is None else human_size(settings.max_size_bytes)
+    limit = "no limit" if settings.max_size_bytes is None else human_size(settings.max_size_bytes)
     finding = Finding("size", over, f"{human_size(size)} of entries, limit {limit}", "kcache prune")
     leftovers = sum(len(os.listdir(d)) for d in staging_dirs(root)) + _count(root / layout.TRASH)
     cleanup = Finding("leftovers", leftovers > 0, f"{leftovers} staging or trash directories", "kcache gc")
@@ -93,6 +101,16 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     return findings
 
 
+def _unknown_names() -> Finding:
+    """KCACHE_* variables that kcache does not read: typos, which would otherwise do nothing, silently."""
+    unknown = unknown_settings()
+    if not unknown:
+        known = sorted(name for name in os.environ if name in SETTING_NAMES)
+        return Finding("settings", False, f"set: {', '.join(known)}" if known else "no KCACHE_* setting is set")
+    return Finding("settings", True, describe_unknown_settings(unknown),
+                   f"correct or unset {'it' if len(unknown) == 1 else 'them'} (docs/operations.md lists the settings)")
+
+
 def _writable(root: Path, settings: Settings) -> Finding:
     reason = access.unwritable_reason(root)
     if not reason:
@@ -104,9 +122,7 @@ def _writable(root: Path, settings: Settings) -> Finding:
         "readonly": "kcache reads its hits and compiles misses without saving them (KCACHE_ON_UNWRITABLE=readonly)",
         "error": "opening it raises UnwritableCache (KCACHE_ON_UNWRITABLE=error)",
     }[policy]
-    return Finding("writable", True, f"not writable by you: {reason}; {outcome}",
-                   "share it through a group (KCACHE_UMASK=002, a setgid root: see docs/operations.md), "
-                   "give it to this user, or point KCACHE_DIR at a writable directory")
+    return Finding("writable", True, f"not writable by you: {reason}; {outcome}", access.unwritable_fix(reason, policy))
 
 
 def _trusted(root: Path) -> Finding:

@@ -15,7 +15,7 @@ from typing import Any
 
 from kcache.cache import miss_explain
 from kcache.config import Settings
-from kcache.tools.cli_format import human_age
+from kcache.tools.cli_format import human_age, short_key
 
 MIN_PREFIX = 4
 
@@ -38,7 +38,7 @@ def cmd_why_miss(args: argparse.Namespace, settings: Settings) -> tuple[Any, str
     seen = (f"missed {human_age(time.time() - when)} ago on {record.get('host', '?')}, pid {record.get('pid', '?')}"
             f"{', refused by the JIT guard' if record.get('refused') else ''}"
             if isinstance(when, (int, float)) else f"from {record.get('source', '?')}")
-    lines = [f"kernel {explanation.kernel}, key {record['key'][:16]} ({seen})",
+    lines = [f"kernel {explanation.kernel}, key {short_key(record['key'])} ({seen})",
              f"stored in {root} now: {'yes (it compiled or was imported since)' if stored else 'no'}"]
     lines.append(explanation.headline() + (":" if explanation.differences else ""))
     lines += [f"  {difference.render()}" for difference in explanation.differences]
@@ -70,7 +70,7 @@ def _find(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                       for fields, partial in [miss_explain.comparable_fields(meta)] if not partial]
     keys = {r["key"] for r in candidates}
     if len(keys) > 1:
-        raise ValueError(f"why-miss: {prefix!r} matches {len(keys)} keys ({', '.join(sorted(k[:16] for k in keys)[:4])}"
+        raise ValueError(f"why-miss: {prefix!r} matches {len(keys)} keys ({', '.join(sorted(short_key(k) for k in keys)[:4])}"
                          "...): give more digits")
     if not candidates:
         where = f", in {args.keys}" if args.keys else ""

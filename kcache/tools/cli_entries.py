@@ -1,0 +1,234 @@
+"""`kcache stats`, `ls`, `show` and `tunes`: what a root holds, read without locks or TileLang; and
+the reading of an entry's small JSON files that every command shares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kcache.config import Settings
+from kcache.maintenance.eviction import recorded_size, scan_entries
+from kcache.maintenance.stats import read_persisted
+from kcache.store import dirfd, layout
+from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META, PARAMS
+from kcache.store.entries import EntryStore
+from kcache.store.fsutil import read_regular_at
+from kcache.store.manifest import MANIFEST_NAME
+from kcache.tools.cli_format import count_of, format_table, human_age, human_size, human_time, short_key
+from kcache.tools.entry_params import describe_params, kernel_params
+
+AUTOTUNER = "autotuner"
+# meta.json, manifest.json, params.json: a few kilobytes; anything far bigger is not kcache's.
+MAX_JSON_BYTES = 1 << 20
+# Up to this many entries `kcache stats` measures the size itself: a stat of every file, about 0.2 s at
+# the rate docs/benchmarks.md measured (10,000 entries: 1.1 s), which keeps stats within its 0.5 s
+# goal. Above, it shows what the last gc or prune measured, and when.
+LIVE_SIZE_MAX_ENTRIES = 2000
+# `ls` clips a long parameter list (a kernel of many tensors) to keep one line per entry; --json has it all.
+LS_PARAMS_WIDTH = 48
+
+
+@dataclass
+class MeasuredSize:
+    size_bytes: int | None  # None: never measured
+    measured_at: float | None  # epoch seconds
+    live: bool  # measured by this command, not read from the last gc's record
+    entries: int | None  # the entries it counted
+
+
+def measure_size(root: Path, entries: int) -> MeasuredSize:
+    if entries <= LIVE_SIZE_MAX_ENTRIES:
+        found = scan_entries(root)
+        return MeasuredSize(sum(e.size for e in found), time.time(), True, len(found))
+    record = recorded_size(root) or {}
+    size, at, counted = record.get("bytes"), record.get("measured"), record.get("entries")
+    if not isinstance(size, int) or not isinstance(at, (int, float)):
+        return MeasuredSize(None, None, False, None)
+    return MeasuredSize(size, at, False, counted if isinstance(counted, int) else None)
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    counters = read_persisted(settings.root)
+    try:
+        entries = sum(1 for name in os.listdir(settings.root / KERNELS) if layout.is_key(name))
+    except FileNotFoundError:
+        entries = 0
+    size = measure_size(settings.root, entries)
+    result = {"root": str(settings.root), "entries": entries, "size_bytes": size.size_bytes,
+              "size_measured_at": size.measured_at, "size_is_live": size.live,
+              "max_size_bytes": settings.max_size_bytes, **counters}
+    looked_up = counters["memory_hits"] + counters["disk_hits"] + counters["misses"]
+    hit_rate = (counters["memory_hits"] + counters["disk_hits"]) / looked_up if looked_up else 0.0
+    limit = human_size(settings.max_size_bytes) if settings.max_size_bytes else "no limit"
+    rows = [("root", str(settings.root)), ("entries", str(entries)), ("size", _size_text(size, limit, entries)),
+            ("hit rate", f"{hit_rate:.1%}")]
+    rows += [(name.replace("_", " "), f"{value:.1f}" if isinstance(value, float) else str(value))
+             for name, value in counters.items()]
+    return result, format_table(["", ""], rows, show_header=False), 0
+
+
+def _size_text(size: MeasuredSize, limit: str, entries: int) -> str:
+    if size.live:
+        return f"{human_size(size.size_bytes)} of {limit} (measured now)"
+    too_many = f"{entries} entries are too many to measure at each `kcache stats`"
+    if size.measured_at is None:
+        return f"not measured yet ({too_many}; `kcache gc` measures it)"
+    counted = f" of {count_of(size.entries, 'entry', 'entries')}" if size.entries is not None else ""
+    return (f"{human_size(size.size_bytes)}{counted} of {limit}, as of {human_time(size.measured_at)} "
+            f"({human_age(time.time() - size.measured_at)} ago, by the last gc or prune; {too_many}: "
+            "`kcache gc` measures again)")
+
+
+def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    now = time.time()
+    listing = []
+    for entry in sorted(scan_entries(settings.root), key=lambda e: -e.last_used):
+        meta = entry_meta(entry.path)
+        fields = dict_field(meta, "key_fields")
+        listing.append({"key": entry.key, "kernel": meta.get("kernel", "?"),
+                        "params": kernel_params(json_file(entry.path / PARAMS)), "out_idx": fields.get("out_idx"),
+                        "target": _arch(meta.get("target")), "size_bytes": entry.size,
+                        "created": meta.get("created"), "last_used": entry.last_used})
+    rows = [(short_key(e["key"]), e["kernel"], _clipped(describe_params(e["params"]), LS_PARAMS_WIDTH),
+             json.dumps(e["out_idx"]) if e["out_idx"] is not None else "-", e["target"], human_size(e["size_bytes"]),
+             f"{human_age(now - e['created'])} ago" if isinstance(e["created"], (int, float)) else "-",
+             f"{human_age(now - e['last_used'])} ago")
+            for e in listing]
+    return listing, format_table(["key", "kernel", "params", "out_idx", "target", "size", "created", "last used"],
+                                 rows), 0
+
+
+def _clipped(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    """A summary first (what a person asks: which kernel, for what, when, how big), then the files, then
+    every other detail of meta.json once."""
+    store = kernel_store(settings)
+    matches = [key for key in store.keys() if key.startswith(args.key.lower())]
+    if len(matches) != 1:
+        why = "no entry matches" if not matches else f"{len(matches)} entries match"
+        return {"error": f"{why} {args.key!r}"}, f"kcache: {why} {args.key!r} under {store.entries_dir}", 1
+    path = store.entry_path(matches[0])
+    manifest = json_file(path / MANIFEST_NAME)
+    meta = entry_meta(path)
+    sizes = _file_sizes(path)
+    created = meta.get("created") if isinstance(meta.get("created"), (int, float)) else None
+    fields = dict_field(meta, "key_fields")
+    params = kernel_params(json_file(path / PARAMS))
+    summary = {"kernel": meta.get("kernel", "?"), "key": matches[0], "params": params, "out_idx": fields.get("out_idx"),
+               "target": _arch(meta.get("target")), "created_at": created, "size_bytes": sum(sizes.values()), "files": len(sizes)}
+    result = {"key": matches[0], "path": str(path), "summary": summary, "meta": meta, "manifest": manifest,
+              "sources": {name: str(path / name) for name in (DEVICE_SOURCE, HOST_SOURCE, LIBRARY)}}
+    rows = [("kernel", summary["kernel"]), ("key", matches[0]), ("params", describe_params(params)),
+            ("out_idx", json.dumps(summary["out_idx"]) if summary["out_idx"] is not None else "-"),
+            ("target", summary["target"]),
+            ("created", f"{human_time(created)} ({human_age(time.time() - created)} ago)" if created is not None
+             else "-"),
+            ("size", f"{human_size(summary['size_bytes'])} in {count_of(len(sizes), 'file', 'files')}"),
+            ("path", str(path))]
+    lines = [format_table(["", ""], rows, show_header=False), "", "files:",
+             _indent(format_table(["", ""], [(name, human_size(size)) for name, size in sorted(sizes.items())],
+                                  show_header=False)), "", "details:"]
+    lines += [f"  {name}: {value}" for name, value in _details(meta)]
+    return result, "\n".join(lines), 0
+
+
+# The fields of meta.json (and of its key_fields) that show's summary shows already.
+_SUMMARIZED = {"kernel", "key", "created", "out_idx"}
+
+
+def _details(meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """meta.json's fields, nested ones as dotted names, each value once: a key field equal to the
+    entry's own (target, toolchain, execution_backend) is not repeated."""
+    fields = dict_field(meta, "key_fields")
+    flat = {name: value for name, value in meta.items() if name not in _SUMMARIZED and name != "key_fields"}
+    flat.update({f"key_fields.{name}": value for name, value in fields.items()
+                 if name not in _SUMMARIZED and not (name in meta and meta[name] == value)})
+    rows = []
+    for name, value in sorted(flat.items()):
+        nested = value.items() if isinstance(value, dict) and name != "target" and value else [("", value)]
+        rows += [(f"{name}.{part}" if part else name, _compact(item)) for part, item in nested]
+    return rows
+
+
+def _file_sizes(entry: Path) -> dict[str, int]:
+    """Every file of the entry (its manifest too), as `ls` and eviction count them."""
+    try:
+        return {item.name: item.stat(follow_symlinks=False).st_size for item in os.scandir(entry)}
+    except FileNotFoundError:  # evicted meanwhile
+        return {}
+
+
+def _compact(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def _arch(target: Any) -> str:
+    """The target's arch ("sm_90a"), else its kind."""
+    if not isinstance(target, dict):
+        return "-"
+    return str(target.get("arch") or target.get("kind") or "-")
+
+
+def cmd_tunes(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    now = time.time()
+    listing = []
+    for path in sorted(autotune_results(settings.root), key=lambda p: p.name):
+        meta = entry_meta(path)
+        device = dict_field(meta, "device")
+        listing.append({"key": path.name, "factory": meta.get("factory") or meta.get("source") or "?",
+                        "config": json_file(path / "best_config.json"), "device": device.get("name") or "-",
+                        "tuned": meta.get("tuned")})
+    rows = [(short_key(e["key"]), e["factory"], json.dumps(e["config"], sort_keys=True)[:60], e["device"],
+             f"{human_age(now - e['tuned'])} ago" if isinstance(e["tuned"], (int, float)) else "-") for e in listing]
+    return listing, format_table(["key", "factory", "best config", "device", "tuned"], rows), 0
+
+
+# ---------------------------------------------------------------- an entry's files, for every command
+
+
+def kernel_store(settings: Settings) -> EntryStore:
+    return EntryStore(settings.root, KERNELS, COMPONENTS, bind_key=True)
+
+
+def autotune_results(root: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(root / AUTOTUNER) if not e.name.startswith(".") and e.is_dir()]
+    except FileNotFoundError:
+        return []
+
+
+def json_file(path: Path) -> Any:
+    """A small JSON file of an entry, read through its directory's descriptor: a link, a FIFO (which
+    would block the open) or a device is unreadable, never waited on."""
+    try:
+        directory = os.open(path.parent, dirfd.DIR_FLAGS)
+        try:
+            data = read_regular_at(directory, path.name, MAX_JSON_BYTES)
+        finally:
+            os.close(directory)
+        return json.loads(data)
+    except (OSError, ValueError) as err:
+        return {"unreadable": f"{path}: {err}"}
+
+
+def entry_meta(entry: Path) -> dict[str, Any]:
+    value = json_file(entry / META)
+    return value if isinstance(value, dict) else {}
+
+
+def dict_field(mapping: dict[str, Any], name: str) -> dict[str, Any]:
+    """mapping[name] if it is a dict, else {}: a field of a file that anyone may have edited."""
+    value = mapping.get(name)
+    return value if isinstance(value, dict) else {}

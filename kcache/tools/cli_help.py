@@ -1,0 +1,51 @@
+"""`kcache --version` and `kcache help [COMMAND]`, answered as git, pip and ccache answer them."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def version_text() -> str:
+    """"kcache 0.1.0 from /site-packages/kcache (Python 3.11.7)": which kcache runs, as pip says it."""
+    try:
+        installed = version("kcache")
+    except PackageNotFoundError:  # run from a checkout on PYTHONPATH, never installed
+        installed = "(no package metadata: not installed)"
+    return f"kcache {installed} from {PACKAGE_DIR} (Python {platform.python_version()})"
+
+
+class VersionAction(argparse.Action):
+    """`--version`: argparse's own "version" action, with the version looked up only when asked for
+    (reading the package metadata costs every other command a few milliseconds)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def add_parser(command: Any) -> None:
+    """`kcache help [COMMAND]`; `command` makes a subcommand's parser (cli.build_parser's)."""
+    helper = command("help", "this help, or a command's: kcache help COMMAND is kcache COMMAND --help")
+    helper.add_argument("topic", nargs="?", metavar="COMMAND", help="the command to explain")
+
+
+def show_help(parser: argparse.ArgumentParser, topic: str | None) -> int:
+    """Print kcache's help, or COMMAND's; ValueError (one line, exit status 2) for an unknown command."""
+    if topic is None:
+        print(parser.format_help(), end="")
+        return 0
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if topic not in commands:
+        raise ValueError(f"help: {topic!r} is no kcache command (commands: {', '.join(commands)})")
+    print(commands[topic].format_help(), end="")
+    return 0
