@@ -30,6 +30,7 @@ from kcache.errors import (
     NoExecError,
     PublishError,
     TargetError,
+    TileLangMissing,
     UnwritableCache,
     WorkerStartFailed,
 )
@@ -73,7 +74,7 @@ __all__ = [
     "BundleError", "UnexpectedCompile", "export_bundle", "guard", "import_bundle", "record",
     "ArchMismatch", "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
     "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
-    "Settings", "TargetError", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
+    "Settings", "TargetError", "TileLangMissing", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
     "install", "is_installed", "uninstall",
 ]
 

@@ -240,6 +240,17 @@ class LocalLoadError(_Explained, KCacheError, OSError):
         )
 
 
+class TileLangMissing(KCacheError, ModuleNotFoundError):
+    """TileLang is not installed in this Python environment, and what was asked needs it (a compile, a
+    load, the drop-in, a bundle's toolchain check). A ModuleNotFoundError, as the bare import's."""
+
+    def __init__(self, alternative: str = "") -> None:
+        self.alternative = alternative
+        self._init_args = (alternative,)
+        otherwise = f" ({alternative})" if alternative else ""
+        super().__init__(f"TileLang is not installed: pip install tilelang{otherwise}", name="tilelang")
+
+
 class UntrustedEntry(_Explained, KCacheError, PermissionError):
     """An entry (or a directory above it up to the root) that someone else could have written: it is
     never loaded, never unpickled and never quarantined (it is not the entry's fault)."""

@@ -1,8 +1,11 @@
 """`python -m stress`: concurrent workers, SIGKILLs and corruption against one cache root, then the invariants.
 
-The default run (no flags) is the README's main job: 4 workers for 40 s on
-the default local cache, with kills and corruption on. Exits non-zero if an
-invariant is violated.
+The default run (no flags) is the README's main job: 4 workers for 40 s, with kills and corruption on,
+on a throwaway root in the temporary directory, removed at the end (`--keep-root` keeps it,
+`--cache-dir` names a root of yours instead). Exits 1 if an invariant is violated, 2 if the run cannot
+start here (TileLang missing: `--synthetic` needs none), 130 or 143 when SIGINT or SIGTERM stopped
+it; every end but a pass says in one line what was kept and where. Nothing the run started outlives
+it (stress.command_scope).
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .run import run_stress
+from kcache.tools.interruption import Interrupted, ignore_further_signals
+
+from .command_scope import command_scope
+from .procs import WorkerFailedToStart
+from .run import StressRun
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,12 +33,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     length.add_argument("--duration", type=float, help="seconds of load (default 40)")
     length.add_argument("--ops", type=int, help="total operations instead of a duration")
     p.add_argument("--kernels", type=int, help="distinct kernels (default 3, or 64 with --synthetic)")
-    p.add_argument("--cache-dir", help="cache root (default: $KCACHE_DIR or the user cache directory)")
-    p.add_argument("--fresh", action="store_true", help="use a new empty root in a temporary directory")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--cache-dir", "--dir", dest="cache_dir", metavar="ROOT",
+                       help="the cache root to put under load, kept (default: a throwaway root in the temporary "
+                            "directory; KCACHE_DIR is not used: the run corrupts entries and kills processes)")
+    where.add_argument("--fresh", action="store_true", help="a throwaway root (the default; for older command lines)")
+    p.add_argument("--keep-root", action="store_true",
+                   help="keep the throwaway root at the end (kept anyway when an invariant fails)")
     p.add_argument("--kill-rate", type=float, default=0.05, help="SIGKILLs of random workers per second (default 0.05)")
     p.add_argument("--corrupt-rate", type=float, default=0.2, help="corrupted published files per second (default 0.2)")
     p.add_argument("--isolation", choices=["pool", "inprocess", "server"],
-                   help="KCACHE_COMPILE_ISOLATION of the workers (default: as set in the environment, else server)")
+                   help="KCACHE_COMPILE_ISOLATION of the workers (default: as set in the environment, else server: "
+                        "a compile service of the run's own, stopped at its end)")
     p.add_argument("--server-kill-rate", type=float, default=0.0,
                    help="SIGKILLs of the run's compile service per second (with --isolation server)")
     p.add_argument("--synthetic", action="store_true", help="a fake compiler with realistic artifacts: store stress without TileLang")
@@ -91,46 +104,96 @@ def print_report(summary: dict) -> None:
 
 
 LOCAL_S3 = "local-s3"
+EXIT_CANNOT_RUN = 2  # something the run needs is missing here: one line says what to install
+
+
+def missing_requirement(args: argparse.Namespace) -> str | None:
+    """Why this run cannot start here (and what to install), or None: said before anything is started."""
+    from kcache.errors import TileLangMissing
+    from kcache.tilelang.installed import tilelang_installed
+
+    if not args.synthetic and not tilelang_installed():
+        return str(TileLangMissing("or `python -m stress --synthetic`: a fake compiler, the same load on kcache "
+                                   "without TileLang"))
+    if args.remote == LOCAL_S3:
+        from .s3_server import S3ServerMissing, check_installed
+
+        try:
+            check_installed()
+        except S3ServerMissing as missing:
+            return str(missing)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The run, from its checks to its last line; the exit status (the module's docstring says which)."""
     args = parse(argv)
-    if args.remote == LOCAL_S3:
-        from .s3_server import s3_server
+    missing = missing_requirement(args)
+    if missing is not None:
+        print(f"stress: {missing}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    root = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="kcache-stress-root-"))
+    run_dir = Path(tempfile.mkdtemp(prefix="kcache-stress-run-"))
+    keep_root = bool(args.cache_dir or args.keep_root)
+    try:
+        with command_scope() as scope:
+            assert scope.runtime is not None
+            if args.remote == LOCAL_S3:
+                from .s3_server import s3_server
 
-        with s3_server() as bucket:
-            os.environ.update(bucket.env)  # the workers inherit the endpoint and credentials
-            os.environ["KCACHE_REMOTE"] = bucket.url(f"stress-{args.seed}")
-            print(f"stress: remote tier {os.environ['KCACHE_REMOTE']} at {bucket.endpoint} (stress.s3_server)")
-            return _run(args)
-    return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.fresh:
-        root = Path(tempfile.mkdtemp(prefix="kcache-stress-"))
-    elif args.cache_dir:
-        root = Path(args.cache_dir)
+                with s3_server() as bucket:
+                    os.environ.update(bucket.env)  # the workers inherit the endpoint and credentials
+                    os.environ["KCACHE_REMOTE"] = bucket.url(f"stress-{args.seed}")
+                    print(f"stress: remote tier {os.environ['KCACHE_REMOTE']} at {bucket.endpoint} (stress.s3_server)")
+                    summary = _run(args, root, run_dir, scope.runtime)
+            else:
+                summary = _run(args, root, run_dir, scope.runtime)
+    except (Interrupted, WorkerFailedToStart) as ended:
+        ignore_further_signals()
+        if not args.quiet and sys.stdout.isatty():
+            print(flush=True)  # ends the redrawn progress line
+        why = f"interrupted by {ended.name} {ended.done}" if isinstance(ended, Interrupted) else str(ended)
+        print(f"stress: {why}; workers' logs kept in {run_dir}; {_leave_root(root, keep_root)}", file=sys.stderr)
+        return ended.exit_status if isinstance(ended, Interrupted) else 1
+    except BaseException:
+        print(f"stress: workers' logs kept in {run_dir}; {_leave_root(root, keep_root)}", file=sys.stderr)
+        raise  # a bug of the harness: its traceback
+    passed = summary["invariants"]["pass"]
+    if args.keep_logs or not passed:
+        print(f"workers' logs: {run_dir}")
     else:
-        from kcache.config import default_root
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if args.cache_dir:
+        pass  # the user's own root: theirs to keep
+    elif not passed or args.keep_root:  # a failed run's root is its evidence
+        print(f"root kept: {root}")
+    else:  # the run's own throwaway root: nothing of it is wanted once it passed
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if passed else 1
 
-        root = default_root()
+
+def _leave_root(root: Path, keep: bool) -> str:
+    """Remove the throwaway root of a run that ended early (nothing in it is evidence of anything),
+    unless it is to be kept; say which."""
+    if keep:
+        return f"root kept: {root}"
+    shutil.rmtree(root, ignore_errors=True)
+    return f"throwaway root {root} removed"
+
+
+def _run(args: argparse.Namespace, root: Path, run_dir: Path, runtime: Path) -> dict:
     mode = "synthetic compiler" if args.synthetic else f"{args.backend} with TileLang"
     span = f"{args.duration:g} s" if args.duration else f"{args.ops} ops"
+    whose = ("yours, kept" if args.cache_dir else
+             "throwaway: " + ("kept at the end" if args.keep_root else "removed at the end, --keep-root keeps it"))
     print(f"stress: {args.procs} workers, {args.kernels} kernels, {span}, {mode}, kill rate {args.kill_rate}/s, "
-          f"corrupt rate {args.corrupt_rate}/s, seed {args.seed}, root {root}")
-    summary = run_stress(args, root)
+          f"corrupt rate {args.corrupt_rate}/s, seed {args.seed}; root {root} ({whose}); workers' logs in "
+          f"{run_dir}; compile services in {runtime}", flush=True)
+    summary = StressRun(args, root, run_dir, runtime).run()
     print_report(summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
-    passed = summary["invariants"]["pass"]
-    if args.keep_logs or not passed:
-        print(f"workers' logs: {summary['run_dir']}")
-    else:
-        shutil.rmtree(summary["run_dir"], ignore_errors=True)
-        if args.fresh:  # the run's own temporary root: nothing of it is wanted once it passed
-            shutil.rmtree(root, ignore_errors=True)
-    return 0 if passed else 1
+    return summary
 
 
 if __name__ == "__main__":

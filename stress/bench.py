@@ -28,6 +28,10 @@ Scenarios (each measured for both caches on the same kernels):
 A scenario whose tools are missing here (redis-server or the redis package for remote, a CUDA
 toolkit for the ones that compile) is skipped with one line saying why and what to install.
 
+The bench runs its children's compile services in a runtime directory of its own and stops them at
+its end, with every process it started. SIGINT or SIGTERM stops it with one line: the scenarios done,
+their rows (written to `--json FILE` if given), the work directory removed; exit status 130 or 143.
+
 Prints a table; `--json FILE` writes rows
 {"scenario", "metric", "kcache", "tilelang", "ratio", "unit", "baseline"}; "tilelang" holds the
 baseline's value, which is TileLang's cache unless "baseline" says otherwise.
@@ -39,190 +43,25 @@ import argparse
 import compileall
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .nvcc_counter import NvccCounter
-from .procs import PROJECT, Barrier, worker_env
+from kcache.tools.interruption import Interrupted, ignore_further_signals
 
-BACKENDS = ("kcache", "tilelang")
+from .bench_herd import bench_herd
+from .bench_needs import unavailable
+from .bench_rows import BACKENDS, format_value, get_seconds, percentile, row, run_workers
+from .command_scope import command_scope
+from .procs import PROJECT, worker_env
+
 SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote", "cold", "many")
-CUDA_HINT = "install the CUDA toolkit, or set CUDA_HOME to one"
-
-
-def _nvcc_counter_missing() -> str | None:
-    """Why NvccCounter (herd, remote) cannot count compiles here, or None."""
-    from .nvcc_counter import real_cuda_home
-
-    try:
-        real_cuda_home()
-    except FileNotFoundError:
-        return f"no CUDA toolkit found for the nvcc counter ({CUDA_HINT})"
-    return None
-
-
-def _compiler_missing() -> str | None:
-    """Why TileLang cannot compile here (its own search for a CUDA toolkit found none), or None."""
-    from tilelang.contrib import nvcc
-
-    try:
-        nvcc.find_cuda_path()
-    except RuntimeError:
-        return f"TileLang found no CUDA toolkit to compile kernels ({CUDA_HINT})"
-    return None
-
-
-def _remote_missing() -> str | None:
-    """Why the remote scenario cannot run here, or None."""
-    import importlib.util
-
-    from .redis_server import RedisServerMissing, find_redis_server
-
-    try:
-        find_redis_server()
-    except RedisServerMissing as missing:
-        return str(missing)
-    if importlib.util.find_spec("redis") is None:
-        return "the redis Python package is not installed (pip install 'kcache[remote]')"
-    return _nvcc_counter_missing()
-
-
-def unavailable(scenario: str) -> str | None:
-    """Why `scenario` cannot run on this machine (and what to install), or None where it can."""
-    if scenario == "remote":
-        return _remote_missing()
-    if scenario == "herd":
-        return _nvcc_counter_missing()
-    if scenario in ("disk", "memory", "compile", "cold", "many"):
-        return _compiler_missing()
-    return None  # cli: synthetic entries, no compiler
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
-def row(scenario: str, metric: str, kc: float, tl: float | None, unit: str,
-        baseline: str = "tilelang") -> dict[str, Any]:
-    return {"scenario": scenario, "metric": metric, "kcache": kc, "tilelang": tl,
-            "ratio": (kc / tl) if tl else None, "unit": unit, "baseline": baseline}
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
-def run_workers(backend: str, root: Path, procs: int, kernels: int, env: dict[str, str],
-                extra_args: tuple[str, ...] = ()) -> tuple[float, list[Any]]:
-    barrier = Barrier("stress.worker", procs,
-                      ["--root", str(root), "--kernels", str(kernels), "--backend", backend, *extra_args], env=env)
-    barrier.wait_ready()
-    release = barrier.release()
-    results = barrier.collect()
-    for r in results:
-        if r.result is None or r.result["errors"]:
-            raise RuntimeError(f"{backend} worker {r.index} failed: {r.result and r.result['errors']} {r.stderr[-2000:]}")
-    wall = max(op["end"] for r in results for op in r.result["ops"]) - release
-    return wall, results
-
-
-def get_seconds(results: list[Any]) -> list[float]:
-    return [op["end"] - op["start"] for r in results for op in r.result["ops"]]
-
-
-HERD_VARIANTS = ("kcache, pool", "kcache, server", "kcache, server, opened first", "kcache, server running", "tilelang")
-# Started in the herd's environment (the service's name depends on it), with one job run so that a
-# worker is forked and warm: as after any kcache process of this user ran here within the idle time.
-WARM_SERVICE = """
-from kcache.compile.service import client as service_client
-from kcache.compile.pool.process_pool import TILELANG_PRELOAD
-service = service_client.ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)
-service.run(abs, -1)
-service.close()
-"""
-
-
-def start_warm_service(env: dict[str, str]) -> None:
-    done = subprocess.run([sys.executable, "-c", WARM_SERVICE], capture_output=True, text=True,
-                          env=worker_env(env), cwd=str(PROJECT), check=False, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"the herd's compile service did not start: {done.stderr[-2000:]}")
-
-
-def bench_herd(work: Path, procs: int, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
-    """Medians over `repeats` cold herds (and as many uncontended cold compiles).
-
-    "kcache, pool": each process compiles through its own per-process pool (file locks make it one
-    compile). "kcache, server": the herd's processes compile through the compile service, which none of them
-    finds running: each process's cache open (after its `import tilelang`) asks for it in the
-    background before the barrier (a fresh runtime directory per herd, so nothing is left from the
-    last one). "kcache, server, opened first": the same, each process opening its cache before it
-    imports TileLang, as a program that calls `kcache.install()` first. "kcache, server running": the
-    service runs, one worker warm, before the herd starts."""
-    from .service_runtime import fresh_runtime, stop_services
-
-    compiles: dict[str, list[int]] = {v: [] for v in HERD_VARIANTS}
-    walls: dict[str, list[float]] = {v: [] for v in HERD_VARIANTS}
-    singles: dict[str, list[float]] = {b: [] for b in BACKENDS}
-    for attempt in range(repeats):
-        for variant in HERD_VARIANTS:
-            backend = variant.split(",")[0]
-            counter = NvccCounter(work / f"nvcc-herd-{variant}-{attempt}")
-            runtime = fresh_runtime("kh-")
-            # Every variant names its isolation: the default (server) would make a pool row a service one.
-            extra = ({"KCACHE_COMPILE_ISOLATION": "server", "XDG_RUNTIME_DIR": str(runtime)} if "server" in variant
-                     else {"KCACHE_COMPILE_ISOLATION": "pool"} if backend == "kcache" else {})
-            try:
-                if variant == "kcache, server running":
-                    start_warm_service({**env, **counter.env(), **extra})
-                wall, _ = run_workers(backend, work / f"herd-{variant}-{attempt}", procs, 1,
-                                      {**env, **counter.env(), **extra},
-                                      ("--open-first",) if variant.endswith("opened first") else ())
-                services = list((runtime / "kcache").glob("*.sock")) if "server" in variant else []
-                if len(services) > 1:  # the warm service was not the herd's: the row would mean nothing
-                    raise RuntimeError(f"the herd used {len(services)} compile services: {services}")
-            finally:
-                stop_services(runtime)
-            compiles[variant].append(counter.count())
-            walls[variant].append(wall)
-            if variant in ("kcache, pool", "tilelang"):  # one uncontended compile per backend and attempt
-                own_pool = {"KCACHE_COMPILE_ISOLATION": "pool"} if backend == "kcache" else {}  # as the pool herd
-                _, results = run_workers(backend, work / f"single-{backend}-{attempt}", 1, 1, {**env, **own_pool})
-                singles[backend].append(get_seconds(results)[0])
-    wall = {v: statistics.median(walls[v]) for v in HERD_VARIANTS}
-    single = {b: statistics.median(singles[b]) for b in BACKENDS}
-    rows = [
-        row("herd", f"compiler runs ({procs} procs, max of {repeats}), own pools", max(compiles["kcache, pool"]),
-            max(compiles["tilelang"]), "runs"),
-        row("herd", "  with the service: compiler runs", max(compiles["kcache, server"]), max(compiles["tilelang"]), "runs"),
-        row("herd", f"barrier to all ready, own pools, median of {repeats}", wall["kcache, pool"], wall["tilelang"], "s"),
-        row("herd", "  with the service: compiler runs, cache opened first", max(compiles["kcache, server, opened first"]),
-            max(compiles["tilelang"]), "runs"),
-        row("herd", "  with the service: compiler runs, service running", max(compiles["kcache, server running"]),
-            max(compiles["tilelang"]), "runs"),
-        row("herd", f"  with the service, median of {repeats}", wall["kcache, server"], wall["tilelang"], "s"),
-        row("herd", f"  with the service, cache opened first, median of {repeats}",
-            wall["kcache, server, opened first"], wall["tilelang"], "s"),
-        row("herd", f"  with the service running, median of {repeats}", wall["kcache, server running"],
-            wall["tilelang"], "s"),
-        row("herd", "one uncontended cold compile+load", single["kcache"], single["tilelang"], "s"),
-        row("herd", "all ready, own pools / one cold compile", wall["kcache, pool"] / single["kcache"],
-            wall["tilelang"] / single["tilelang"], "x"),
-        row("herd", "all ready, service / TileLang's one compile", wall["kcache, server"], single["tilelang"], "s",
-            baseline="one uncontended TileLang compile+load"),
-        row("herd", "all ready, service, cache opened first / TileLang's one compile",
-            wall["kcache, server, opened first"], single["tilelang"], "s",
-            baseline="one uncontended TileLang compile+load"),
-        row("herd", "all ready, service running / TileLang's one compile", wall["kcache, server running"],
-            single["tilelang"], "s", baseline="one uncontended TileLang compile+load"),
-    ]
-    return rows
 
 
 def bench_many(procs: int, configs: int, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -431,35 +270,56 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     env = bytecode_as_installed()
-    work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
     only = set(args.only or SCENARIOS)
     for scenario in SCENARIOS:
         reason = unavailable(scenario) if scenario in only else None
         if reason is not None:
             print(f"{scenario}: skipped: {reason}", flush=True)
             only.discard(scenario)
+    measures: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "memory": lambda: bench_memory_hit(work, env),
+        "disk": lambda: bench_disk_hit(work, args.repeats, env),
+        "herd": lambda: bench_herd(work, args.procs, args.herd_repeats, env),
+        "remote": lambda: bench_remote(16, env),
+        "cli": lambda: bench_cli(work, args.cli_entries, 5, env),
+        "compile": lambda: bench_compile(args.sequential, args.parallel, args.compile_workers, env),
+        "cold": lambda: bench_cold_rows(args.cold_repeats, env),
+        "many": lambda: bench_many(args.many_procs, args.many_configs, env),
+    }
+    work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
     rows: list[dict[str, Any]] = []
-    if "memory" in only:
-        rows += bench_memory_hit(work, env)
-    if "disk" in only:
-        rows += bench_disk_hit(work, args.repeats, env)
-    if "herd" in only:
-        rows += bench_herd(work, args.procs, args.herd_repeats, env)
-    if "remote" in only:
-        rows += bench_remote(16, env)
-    if "cli" in only:
-        rows += bench_cli(work, args.cli_entries, 5, env)
-    if "compile" in only:
-        rows += bench_compile(args.sequential, args.parallel, args.compile_workers, env)
-    if "cold" in only:
-        rows += bench_cold_rows(args.cold_repeats, env)
-    if "many" in only:
-        rows += bench_many(args.many_procs, args.many_configs, env)
+    done: list[str] = []
+    try:
+        # Its own runtime directory: the compile services of the scenarios that name none are the
+        # bench's, stopped at its end, never the user's (stress.command_scope).
+        with command_scope() as scope:
+            print(f"stress.bench: scenarios {', '.join(m for m in measures if m in only) or 'none'}; work directory "
+                  f"{work}; compile services in {scope.runtime}", flush=True)
+            for scenario, measure in measures.items():
+                if scenario in only:
+                    print(f"{scenario}: measuring", flush=True)
+                    rows += measure()
+                    done.append(scenario)
+    except Interrupted as stop:
+        ignore_further_signals()
+        shutil.rmtree(work, ignore_errors=True)
+        during = next((m for m in measures if m in only and m not in done), None)
+        written = f", written to {args.json}" if args.json and rows else ""
+        if written:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        print(f"stress.bench: interrupted by {stop.name}{f' during {during}' if during else ''}: "
+              f"{len(rows)} rows measured ({', '.join(done) or 'no scenario finished'}){written}; "
+              f"work directory {work} removed", file=sys.stderr)
+        return stop.exit_status
+    except BaseException:
+        print(f"stress.bench: work directory kept: {work}", file=sys.stderr)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
 
     print(f"{'scenario':<26} {'metric':<44} {'kcache':>10} {'baseline':>10} {'ratio':>7} unit  baseline")
     for r in rows:
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-        print(f"{r['scenario']:<26} {r['metric']:<44} {_fmt(r['kcache']):>10} {_fmt(r['tilelang']):>10} {ratio:>7} "
+        print(f"{r['scenario']:<26} {r['metric']:<44} {format_value(r['kcache']):>10} {format_value(r['tilelang']):>10} {ratio:>7} "
               f"{r['unit']:<5} {r['baseline']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

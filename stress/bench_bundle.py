@@ -76,4 +76,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .command_scope import run_command
+
+    sys.exit(run_command("python -m stress.bench_bundle", main))

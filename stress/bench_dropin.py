@@ -103,4 +103,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .command_scope import run_command
+
+    sys.exit(run_command("python -m stress.bench_dropin", main))

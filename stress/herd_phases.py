@@ -63,7 +63,8 @@ def child(root: str, mode: str) -> None:
 def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) -> dict[str, Any]:
     from kcache.compile.service import connection as service_connection
 
-    from .bench import run_workers, start_warm_service
+    from .bench_herd import start_warm_service
+    from .bench_rows import run_workers
     from .procs import Barrier
     from .service_runtime import fresh_runtime, stop_services
 

@@ -33,6 +33,16 @@ def _is_site_directory(path: Path) -> bool:
     return any(Path(c).resolve() == path for c in candidates if c and Path(c).exists())
 
 
+class WorkerFailedToStart(RuntimeError):
+    """A worker exited (or printed something else) before the barrier: its last words, and where the rest is."""
+
+    def __init__(self, index: int, line: str, stderr: str, log: Path | None) -> None:
+        last = [text for text in stderr.splitlines() if text.strip()]
+        why = last[-1].strip() if last else (f"it printed {line.strip()!r}" if line.strip() else "it said nothing")
+        self.index, self.stderr, self.log = index, stderr, log
+        super().__init__(f"worker {index} failed before the barrier: {why}" + (f" (its stderr: {log})" if log else ""))
+
+
 @dataclass
 class WorkerResult:
     index: int
@@ -66,21 +76,30 @@ class Barrier:
         def stderr_of(i: int) -> Any:
             return open(stderr_path(i), "w") if stderr_path else subprocess.PIPE  # noqa: SIM115 - the child's
 
-        self.procs = [
-            subprocess.Popen(
+        self.stderr_path = stderr_path
+        self.procs: list[subprocess.Popen] = []
+        for i in range(count):
+            # Each in a session (and process group) of its own: a Ctrl-C reaches the command alone, which
+            # stops its workers, and a kill of a worker's group takes the compilers it runs.
+            self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", module, "--index", str(i), *args, *(per_worker(i) if per_worker else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr_of(i),
-                text=True, env=worker_env(env), cwd=str(PROJECT),
-            )
-            for i in range(count)
-        ]
+                text=True, env=worker_env(env), cwd=str(PROJECT), start_new_session=True,
+            ))
 
     def wait_ready(self) -> None:
+        """Until every worker printed `ready`; WorkerFailedToStart (saying why) for one that exited instead.
+        The others are left to the caller, which stops them."""
         for i, proc in enumerate(self.procs):
             line = proc.stdout.readline()
             if line.strip() != "ready":
                 proc.kill()
-                raise RuntimeError(f"worker {i} failed before the barrier: {line!r} {proc.stderr.read()[-3000:] if proc.stderr else '(its stderr is in its log file)'}")
+                proc.wait()
+                if self.stderr_path is not None:
+                    said = self.stderr_path(i).read_text(errors="replace")
+                else:
+                    said = proc.stderr.read() if proc.stderr else ""
+                raise WorkerFailedToStart(i, line, said, self.stderr_path(i) if self.stderr_path else None)
 
     def release(self, payload: str = "") -> float:
         """Open the barrier (handing every worker `payload`); return the release time (time.monotonic())."""

@@ -10,20 +10,37 @@ import signal
 import tempfile
 from pathlib import Path
 
-from kcache.compile.protocol import readable_within
 from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
+
+from .own_processes import wait_gone
 
 SERVICE_MARK = b"kcache.compile.service.server"
 STOP_WAIT_S = 10.0
 
 
+# The longest temporary directory a runtime directory goes in: its socket's path, <runtime>/kcache/
+# compile-<20 hex>.sock, must fit a Unix socket's 107 bytes.
+MAX_BASE_BYTES = 50
+
+
 def fresh_runtime(prefix: str = "ks-") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: a socket's path has 107 bytes
+    """A new private runtime directory: in the temporary directory (TMPDIR) where its sockets' paths
+    fit, else in /tmp."""
+    base = tempfile.gettempdir()
+    if len(os.fsencode(base)) > MAX_BASE_BYTES:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
 def service_pids(runtime: Path) -> list[int]:
     """The compile servers started with this runtime directory (read from their environment), not
     their worker template and workers, which are forks of a server."""
+    return service_processes(runtime, forks=False)
+
+
+def service_processes(runtime: Path, *, forks: bool = True) -> list[int]:
+    """The compile servers started with this runtime directory, and with `forks` their worker
+    templates and workers (forks of a server: its command line and environment)."""
     wanted = b"XDG_RUNTIME_DIR=" + os.fsencode(runtime)
     found = []
     for name in os.listdir("/proc"):
@@ -34,7 +51,7 @@ def service_pids(runtime: Path) -> list[int]:
                 if SERVICE_MARK not in f.read():
                     continue
             with open(f"/proc/{name}/comm") as f:
-                if f.read().strip() in (TEMPLATE_NAME, WORKER_NAME):  # the server's forks: its command line
+                if not forks and f.read().strip() in (TEMPLATE_NAME, WORKER_NAME):
                     continue
             with open(f"/proc/{name}/environ", "rb") as f:
                 if wanted in f.read().split(b"\0"):
@@ -61,13 +78,13 @@ def stop_services(runtime: Path, *, wait: bool = True) -> None:
             os.environ.pop("XDG_RUNTIME_DIR", None)
         else:
             os.environ["XDG_RUNTIME_DIR"] = previous
-    # Gone before the next scenario measures: a service that lingers would count as its workers.
-    for pid in service_pids(runtime) if wait else ():
-        with contextlib.suppress(ProcessLookupError):
-            pidfd = os.pidfd_open(pid)
-            try:
-                if not readable_within(pidfd, STOP_WAIT_S):
-                    os.kill(pid, signal.SIGKILL)  # its workers die with it (PR_SET_PDEATHSIG)
-            finally:
-                os.close(pidfd)
+    # Gone before the next scenario measures (a service that lingers would count as its workers), and
+    # before the command that started them ends: its workers and template too, which die with it
+    # (PR_SET_PDEATHSIG), a moment after it.
+    if wait:
+        for pid in [*service_pids(runtime), *service_processes(runtime)]:  # the servers first
+            if not wait_gone(pid, STOP_WAIT_S):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                wait_gone(pid, STOP_WAIT_S)
     shutil.rmtree(runtime, ignore_errors=True)

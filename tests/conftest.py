@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .leftovers import Scratch, processes_of
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -68,3 +73,16 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("KCACHE_CALLER_FORK", "0")
     yield directory
     stop_services(directory, wait=False)  # what the test left running
+
+
+@pytest.fixture
+def scratch() -> Iterator[Scratch]:
+    """A short temporary directory and a leftover mark of this test's own (tests/leftovers.py). Whatever
+    carries the mark when the test ends is killed (a failed test must not leave a compile service
+    running), and the directory is removed."""
+    made = Scratch(Path(tempfile.mkdtemp(prefix="kt-", dir="/tmp")))
+    yield made
+    for line in processes_of(made):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+    shutil.rmtree(made.path, ignore_errors=True)

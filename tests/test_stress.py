@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,9 +17,8 @@ from .helpers import PROJECT, child_env
 
 def run_stress(tmp_path: Path, *args: str, root: Path | None = None) -> dict:
     """One run (on a fresh root in the temporary directory unless `root`): it must pass, and remove
-    what it made there: its logs, its fresh root, its service's runtime directory. (Not everything
-    in the temporary directory: nvcc's temporaries of a compile killed by the chaos stay there, as
-    they do for any killed nvcc.)"""
+    what it made there: its logs, its fresh root, its service's runtime directory, and its children's
+    temporary files (nvcc's of a compile killed by the chaos among them)."""
     out = tmp_path / "summary.json"
     where = ["--cache-dir", str(root)] if root is not None else ["--fresh"]
     # The run's own temporary directory, so that other processes' files cannot be taken for its
@@ -32,9 +32,7 @@ def run_stress(tmp_path: Path, *args: str, root: Path | None = None) -> dict:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "invariants checked: no partial entry observed;" in done.stdout
     summary = json.loads(out.read_text())
-    own = [n for n in os.listdir(scratch) if n.startswith("kcache-stress-")]
-    left = own + ([summary["service_runtime"]] if summary["service_runtime"] and
-                  os.path.exists(summary["service_runtime"]) else [])
+    left = os.listdir(scratch) + ([summary["service_runtime"]] if os.path.exists(summary["service_runtime"]) else [])
     assert not left, f"the stress run left {left} behind"
     return summary
 
@@ -80,6 +78,54 @@ def test_a_second_run_on_one_root_reports_only_its_own_detections_and_repairs(tm
     assert c["by_workers"] + c["at_final_check"] == c["detected"] == c["injected"]
     assert second["repairs"] < len(os.listdir(root / ".quarantine"))  # the first run's are not its own
     assert second["compiles"] <= second["kernels"] + second["compiles_interrupted"] + second["repairs"]
+
+
+def test_the_default_run_loads_a_throwaway_root_not_the_users_cache(tmp_path: Path) -> None:
+    """Issue 37: with KCACHE_DIR set, and the platform's cache directory in a HOME of the test's, a run
+    that names no root writes into neither. It names its throwaway root, in the temporary directory,
+    and removes it at the end, unless --keep-root."""
+    home, configured, scratch = tmp_path / "home", tmp_path / "configured", tmp_path / "tmp"
+    home.mkdir()
+    scratch.mkdir()
+    env = child_env(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), KCACHE_DIR=str(configured),
+                    TMPDIR=str(scratch))
+    argv = [sys.executable, "-m", "stress", "--synthetic", "--quiet", "--procs", "2", "--duration", "2",
+            "--kill-rate", "0", "--corrupt-rate", "1"]
+    for extra, fate in (([], "removed at the end, --keep-root keeps it"), (["--keep-root"], "kept at the end")):
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True, env=env, cwd=str(PROJECT), timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert not configured.exists() and not (home / ".cache").exists()  # the user's roots: untouched
+        root = Path(re.search(rf"; root (\S+) \(throwaway: {fate}\);", done.stdout).group(1))
+        assert root.parent == scratch
+        if extra:
+            assert f"root kept: {root}" in done.stdout and (root / "kernels").is_dir()
+            shutil.rmtree(root)
+        else:
+            assert not root.exists()
+    assert os.listdir(scratch) == []
+
+
+def test_a_worker_that_cannot_start_is_one_line_with_its_reason_and_nothing_is_left(tmp_path: Path) -> None:
+    """A TileLang that is there but broken (a package whose import fails, first on the path): the run
+    names the worker, the last line of its stderr and its log, keeps the logs and says where, removes
+    its throwaway root, and leaves nothing else (issue 37: it used to raise `worker 0 failed before the
+    barrier: ''`)."""
+    broken = tmp_path / "broken" / "tilelang"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("libtvm.so: cannot open shared object file")\n')
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = child_env(TMPDIR=str(scratch))
+    env["PYTHONPATH"] = os.pathsep.join([str(broken.parent), env["PYTHONPATH"]])
+    done = subprocess.run([sys.executable, "-m", "stress", "--procs", "2", "--duration", "5", "--quiet"],
+                          capture_output=True, text=True, env=env, cwd=str(PROJECT), timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()
+    logs = Path(re.search(r"workers' logs kept in (\S+);", line).group(1))
+    assert re.match(r"stress: worker \d failed before the barrier: ImportError: libtvm.so: cannot open shared object "
+                    rf"file \(its stderr: {logs}/worker-\d-0.err\); workers' logs kept in {logs}; throwaway root "
+                    r"\S+ removed$", line), line
+    assert os.listdir(scratch) == [logs.name]
 
 
 def test_a_violation_fails_the_run(tmp_path: Path) -> None:

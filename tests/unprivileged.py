@@ -155,7 +155,9 @@ def _make_world_readable(top: Path) -> None:
                 path.chmod(0o644)
 
 
-def _build_venv(base: Path) -> Path:
+def build_venv(base: Path) -> Path:
+    """A venv of Debian's Python in `base`, holding kcache, stress, autotuner and their pure-Python
+    dependencies (copied, no pip, no network), and nothing else: no TileLang, no torch."""
     venv = base / "venv"
     _run_checked(str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv))
     python = venv / "bin" / "python"
@@ -193,7 +195,7 @@ def unprivileged_env() -> Iterator[UnprivilegedEnv]:
     users, share_gid = _ensure_users()
     base = Path(tempfile.mkdtemp(prefix="kcache-unprivileged-"))
     try:
-        python = _build_venv(base)
+        python = build_venv(base)
         _make_world_readable(base)
         homes = {}
         for user, (uid, gid) in users.items():

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
 from kcache.config import Settings, jit_guard_setting, remote_urls, warn_unknown_settings
-from kcache.errors import KCacheError, UnwritableCache
+from kcache.errors import KCacheError, TileLangMissing, UnwritableCache
 from kcache.keys import ENTRY_FORMAT, canonical_json
 from kcache.maintenance.gc import GcReport, collect_garbage, gc_is_due
 from kcache.maintenance.stats import CacheStats, stats_file
@@ -33,6 +33,7 @@ from kcache.store.components import KERNELS
 from kcache.store.entries import EntryStore
 from kcache.tiers.disk import DiskTier
 from kcache.tiers.memory import MemoryTier
+from kcache.tilelang.installed import is_tilelang_missing, tilelang_installed
 
 if TYPE_CHECKING:
     from tilelang.jit import JITKernel
@@ -104,12 +105,13 @@ class KernelCache:
             self._toolchain = self._tilelang().toolchain_fingerprint(self.root, persist=not self.readonly)
         if self.settings.compile_isolation == "server" and not self.readonly and backend is None and compile_pool is None:
             self._serves_through_service = True
-            if "tilelang" not in sys.modules and _compiles_expected():
+            if "tilelang" not in sys.modules and _compiles_expected() and tilelang_installed():
                 # Opened before the program imports TileLang (kcache.install() at the top, say): the
                 # service's start overlaps that import. Opened after it, a process that only hits (a
                 # server loading its kernels) would start a compile service for nothing and load its
                 # client on the hit path: its first miss starts it instead. A process that declares
-                # it compiles nothing (KCACHE_JIT_GUARD=error) starts none either way.
+                # it compiles nothing (KCACHE_JIT_GUARD=error) starts none either way; nor does one
+                # where TileLang is not installed: no compile could run there.
                 self.warm_compiles(1)
 
     def warm_compiles(self, count: int = 1) -> None:
@@ -290,7 +292,12 @@ class KernelCache:
     def _tilelang(self) -> Any:
         backend = self._backend
         if backend is None:
-            from kcache.tilelang import backend
+            try:
+                from kcache.tilelang import backend
+            except ModuleNotFoundError as err:
+                if is_tilelang_missing(err):
+                    raise TileLangMissing() from None  # what to install, not where the import failed
+                raise
 
             self._use_backend(backend)
         return backend

@@ -14,6 +14,7 @@ from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
 from kcache.config import _parse_flag
 from kcache.dropin import autotuner_results, routing, state
+from kcache.tilelang.installed import require_tilelang
 
 log = logging.getLogger("kcache")
 
@@ -21,7 +22,9 @@ log = logging.getLogger("kcache")
 def install(cache: KernelCache | None = None) -> None:
     """Route TileLang's compiles and AutoTuner results through `cache` (default: kcache's default cache),
     and tune each AutoTuner key once per job (kcache.dropin.autotuner_results). Imports TileLang.
-    Calling it again changes the cache."""
+    Calling it again changes the cache. Where TileLang is not installed, raises TileLangMissing
+    (a ModuleNotFoundError that says how to install it) before anything is opened or started."""
+    require_tilelang()
     if cache is None:
         # Open it now, as TileLang sets its own cache up at import: an unusable root raises here,
         # before anything is changed, and no compile pays for it. Before TileLang's import, which

@@ -45,6 +45,7 @@ from kcache.config import default_root
 from kcache.store.access import create_root
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore, PublishOutcome
+from kcache.tilelang.installed import require_tilelang
 from kcache.tools.bundle_coverage import bundle_keys, missing_coverage, read_key_list, read_key_records
 from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport
 from kcache.tools.bundle_export import ExportReport, export_bundle
@@ -59,6 +60,7 @@ from kcache.tools.bundle_manifest import (
 )
 from kcache.tools.bundle_reader import BundleMember, BundleReader, open_bundle
 from kcache.tools.bundle_stager import ProcessStaging, stager_count
+from kcache.tools.interruption import Interrupted, signals_deferred
 
 __all__ = [
     "BundleError", "CURRENT_TOOLCHAIN", "ExportReport", "FROM_ENVIRONMENT", "ImportReport", "MANIFEST_MEMBER",
@@ -105,13 +107,16 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
 
     The file is opened once and read once: each entry, as soon as its files are read, is verified and
     staged in a worker thread (`EntryStore.publish_batch`); the staged entries are renamed into place
-    only once the whole bundle is verified and staged, and are all removed when anything is refused.
+    only once the whole bundle is verified and staged, and are all removed when anything is refused
+    (or the import is interrupted: under kcache.tools.interruption, a signal that arrives during the
+    renames waits for the last one, and `Interrupted.done` then says what was imported).
     A missing `root` is created as kcache creates every root (0700, or 2770 in group mode)."""
     started = time.perf_counter()
     path = Path(bundle)
     root = Path(root) if root is not None else default_root()
     secret = bundle_secret(secret)
     if toolchain is CURRENT_TOOLCHAIN:
+        require_tilelang("or skip the toolchain check: kcache import --any-toolchain, import_bundle(toolchain=None)")
         from kcache.tilelang.fingerprint import toolchain_fingerprint
 
         toolchain = toolchain_fingerprint(root, persist=False)
@@ -141,9 +146,27 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
             staging_started = time.perf_counter()
             fates = _verify_and_stage_all(reader, entries, EntryImport(store, batch, allowed_archs, path))
             report.stage_seconds = time.perf_counter() - staging_started
-            # Every entry of the bundle is verified and every wanted one staged: only now is any visible.
-            outcomes = batch.publish()
+            # Every entry of the bundle is verified and every wanted one staged: only now is any visible,
+            # and then all of them: a SIGINT or SIGTERM waits for the last rename.
+            outcomes: dict[str, PublishOutcome] | None = None
+            try:
+                with signals_deferred():
+                    outcomes = batch.publish()
+            except Interrupted as stop:
+                if outcomes is not None:  # published whole, then interrupted: say what it did
+                    _count_outcomes(report, fates, outcomes, entries)
+                    stop.done = (f"its renames were under way, and finished first: imported {report.imported} "
+                                 f"entries into {root}, {report.already_present} already there")
+                raise
             report.publish_seconds = time.perf_counter() - staging_started - report.stage_seconds
+    assert outcomes is not None  # published, or raised above
+    _count_outcomes(report, fates, outcomes, entries)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _count_outcomes(report: ImportReport, fates: dict[str, EntryFate], outcomes: dict[str, PublishOutcome],
+                    entries: dict[str, Any]) -> None:
     report.filtered_out = sum(fate is EntryFate.FILTERED_OUT for fate in fates.values())
     report.already_present = sum(fate is EntryFate.ALREADY_PRESENT for fate in fates.values())
     for key, outcome in outcomes.items():
@@ -152,8 +175,6 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
             report.bytes += sum(size for size, _digest in entries[key]["files"].values())
         else:  # another importer published it meanwhile
             report.already_present += 1
-    report.seconds = time.perf_counter() - started
-    return report
 
 
 def _verify_and_stage_all(reader: BundleReader, entries: dict[str, Any], job: EntryImport) -> dict[str, EntryFate]:

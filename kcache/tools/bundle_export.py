@@ -3,7 +3,8 @@
 The bundle holds the root's kernels (code), so it is no more readable than the root: 0600, or 0640
 in the root's group when the root is shared by a group (group mode, docs/operations.md, and a root
 its group may read). It is written to a temporary file beside it (fsutil.create_temporary_at:
-O_EXCL, O_NOFOLLOW, created 0600 before any byte is written) and renamed into place.
+O_EXCL, O_NOFOLLOW, created 0600 before any byte is written) and renamed into place; interrupted
+before the rename, the temporary file is removed and the bundle's path is as it was.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from kcache.tools.bundle_manifest import (
     bundle_secret,
     sign,
 )
+from kcache.tools.interruption import Interrupted, signals_deferred
 
 log = logging.getLogger("kcache")
 
@@ -146,8 +148,12 @@ def _write_bundle_file(bundle: Path, group: int | None, write: Callable[[tarfile
                 write(tar)
             out.flush()
             os.fsync(fd)
-        os.replace(temporary, bundle.name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+        with signals_deferred():  # renamed means written: an interrupt now waits, then says so
+            os.replace(temporary, bundle.name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+            temporary = None
     except BaseException as err:
+        if isinstance(err, Interrupted) and temporary is None:
+            err.done = f"the bundle {bundle} was written whole before it stopped"
         if temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=directory_fd)

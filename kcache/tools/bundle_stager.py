@@ -43,6 +43,8 @@ from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport, rea
 PROCESS_STAGING_MIN_ENTRIES = 64
 PROCESS_STAGING_MIN_BYTES = 64 << 20
 MAX_STAGER_PROCESSES = 8
+# A stopped stager removes its staging and exits at once; one that does not within this is killed.
+ABORT_WAIT_S = 10.0
 
 
 def stager_count(entries: int, total_bytes: int) -> int:
@@ -65,7 +67,6 @@ class ProcessStaging:
         self._errors: list[str] = []
         self._stagers: list[tuple[subprocess.Popen[bytes], IO[bytes], threading.Thread]] = []
         self._next = 0
-        self._waited = False
         header = json.dumps({"bundle": str(job.path), "bundle_fd": bundle_fd, "root": str(job.store.root),
                              "archs": sorted(job.allowed_archs) if job.allowed_archs is not None else None})
         try:
@@ -114,19 +115,26 @@ class ProcessStaging:
         return self.fates
 
     def abort(self) -> None:
-        """Stop every stager (each removes the staging it did not hand over) and wait for them."""
+        """Stop every stager (each removes the staging it did not hand over) and wait for them, also
+        when a wait of finish() was itself cut short (an interrupt): none outlives the import."""
         for process, _stderr, _answers in self._stagers:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
+        for process, _stderr, _answers in self._stagers:
+            try:
+                process.wait(ABORT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()  # what it staged stays in .staging, for gc
         self._wait()
 
     def _wait(self) -> None:
-        if self._waited:  # finish() raised, and abort() follows
-            return
-        self._waited = True
+        """Wait for every stager and its answers; the first one that failed names the error. Again
+        after an interrupted wait: each step is done once."""
         for process, stderr, answers in self._stagers:
             process.wait()
             answers.join()
+            if stderr.closed:
+                continue
             if process.returncode != 0:
                 stderr.seek(0)
                 tail = stderr.read()[-2000:].decode(errors="replace").strip()
@@ -167,6 +175,8 @@ class ProcessStaging:
 def main() -> int:
     """Stage the entries sent on stdin (a header line, then one line per entry); answer each on stdout."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwinds: the batch removes what it holds
+    # A Ctrl-C reaches the whole process group: the importer decides, and stops its stagers (SIGTERM).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = sys.stdout
     try:
         header = json.loads(sys.stdin.readline())

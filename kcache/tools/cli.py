@@ -21,7 +21,7 @@ from kcache.store import layout
 from kcache.store.components import META
 from kcache.store.elf import require_loadable
 from kcache.store.locks import KeyLock
-from kcache.tools import cli_help, why_miss_cli
+from kcache.tools import bundle_cli, cli_help, why_miss_cli
 from kcache.tools.cli_entries import (
     AUTOTUNER,
     autotune_results,
@@ -34,6 +34,7 @@ from kcache.tools.cli_entries import (
 )
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, short_key
 from kcache.tools.doctor import doctor, installed_tilelang
+from kcache.tools.interruption import Interrupted, interruptible
 from kcache.tools.server_cli import cmd_server
 
 OTHER_VERSION_UNUSED_S = 7 * 86400
@@ -61,11 +62,20 @@ class OneLineParser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A user's mistake (a bad setting, argument or root) is one line on stderr and
-    exit status 2; `--debug` or KCACHE_DEBUG=1 shows its traceback. Bugs keep their tracebacks."""
+    exit status 2; `--debug` or KCACHE_DEBUG=1 shows its traceback. Bugs keep their tracebacks. SIGINT
+    or SIGTERM stops the command (what it started stopped, what it half made removed) with one line on
+    stderr and exit status 130 or 143."""
     arguments = sys.argv[1:] if argv is None else argv
     debug = "--debug" in arguments or os.environ.get("KCACHE_DEBUG", "") not in ("", "0")
     try:
-        outcome = _run(argv)
+        with interruptible():  # not `kcache run`'s program, which runs below with its own signals
+            outcome = _run(argv)
+    except Interrupted as stop:
+        # One line: what the command left (no bundle, nothing imported), and a shell's status for it.
+        command = next((word for word in arguments if word in COMMANDS), "")
+        print(f"kcache{' ' + command if command else ''}: interrupted by {stop.name}"
+              + (f": {stop.done}" if stop.done else ""), file=sys.stderr)
+        return stop.exit_status
     except BrokenPipeError:
         # Nothing more can be said on a closed stdout; point it at /dev/null so that the interpreter's
         # final flush does not complain either.
@@ -317,52 +327,6 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
             f"{count_of(results, 'autotune result', 'autotune results')}", 0)
 
 
-def cmd_export(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    from kcache.tools.bundle import export_bundle, read_key_list
-
-    report = export_bundle(args.bundle, root=settings.root, keys=read_key_list(args.keys) if args.keys else None,
-                           archs=args.arch, since=time.time() - args.since if args.since is not None else None)
-    text = (f"exported {count_of(report.entries, 'entry', 'entries')} ({human_size(report.bytes)}; archs "
-            f"{', '.join(report.archs) or '-'}) to {report.bundle}, {'signed' if report.signed else 'unsigned'}")
-    if report.missing:
-        text += f"\n{count_of(len(report.missing), 'key', 'keys')} asked for but not in {settings.root}: " + \
-            ", ".join(k[:16] for k in report.missing[:10])
-    return vars(report), text, 1 if report.missing else 0
-
-
-def cmd_import(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    from kcache.tools.bundle import import_bundle
-
-    options: dict[str, Any] = {"toolchain": None} if args.any_toolchain else {}
-    report = import_bundle(args.bundle, root=settings.root, allow_unsigned=args.unsigned, archs=args.arch, **options)
-    text = (f"imported {count_of(report.imported, 'entry', 'entries')} ({human_size(report.bytes)}) into "
-            f"{settings.root} in {report.seconds:.2f} s; {report.already_present} already there"
-            + (f", {report.filtered_out} of other archs skipped" if report.filtered_out else ""))
-    return vars(report), text, 0
-
-
-def cmd_verify_coverage(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    from kcache.tools.bundle import missing_coverage, read_key_records
-
-    records = read_key_records(args.keys)
-    where = args.bundle or str(settings.root)
-    missing = missing_coverage(records, bundle=args.bundle) if args.bundle else missing_coverage(records,
-                                                                                                root=settings.root)
-    rows = [(r["key"][:16], str(r.get("kernel", "?")), _arch_of_target(r.get("target"))) for r in missing]
-    text = (f"{where} covers all {count_of(len(records), 'key', 'keys')} of {args.keys}" if not missing else
-            f"{count_of(len(missing), 'key', 'keys')} of {len(records)} would compile, missing from {where}:\n"
-            + format_table(["key", "kernel", "arch"], rows))
-    return {"keys": len(records), "missing": missing, "covered_by": where}, text, 1 if missing else 0
-
-
-def _arch_of_target(target: Any) -> str:
-    try:
-        parsed = json.loads(target) if isinstance(target, str) else target
-    except ValueError:
-        return str(target)
-    return str(parsed.get("arch") or parsed.get("kind")) if isinstance(parsed, dict) else str(parsed or "?")
-
-
 def cmd_untune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
     matches = [p for p in autotune_results(settings.root) if p.name.startswith(args.key)]
     if len(matches) != 1:
@@ -403,8 +367,8 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings | None) -> tuple[Any
 
 
 COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
-            "clear": cmd_clear, "export": cmd_export, "import": cmd_import,
-            "verify-coverage": cmd_verify_coverage, "why-miss": why_miss_cli.cmd_why_miss, "tunes": cmd_tunes,
+            "clear": cmd_clear, "export": bundle_cli.cmd_export, "import": bundle_cli.cmd_import,
+            "verify-coverage": bundle_cli.cmd_verify_coverage, "why-miss": why_miss_cli.cmd_why_miss, "tunes": cmd_tunes,
             "untune": cmd_untune, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
 
 

@@ -413,6 +413,8 @@ def shared_pool(workers: int | None, timeout_s: float | None, preload: Iterable[
 
 
 @atexit.register
-def _close_pools() -> None:
+def close_all_pools() -> None:
+    """Close every CompilePool of this process (its workers stopped): at exit, or earlier where a
+    process stops what it started before it ends."""
     for pool in list(_live_pools):
         pool.close()

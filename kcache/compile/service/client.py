@@ -355,3 +355,13 @@ def shared_service_pool(workers: int | None, timeout_s: float | None, preload: I
             found = _shared[key] = ServicePool(workers, timeout_s, preload, idle_s,
                                                lambda: shared_pool(workers, timeout_s, preload))
         return found
+
+
+def close_shared_service_pools() -> None:
+    """Disconnect every ServicePool of this process (`close`): their unfinished jobs stop, none runs
+    again in a fallback pool. For a process that stops what it started before it ends (the stress
+    harness's commands, interrupted), before it stops its services."""
+    with _shared_lock:
+        pools = list(_shared.values())
+    for pool in pools:
+        pool.close()
