@@ -76,3 +76,22 @@ def cold_cluster(tmp_path: Path, url: str, names: list[str], procs: int = 16, ro
     stats = [json.loads(out.strip().splitlines()[-1]) for out, _err in finished]
     said = "\n".join(f"{s} {err.strip()[-400:]}" for s, (_out, err) in zip(stats, finished) if s["compiles"] or err.strip())
     return stats, said
+
+
+LEASE_HOLDER = """
+import sys, kcache
+from stress import synthetic
+def pause(*args, **kwargs):
+    print("compiling", flush=True); sys.stdin.readline()
+synthetic.compile_entry = pause
+synthetic.compile_kernel = pause
+kcache.KernelCache({root!r}, backend=synthetic, remote={url!r}).get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
+"""
+
+
+def lease_holder(root: Path, url: str, **env: str) -> subprocess.Popen[str]:
+    """A process of another node (its own root) that holds the remote compile lease of the synthetic
+    kernel "k0": it has begun compiling it, and stays in its compile until its stdin closes or it dies."""
+    holder = spawn(LEASE_HOLDER.format(root=str(root), url=url), **env)
+    expect_line(holder, "compiling")
+    return holder

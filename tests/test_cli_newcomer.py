@@ -245,3 +245,25 @@ def test_a_read_only_filesystem_gets_advice_that_fits_it(cache_root: Path, tmp_p
         assert ("KCACHE_ON_UNWRITABLE=readonly" in advice) == (policy != "readonly"), advice
     if policy == "fallback":
         assert outcome["writes_to"] == str(tmp_path / "xdg-cache" / "kcache")
+
+
+# ---------------------------------------------------------------- server status: a summary
+
+
+def test_server_status_is_a_summary_and_running_means_the_service(runtime: Path) -> None:
+    """`running 0` (the jobs running) read as "not running": the summary says the service runs and
+    counts its jobs apart; the JSON's `running` is the service's, `jobs_running` its jobs."""
+    assert kcache_run("server", "start").returncode == 0
+    try:
+        done = kcache_run("server", "status")
+        assert done.returncode == 0, done.stderr
+        first, *rest = done.stdout.splitlines()
+        assert re.match(r"compile service running: pid \d+, up \d+ s, (warm|starting its first worker)$", first)
+        assert [line.split()[0] for line in rest] == ["socket", "workers", "jobs", "exits"], done.stdout
+        assert "None" not in done.stdout and "_bytes" not in done.stdout
+        status = kcache_json("server", "status")
+        assert status["running"] is True and status["jobs_running"] == 0 and status["socket"].startswith(str(runtime))
+    finally:
+        assert kcache_run("server", "stop").returncode == 0
+    stopped = kcache_json("server", "status")
+    assert stopped["running"] is False

@@ -16,7 +16,7 @@ import kcache  # noqa: E402
 from kcache.config import Settings  # noqa: E402
 from stress import synthetic  # noqa: E402
 
-from .helpers import cold_cluster, expect_line, spawn  # noqa: E402
+from .helpers import cold_cluster, lease_holder  # noqa: E402
 from .redis_server import redis_server  # noqa: E402
 
 
@@ -96,17 +96,7 @@ def test_entries_under_the_wrong_secret_are_refused(tmp_path: Path, redis_url: s
 
 
 def test_a_dead_lease_holder_frees_the_lease_and_another_node_compiles(tmp_path: Path, redis_url: str) -> None:
-    holder = spawn(f"""
-import sys, kcache
-from stress import synthetic
-def pause(*args, **kwargs):
-    print("compiling", flush=True); sys.stdin.readline()
-synthetic.compile_entry = pause
-synthetic.compile_kernel = pause
-kcache.KernelCache({str(tmp_path / "a")!r}, backend=synthetic, remote={redis_url!r}).get_or_compile(
-    synthetic.SyntheticFunc("k0"), "synthetic")
-""", KCACHE_REMOTE_LEASE="1")
-    expect_line(holder, "compiling")  # it holds the cluster lease now
+    holder = lease_holder(tmp_path / "a", redis_url, KCACHE_REMOTE_LEASE="1")  # it holds the cluster lease now
     client = redis.Redis.from_url(redis_url)
     assert [k for k in client.keys("kcache:*") if b"lease" in k]
     os.kill(holder.pid, signal.SIGKILL)
@@ -114,6 +104,35 @@ kcache.KernelCache({str(tmp_path / "a")!r}, backend=synthetic, remote={redis_url
     waiter = node(tmp_path / "b", redis_url, remote_lease_s=1.0)
     get(waiter)  # waits for the lease to lapse (no renewals from the dead), then compiles
     assert waiter.stats()["compiles"] == 1
+
+
+def test_a_live_lease_is_waited_for_at_most_KCACHE_LOCK_TIMEOUT_with_backoff_then_compiled_here(
+        tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Another node holds the lease and keeps it alive (renewing it) without uploading: this node waits
+    for it, politely (a widening pause, not a loop on Redis), for KCACHE_LOCK_TIMEOUT in all, then
+    compiles the kernel itself, with one warning that says why."""
+    import time
+
+    holder = lease_holder(tmp_path / "a", redis_url)
+    try:
+        client = redis.Redis.from_url(redis_url)
+        client.config_resetstat()
+        waiter = node(tmp_path / "b", redis_url, lock_timeout_s=2.0)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="kcache"):
+            kernel = get(waiter)
+        took = time.monotonic() - started
+        calls = {name: int(v["calls"]) for name, v in client.info("commandstats").items()}
+    finally:
+        holder.kill()
+        holder.wait()
+    assert kernel.name == "k0" and waiter.stats()["compiles"] == 1
+    assert 2.0 <= took < 2.0 + 3.0, took  # it waited for the live lease, and no longer than the setting
+    # A lease try is one SET NX: a wait of T seconds makes about 6 + 2T of them (kcache.tiers.backoff),
+    # plus the upload's; a loop on Redis made thousands. (The holder's renewals are EVALSHA.)
+    assert calls["cmdstat_set"] <= 6 + 2 * 2 + 2 and sum(calls.values()) < 150, calls
+    warned = [r.getMessage() for r in caplog.records if "compiling it here too" in r.getMessage()]
+    assert len(warned) == 1 and "KCACHE_LOCK_TIMEOUT" in warned[0]
 
 
 def test_doctor_checks_that_the_remote_answers(tmp_path: Path, redis_url: str) -> None:

@@ -29,6 +29,7 @@ from kcache.store import layout
 from kcache.store.components import KERNELS, LIBRARY
 from kcache.tools import bundle as bundle_module
 from kcache.tools.bundle import export_bundle, import_bundle
+from kcache.tools.bundle_manifest import MANIFEST_MEMBER
 
 from .helpers import PROJECT, child_env
 from .test_bundles import NAMES, SECRET, filled_root, staging_left, visible
@@ -162,6 +163,31 @@ def test_a_member_inflated_past_its_signed_size_is_refused_before_it_is_read(tmp
     honest = tmp_path / "honest.kcb"
     write_archive(honest, members)
     assert import_bundle(honest, root=tmp_path / "c", toolchain=None, secret=SECRET).imported == len(keys)
+
+
+def test_a_manifest_is_held_whole_only_once_its_signature_verifies(tmp_path: Path, signed_bundle) -> None:
+    """A forged bundle whose manifest claims 200 MiB (under the manifest's 256 MiB cap; a hole of a
+    sparse file), with a signature that does not verify: the import streams the manifest through the
+    HMAC a chunk at a time and refuses it, never holding it whole."""
+    path, _keys = signed_bundle
+    with tarfile.open(path) as original:
+        members = [(m.name, original.extractfile(m).read(), m.size) for m in original.getmembers()]
+    forged = tmp_path / "forged.kcb"
+    claimed = 200 * MiB
+    write_archive(forged, [(members[0][0], members[0][1], claimed), *members[1:]])
+    outcome = measured_kcache("--dir", str(tmp_path / "b"), "import", str(forged), "--any-toolchain",
+                              KCACHE_BUNDLE_SECRET=SECRET)
+    assert outcome["peak_rss"] < PEAK_RSS_BOUND, outcome
+    assert_one_clear_line(outcome["rc"], outcome["stderr"], forged, "signature does not verify")
+
+
+def test_a_manifest_nested_past_the_recursion_limit_is_one_clear_line(tmp_path: Path) -> None:
+    """JSON nested deeper than Python's recursion limit was a RecursionError traceback out of
+    `kcache verify-coverage` (which reads the manifest of a bundle it is given, signed or not)."""
+    path = tmp_path / "nested.kcb"
+    write_archive(path, [(MANIFEST_MEMBER, b"[" * 100_000, 100_000)])
+    done = kcache_cli("verify-coverage", "--keys", str(key_file(tmp_path)), str(path))
+    assert_one_clear_line(done.returncode, done.stderr, path, "nested too deeply")
 
 
 # ---------------------------------------------------------------- the path: opened once

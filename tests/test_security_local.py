@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import pytest
 
 import kcache
 from kcache.cache import deployment
+from kcache.compile.runtime_dir import host_tag
+from kcache.compile.service.address import MAX_SOCKET_PATH
 from stress import synthetic
 
 from .faults import needs_root
@@ -27,6 +28,7 @@ from .test_security import shared_dir, victims_files, world_dir  # noqa: F401 - 
 from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
 
 PROJECT = Path(__file__).resolve().parent.parent
+TEAM_GID, OTHER_UID = 4242, 4243  # a group and a user this machine need not have: root gives files to ids
 
 RECORD_AS_VICTIM = """
 import kcache
@@ -93,21 +95,55 @@ def test_a_record_file_another_user_made_first_gets_no_key(
 def test_a_record_file_is_private_unless_the_cache_is_shared_by_a_group(
     tmp_path: Path, recording: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Group read and write only for the cache's group: KCACHE_GROUP's, or a setgid directory's. In
+    a plain directory a group-mode record is private: its group would be the user's primary group,
+    which may be far broader than the cache's."""
+    team = tmp_path / "team"  # a directory shared by a group by design: setgid
+    team.mkdir()
+    os.chown(team, -1, TEAM_GID)
+    team.chmod(0o2770)
     previous = os.umask(0o022)
     try:
         record_one(tmp_path, tmp_path / "private.jsonl")
         monkeypatch.setenv("KCACHE_UMASK", "007")
-        record_one(tmp_path, tmp_path / "group.jsonl")
+        record_one(tmp_path, tmp_path / "plain-dir.jsonl")
+        record_one(tmp_path, team / "setgid-dir.jsonl")
+        monkeypatch.setenv("KCACHE_GROUP", str(TEAM_GID))
+        record_one(tmp_path, tmp_path / "kcache-group.jsonl")
+        monkeypatch.delenv("KCACHE_GROUP")
         monkeypatch.delenv("KCACHE_UMASK")
         loose = tmp_path / "loose.jsonl"  # made by an earlier kcache, 0644: narrowed, not refused
         loose.touch(0o644)
         record_one(tmp_path, loose)
     finally:
         os.umask(previous)
-    modes = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("private.jsonl", "group.jsonl",
-                                                                              "loose.jsonl")}
-    assert modes == {"private.jsonl": 0o600, "group.jsonl": 0o660, "loose.jsonl": 0o600}
-    assert all(json.loads((tmp_path / name).read_text())["kernel"] == "k0" for name in modes)
+    files = {name: tmp_path / name for name in ("private.jsonl", "plain-dir.jsonl", "kcache-group.jsonl", "loose.jsonl")}
+    files["setgid-dir.jsonl"] = team / "setgid-dir.jsonl"
+    modes = {name: stat.S_IMODE(path.stat().st_mode) for name, path in files.items()}
+    assert modes == {"private.jsonl": 0o600, "plain-dir.jsonl": 0o600, "setgid-dir.jsonl": 0o660,
+                     "kcache-group.jsonl": 0o660, "loose.jsonl": 0o600}
+    assert files["setgid-dir.jsonl"].stat().st_gid == files["kcache-group.jsonl"].stat().st_gid == TEAM_GID
+    assert all(json.loads(path.read_text())["kernel"] == "k0" for path in files.values())
+
+
+def test_a_key_list_another_user_owns_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Another user may change their key list's records at any time (`export --keys`, `verify-coverage`
+    and `why-miss` would act on theirs): refused, with the fix; the user's own and root's are read."""
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(json.dumps({"key": "ab" * 32}) + "\n")
+    keys.chmod(0o644)
+    os.chown(keys, OTHER_UID, -1)  # as root: a real file of another uid
+    done = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "verify-coverage",
+                           "--keys", str(keys)], capture_output=True, text=True, env=child_env(), cwd=str(PROJECT),
+                          timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert str(keys) in lines[0] and f"belongs to uid {OTHER_UID}" in lines[0] and "copy" in lines[0], done.stderr
+    os.chown(keys, os.geteuid(), -1)
+    mine = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "verify-coverage",
+                           "--keys", str(keys)], capture_output=True, text=True, env=child_env(), cwd=str(PROJECT),
+                          timeout=60)
+    assert "belongs to uid" not in mine.stderr and mine.returncode in (0, 1), mine.stderr
 
 
 def test_a_second_link_to_the_record_file_is_refused(tmp_path: Path, recording: None, caplog) -> None:
@@ -183,9 +219,18 @@ def test_a_squatted_tmp_directory_moves_the_service_it_does_not_take_it_away(
                 os.kill(pid, signal.SIGKILL)
     (first, warning), (second, _) = runs
     assert first["value"] == 3 and first["pid"] is not None and first["pid"] == second["pid"]  # one service
-    assert first["directory"] == str(env.homes["kcache-b"] / ".cache" / "kcache-run" / socket.gethostname())
+    assert first["directory"] == str(env.homes["kcache-b"] / ".cache" / "kcache-run" / host_tag())
     assert str(squatted) in warning and "belongs to uid" in warning and first["directory"] in warning, warning
     assert not list(squatted.iterdir())
+
+
+def test_the_home_service_directory_leaves_room_for_a_socket_whatever_the_host_name() -> None:
+    """A fully qualified host name can be 253 bytes; the socket's whole path may be 107. The home
+    directory names the host by a short tag: its first label and a hash of the whole name."""
+    longest = ".".join(["a" * 63] * 3) + "." + "b" * 61
+    assert len(host_tag(longest)) <= 17 and host_tag("vm") == "vm" and host_tag(longest) != host_tag(longest[:-1])
+    home_directory = Path("/home/a-user-with-a-long-name/.cache/kcache-run") / host_tag(longest)
+    assert len(os.fsencode(home_directory / f"compile-{'0' * 20}.sock")) <= MAX_SOCKET_PATH
 
 
 # ---------------------------------------------------------------- the service's in-flight merge
@@ -226,3 +271,20 @@ def test_a_job_staged_in_a_group_root_is_never_copied_into_a_private_one(runtime
         gate.write_text("go")
     assert first.result(timeout=60) != second.result(timeout=60)  # each ran in a worker of its own
     assert runs.read_text() == "run\n" * 2
+
+
+def test_a_staging_below_a_directory_others_may_write_is_no_private_output(tmp_path: Path) -> None:
+    """Another user who may write any directory above a private root's staging may move the root away
+    and put one of theirs in its place: its outputs are then of that root's domain alone (never copied
+    into another root's job). A sticky directory above (as /tmp) is no such way in."""
+    from kcache.compile.service.inflight import trust_domain
+
+    tmp_path.chmod(0o700)
+    above = tmp_path / "above"
+    job = staging(above / "root" / ".staging" / "job", 0o700)
+    above.chmod(0o700)
+    assert trust_domain(str(job)) == "private"
+    above.chmod(0o1777)  # sticky: nobody may rename what is not theirs
+    assert trust_domain(str(job)) == "private"
+    above.chmod(0o777)  # two levels up, open to all
+    assert trust_domain(str(job)) == f"root {job.parent}"

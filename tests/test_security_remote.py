@@ -258,6 +258,36 @@ def test_a_planted_redis_lease_is_measured_taken_over_and_never_marks_redis_down
     assert client.exists(lease) == 0  # replaced by our lease, released after the compile
 
 
+def test_a_tune_claim_takes_over_a_huge_redis_lease_and_a_contended_one_waits_KCACHE_TUNE_WAIT(
+        tmp_path: Path, redis_url: str) -> None:  # noqa: F811
+    """As in S3: a planted lease (8 MiB) is taken over at once, never downloaded; a valid one is
+    waited for KCACHE_TUNE_WAIT, backing off, then the claim raises TuneWaitTimeout."""
+    import redis
+
+    identity = uuid.uuid4().hex * 2
+    first = tune_claim(tmp_path / "a", redis_url, identity, wait_s=2.0)
+    tier = first._remote.tier.tiers[0]  # noqa: SLF001
+    client = redis.Redis.from_url(redis_url)
+    client.set(f"{tier.prefix}lease:{identity[:40]}", b"\0" * (8 << 20))
+    client.config_resetstat()
+    started = time.monotonic()
+    assert first.claim() is None and first.held  # it took the planted lease over: it tunes
+    took, sent = time.monotonic() - started, int(client.info("stats")["total_net_output_bytes"])
+    try:
+        assert took < 5.0 and sent < 64 << 10, f"{took:.1f} s and {sent} bytes to get past a planted lease"
+        second = tune_claim(tmp_path / "b", redis_url, identity, wait_s=2.0)
+        client.config_resetstat()
+        started = time.monotonic()
+        with pytest.raises(TuneWaitTimeout, match="KCACHE_TUNE_WAIT"):
+            second.claim()
+        took = time.monotonic() - started
+        tries = int(client.info("commandstats").get("cmdstat_set", {}).get("calls", 0))
+        assert 2.0 <= took < 6.0, f"a wait of KCACHE_TUNE_WAIT=2 took {took:.1f} s"
+        assert tries <= 6 + 2 * 2 + 1, f"{tries} lease tries in a wait of {took:.1f} s: no backoff"
+    finally:
+        first.release()
+
+
 # ---------------------------------------------------------------- a forced re-tune replaces the remote result
 
 

@@ -207,17 +207,31 @@ def test_a_job_writes_with_its_clients_umask_not_the_services(runtime: Path, tmp
     assert (private, shared) == (0o600, 0o664)
 
 
+def interpreter_spellings(made: Path) -> tuple[Path, str]:
+    """A bin folder where `python` and `python3.X` are this interpreter, and the versioned name. In a
+    venv, the venv's own (a link to its python from another folder would not be the venv: Python
+    finds pyvenv.cfg beside the path it was started by); elsewhere, links in `made`, as a venv has."""
+    versioned = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    if sys.prefix != sys.base_prefix:
+        bin_dir = Path(sys.executable).parent
+        assert (bin_dir / versioned).exists() and (bin_dir / "python").exists(), sorted(os.listdir(bin_dir))
+        return bin_dir, versioned
+    made.mkdir()
+    (made / versioned).symlink_to(sys.executable)
+    (made / "python").symlink_to(versioned)
+    return made, versioned
+
+
 def test_one_environment_names_one_service_whatever_its_spelling(tmp_path: Path) -> None:
-    """`python`, `python3.11`, the `kcache` console script (whose shebang names `python3.11`) and a
+    """`python`, `python3.X`, the `kcache` console script (whose shebang names `python3.X`) and a
     PATH that finds the same compilers name one service (`kcache server status` shows its socket);
     a PATH that finds another nvcc names another (the compile would differ)."""
-    bin_dir, other_nvcc, extra = tmp_path / "venv-bin", tmp_path / "other-cuda", tmp_path / "extra"
-    for directory in (bin_dir, other_nvcc, extra):
+    other_nvcc, extra = tmp_path / "other-cuda", tmp_path / "extra"
+    for directory in (other_nvcc, extra):
         directory.mkdir()
-    (bin_dir / "python3.11").symlink_to(sys.executable)
-    (bin_dir / "python").symlink_to("python3.11")
-    script = bin_dir / "kcache"  # what pip writes for the console script
-    script.write_text(f"#!{bin_dir / 'python3.11'}\nimport sys\nfrom kcache.tools.cli import main\nsys.exit(main())\n")
+    bin_dir, versioned = interpreter_spellings(tmp_path / "venv-bin")
+    script = tmp_path / "kcache"  # what pip writes for the console script
+    script.write_text(f"#!{bin_dir / versioned}\nimport sys\nfrom kcache.tools.cli import main\nsys.exit(main())\n")
     script.chmod(0o755)
     (other_nvcc / "nvcc").write_text("#!/bin/sh\nexit 1\n")
     (other_nvcc / "nvcc").chmod(0o755)

@@ -47,10 +47,13 @@ class SingleFlight:
         lock = KeyLock(self._store.root / layout.LOCKS / f"{request.key}.lock", request.key)
         entry = self._store.entry_path(request.key)
         give_up_when: Any = entry.is_dir
+        # One KCACHE_LOCK_TIMEOUT for the whole call: the wait for the local lock and the wait for
+        # another node's lease share it (each its own timeout made the bound twice the setting).
+        deadline = time.monotonic() + self._lock_timeout_s
         while True:
             started = time.monotonic()
             try:
-                waited = lock.acquire(self._lock_timeout_s, give_up_when)
+                waited = lock.acquire(max(0.0, deadline - started), give_up_when)
             except CacheLockTimeout:
                 raise
             except OSError as err:
@@ -82,14 +85,14 @@ class SingleFlight:
             remote = self._remote()
             if remote is None:
                 return self._compiler.compile_and_publish(request)
-            return self._cluster_once(request, remote)
+            return self._cluster_once(request, remote, max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------ the remote tier
 
-    def _cluster_once(self, request: KernelRequest, remote: RemoteTiers) -> Any:
-        """Under the local lock: a remote hit, or wait (at most KCACHE_LOCK_TIMEOUT) for the node holding
-        the remote lease to upload, or compile and upload."""
-        claim = remote.claim(request.key, self._remote_lease_s, self._lock_timeout_s,
+    def _cluster_once(self, request: KernelRequest, remote: RemoteTiers, timeout_s: float) -> Any:
+        """Under the local lock: a remote hit, or wait (what is left of KCACHE_LOCK_TIMEOUT) for the node
+        holding the remote lease to upload, or compile and upload."""
+        claim = remote.claim(request.key, self._remote_lease_s, timeout_s,
                              lambda: self._load_remote(request, remote))
         if claim.found is not None:
             return claim.found

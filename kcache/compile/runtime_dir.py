@@ -4,7 +4,7 @@ slots' locks: one directory that every process of the user on this machine finds
 In order, the first that is a real directory of this user that nobody else may enter:
 1. `$XDG_RUNTIME_DIR/kcache`, where the runtime directory is ours and private (a login session);
 2. `<tmp>/kcache-<uid>`, created 0700 (cron, ssh without a session, batch jobs, containers);
-3. `<user cache dir>-run/<host>` (`~/.cache/kcache-run/<host>`), created 0700.
+3. `<user cache dir>-run/<host>` (`~/.cache/kcache-run/<host>`: a long name shortened), created 0700.
 
 The second is a predictable name in a shared directory: another user can create it first, and
 with /tmp's sticky bit the victim cannot remove it. That user gains nothing (the directory fails
@@ -17,6 +17,7 @@ apart (a Unix socket is of one machine). docs/security.md, "Availability", has t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -47,7 +48,7 @@ def runtime_directory() -> Path:
     refused = _make_private(shared_tmp)
     if refused is None:
         return shared_tmp
-    home = Path(platformdirs.user_cache_dir("kcache", appauthor=False) + "-run") / socket.gethostname()
+    home = Path(platformdirs.user_cache_dir("kcache", appauthor=False) + "-run") / host_tag()
     with contextlib.suppress(OSError):
         home.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
     why_not_home = _make_private(home)
@@ -61,6 +62,16 @@ def runtime_directory() -> Path:
         return home
     raise NoServiceDirectory(f"{shared_tmp} {refused}, and {home} {why_not_home}: no compile service (the "
                              "process's own pool compiles); set XDG_RUNTIME_DIR to a private directory of yours")
+
+
+def host_tag(hostname: str | None = None) -> str:
+    """This machine's name in the home directory's path: the host name where it is short, else its
+    first label (8 bytes at most) and a hash of the whole name. A fully qualified name can be 253
+    bytes, and a socket's whole path may be 107."""
+    name = hostname if hostname is not None else socket.gethostname()
+    if len(name) <= 16 and "." not in name and "/" not in name:
+        return name
+    return f"{name.split('.')[0][:8]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def _make_private(directory: Path) -> str | None:

@@ -32,18 +32,18 @@ def private_file_mode() -> int:
 
 
 def open_for_append(path: str | os.PathLike[str]) -> int:
-    """A descriptor appending to `path`, created with exactly `private_file_mode()` if missing. Raises
-    UnsafeFile for a link, a non-regular file, another user's file or one with other links; a file
-    of this user's open to more than that mode is narrowed to it."""
-    allowed = private_file_mode()
+    """A descriptor appending to `path`, created private if missing (`_shared_mode`: the group's
+    bits only for the cache's group). Raises UnsafeFile for a link, a non-regular file, another
+    user's file or one with other links; a file of this user's open to more than its mode allows
+    is narrowed to it."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         try:
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, allowed)
-            os.fchmod(fd, allowed)  # exactly: the process's umask may have taken the group's bits
-            return fd
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            created = True
         except FileExistsError:
             fd = os.open(path, flags)
+            created = False
     except OSError:
         if os.path.islink(path):
             raise UnsafeFile(f"{path} is a symbolic link: kcache never writes through one; remove it or choose "
@@ -52,7 +52,10 @@ def open_for_append(path: str | os.PathLike[str]) -> int:
     try:
         info = os.fstat(fd)
         _check_owned(path, info)
-        if stat.S_IMODE(info.st_mode) & ~allowed:  # ours: narrowing it is safe, and stops the leak
+        allowed = _shared_mode(fd, path, info, claim_group=created)
+        if created:
+            os.fchmod(fd, allowed)  # exactly: the process's umask may have taken the group's bits
+        elif stat.S_IMODE(info.st_mode) & ~allowed:  # ours: narrowing it is safe, and stops the leak
             os.fchmod(fd, stat.S_IMODE(info.st_mode) & allowed)
         return fd
     except BaseException:
@@ -60,10 +63,32 @@ def open_for_append(path: str | os.PathLike[str]) -> int:
         raise
 
 
+def _shared_mode(fd: int, path: str | os.PathLike[str], info: os.stat_result, *, claim_group: bool) -> int:
+    """The mode a record file may have: `private_file_mode()` where the file's group is the cache's
+    (KCACHE_GROUP, which a file just created is given; without it, the group of a setgid directory,
+    which the file took from it), else 0600: the user's primary group, or a directory's group that
+    nobody chose for sharing, may be far broader than the cache's."""
+    mode = private_file_mode()
+    if mode == 0o600:
+        return mode
+    group = sharing.configured_group()
+    if group is not None:
+        if info.st_gid != group and claim_group:
+            try:
+                os.fchown(fd, -1, group)
+            except PermissionError:
+                return 0o600  # not a member of it: the file stays private
+            return mode
+        return mode if info.st_gid == group else 0o600
+    directory = os.stat(os.path.dirname(os.path.abspath(path)))
+    shared_directory = bool(directory.st_mode & stat.S_ISGID) and directory.st_gid == info.st_gid
+    return mode if shared_directory else 0o600
+
+
 def read_key_file(path: str | os.PathLike[str]) -> str:
     """The text of a key list (a record file), read once by descriptor and bounded. Refuses a link, a
-    non-regular file (a FIFO would block), a file anybody may write (any record in it could be
-    another user's) and one over MAX_KEY_FILE_BYTES."""
+    non-regular file (a FIFO would block), a file anybody may write or another user owns (any record
+    in it could be theirs; root's and the user's own are trusted) and one over MAX_KEY_FILE_BYTES."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -77,6 +102,9 @@ def read_key_file(path: str | os.PathLike[str]) -> str:
         if info.st_mode & stat.S_IWOTH:
             raise UnsafeFile(f"{path} may be written by any user (mode {stat.S_IMODE(info.st_mode):04o}), so its "
                              f"records may be anyone's: check it, then `chmod o-w {path}`")
+        if info.st_uid not in (os.geteuid(), 0):
+            raise UnsafeFile(f"{path} belongs to uid {info.st_uid}, who may change its records at any time: "
+                             f"check it, then use a copy of your own (`cp {path} ~/keys.jsonl`)")
         data = file.read(MAX_KEY_FILE_BYTES + 1)
     if len(data) > MAX_KEY_FILE_BYTES:
         raise UnsafeFile(f"{path} is over {MAX_KEY_FILE_BYTES >> 20} MiB: not a key list")

@@ -52,10 +52,11 @@ from kcache.tools.bundle_export import ExportReport, export_bundle
 from kcache.tools.bundle_manifest import (
     FROM_ENVIRONMENT,
     MANIFEST_MEMBER,
+    MAX_MANIFEST_BYTES,
     SIGNATURE_MEMBER,
     bundle_secret,
     parse_manifest,
-    sign,
+    signer,
     toolchain_mismatch,
 )
 from kcache.tools.bundle_reader import BundleMember, BundleReader, open_bundle
@@ -122,12 +123,14 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         toolchain = toolchain_fingerprint(root, persist=False)
     report = ImportReport(str(path))
     with open_bundle(path) as reader:
-        manifest_bytes = reader.read_manifest()
+        manifest_member = reader.manifest_member()
         signature = reader.read_signature()
         if secret:
             if signature is None:
                 raise BundleError(str(path), "it is not signed, and KCACHE_BUNDLE_SECRET is set: refused")
-            if not hmac.compare_digest(signature, sign(secret, manifest_bytes)):
+            # Verified as it is read, a chunk at a time: an unsigned manifest is never held whole.
+            expected = reader.digest_of(manifest_member, signer(secret)).hexdigest().encode()
+            if not hmac.compare_digest(signature, expected):
                 raise BundleError(str(path), "its signature does not verify with KCACHE_BUNDLE_SECRET (another "
                                   "secret, or the bundle was changed after it was signed)")
         elif signature is not None:
@@ -135,7 +138,7 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         elif not allow_unsigned:
             raise BundleError(str(path), "it is not signed: sign bundles with KCACHE_BUNDLE_SECRET at export, or "
                               "import with --unsigned if you trust whoever wrote it (a bundle holds code)")
-        manifest = parse_manifest(manifest_bytes, path)
+        manifest = parse_manifest(reader.read(manifest_member, MAX_MANIFEST_BYTES), path)
         if toolchain is not None and manifest["toolchains"] != [toolchain]:
             raise BundleError(str(path), toolchain_mismatch(manifest["toolchains"], toolchain))
         entries: dict[str, Any] = manifest["entries"]

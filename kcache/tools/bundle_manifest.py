@@ -37,7 +37,12 @@ def bundle_secret(given: str | None) -> str | None:
 
 
 def sign(secret: str, manifest: bytes) -> bytes:
-    return hmac.new(secret.encode(), SIGNATURE_LABEL + manifest, hashlib.sha256).hexdigest().encode()
+    return signer(secret, manifest).hexdigest().encode()
+
+
+def signer(secret: str, manifest: bytes = b"") -> hmac.HMAC:
+    """The HMAC of a manifest, to which more of it may be fed (`update`) before its hexdigest."""
+    return hmac.new(secret.encode(), SIGNATURE_LABEL + manifest, hashlib.sha256)
 
 
 def arch_of(meta: dict[str, Any]) -> str:
@@ -70,6 +75,8 @@ def parse_manifest(data: bytes, path: Path) -> dict[str, Any]:
                 raise ValueError(f"entry {key[:16]} names no arch")
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise BundleError(str(path), f"its manifest is not a kcache bundle manifest: {err}") from None
+    except RecursionError:  # JSON nested deeper than Python's recursion limit: no manifest of ours
+        raise BundleError(str(path), "its manifest is not a kcache bundle manifest: nested too deeply") from None
     return manifest
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kcache.store.components import KERNELS
 from kcache.tools.bundle_entries import BundleError, read_exactly
@@ -35,6 +36,7 @@ END_OF_ARCHIVE = bytes(BLOCK)  # the first of the two zero blocks that end an ar
 # A member's long name or pax records: kcache's member names are under 100 bytes, so a header
 # claiming more than this is no bundle of kcache's, and is refused before its payload is read.
 MAX_EXTENDED_HEADER_BYTES = 4096
+DIGEST_CHUNK = 1 << 20  # what a streamed digest holds at once
 REGULAR_TYPES = (b"0", b"\0")
 PAX_HEADER = b"x"
 GNU_LONG_NAME = b"L"
@@ -184,10 +186,24 @@ class BundleReader:
 
     def read_manifest(self) -> bytes:
         """The bundle manifest: the first member, always."""
+        return self.read(self.manifest_member(), MAX_MANIFEST_BYTES)
+
+    def manifest_member(self) -> BundleMember:
+        """The manifest's header, its bytes not read (the first member, always)."""
         first = next(self, None)
         if first is None or first.name != MANIFEST_MEMBER:
             raise BundleError(str(self.path), f"its first member is not {MANIFEST_MEMBER}: not a kcache bundle")
-        return self.read(first, MAX_MANIFEST_BYTES)
+        if first.size > MAX_MANIFEST_BYTES:
+            raise BundleError(str(self.path), f"{first.name} is {first.size} bytes, more than a bundle's manifest "
+                              "may be")
+        return first
+
+    def digest_of(self, member: BundleMember, digest: Any) -> Any:
+        """`digest` (hashlib's or hmac's) updated with the member's bytes, read a chunk at a time: a
+        signature is checked before a manifest is held whole."""
+        for offset in range(0, member.size, DIGEST_CHUNK):
+            digest.update(self.read_at(member.name, member.offset + offset, min(DIGEST_CHUNK, member.size - offset)))
+        return digest
 
     def read_signature(self) -> bytes | None:
         """The signature, the member right after the manifest where the bundle is signed."""

@@ -32,6 +32,25 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
             0 if args.action == "stop" else 1
     if args.action == "stop":
         return {"running": False, "stopped_pid": reply, "socket": where}, f"stopped the compile service (pid {reply})", 0
-    status = {"running": True, "socket": where, **reply}
-    text = "\n".join(f"{key:<16} {value}" for key, value in status.items())
-    return status, text, 0
+    # The service's own "running" counts its running jobs: renamed, so that "running" means the service.
+    status = {**{("jobs_running" if key == "running" else key): value for key, value in reply.items()},
+              "running": True, "socket": where}
+    return status, summary(status), 0
+
+
+def summary(status: dict[str, Any]) -> str:
+    """What `doctor` says of the service, a line a topic: process, workers, jobs, when it exits."""
+    from kcache.tools.cli_format import count_of, human_age, human_size
+
+    warm = "warm" if status.get("warm") else "starting its first worker"
+    template = f"forked from template pid {status['template_pid']}" if status.get("template_pid") else "started by exec"
+    budget = status.get("memory_budget_bytes")
+    memory = human_size(status["worker_memory_bytes"]) + (f" of a {human_size(budget)} budget" if budget else "")
+    return "\n".join((
+        f"compile service running: pid {status['pid']}, up {human_age(status['uptime_s'])}, {warm}",
+        f"  socket   {status['socket']}",
+        f"  workers  {status['workers']} of {status['max_workers']}, {template}; {memory}",
+        f"  jobs     {status['jobs']} served ({status['failed']} failed), {status['jobs_running']} running, "
+        f"{status['queued']} queued; {count_of(status['clients'], 'client', 'clients')} connected",
+        f"  exits    after {human_age(status['idle_timeout_s'])} idle (KCACHE_SERVER_IDLE); `kcache server stop` now",
+    ))

@@ -102,8 +102,8 @@ def merge_key(key: str, directory: str | None) -> str:
 
 def trust_domain(directory: str | None) -> str:
     """"private" for an output that nobody but this user can change while it is staged: a directory
-    of this user's, writable by nobody else, in a parent that is too or is sticky (a private root's
-    staging, a private temporary directory); outputs of that domain may be copied into each other.
+    of this user's, writable by nobody else, every directory above it so too or sticky (a private
+    root's staging, a private temporary directory); outputs of that domain may be copied into each other.
     Any other output (a group root's staging, writable by the group while staged) is its own
     domain, its staging parent: its files are copied only within its root, never into a private one
     (nor is a private output copied into a group root: that would need no trust, but gains little)."""
@@ -112,13 +112,29 @@ def trust_domain(directory: str | None) -> str:
     path = os.path.abspath(directory)
     parent = os.path.dirname(path)
     try:
-        mine, theirs = os.stat(path, follow_symlinks=False), os.stat(parent)
+        mine = os.stat(path, follow_symlinks=False)
+        uid = os.geteuid()
+        alone = stat.S_ISDIR(mine.st_mode) and mine.st_uid == uid and not mine.st_mode & 0o022
+        if alone and _nobody_else_can_move(parent, uid):
+            return "private"
     except OSError:
-        return f"root {parent}"
-    uid = os.geteuid()
-    alone = stat.S_ISDIR(mine.st_mode) and mine.st_uid == uid and not mine.st_mode & 0o022
-    parent_alone = theirs.st_mode & stat.S_ISVTX or (theirs.st_uid == uid and not theirs.st_mode & 0o022)
-    return "private" if alone and parent_alone else f"root {os.path.realpath(parent)}"
+        pass
+    return f"root {os.path.realpath(parent)}"
+
+
+def _nobody_else_can_move(directory: str, uid: int) -> bool:
+    """Whether no other user can rename or replace anything in `directory` or above it: every level,
+    up to /, is sticky or is this user's or root's and writable by nobody else. (Another user who
+    may write an ancestor could move the staging directory away and put one of theirs in its place.)"""
+    level = directory
+    while True:
+        info = os.stat(level)
+        if not (info.st_mode & stat.S_ISVTX or (info.st_uid in (uid, 0) and not info.st_mode & 0o022)):
+            return False
+        above = os.path.dirname(level)
+        if above == level:
+            return True
+        level = above
 
 
 def copy_output(source: str, target: str) -> None:
