@@ -79,6 +79,39 @@ def test_an_interrupted_stress_run_says_one_line_keeps_its_logs_and_leaves_nothi
     assert os.listdir(scratch.path) == [logs.name]
 
 
+def workers_loading(scratch: Scratch) -> bool:
+    return sum(" stress.worker" in line or "stress/worker" in line for line in processes_of(scratch)) >= 2
+
+
+# The moments of a run at which a terminal's Ctrl-C can come: as it starts (its first line printed, its
+# temporary folders made, nothing else yet), with its compile service up, and under load.
+MOMENTS = {
+    "starting": lambda scratch: True,
+    "service up": lambda scratch: compile_service(scratch, whole=True),
+    "under load": lambda scratch: compile_service(scratch, whole=True) and workers_loading(scratch),
+}
+
+
+@pytest.mark.parametrize("moment", sorted(MOMENTS))
+def test_ctrl_c_to_the_stress_runs_process_group_at_any_moment_leaves_nothing(scratch: Scratch, moment: str) -> None:
+    """A terminal's Ctrl-C: SIGINT to the whole foreground process group (the run leads its own here,
+    as a shell's job does), at one of the run's moments. One line, exit 130, nothing left running, and
+    of what it made only its logs."""
+    run = subprocess.Popen([sys.executable, "-m", "stress", "--synthetic", "--procs", "2", "--duration", "600",
+                            "--quiet", "--seed", "7"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=child_env(**scratch.env), cwd=str(PROJECT),
+                           start_new_session=True)
+    first = run.stdout.readline()
+    assert first.startswith("stress:"), first + run.stdout.read()
+    wait_for(lambda: MOMENTS[moment](scratch), run, f"the run's moment {moment!r}")
+    os.killpg(run.pid, signal.SIGINT)
+    *_, line = rest_of(run, 128 + signal.SIGINT)
+    assert processes_of(scratch) == []
+    assert line.startswith("stress: interrupted by SIGINT "), line
+    assert len(os.listdir(scratch.path)) <= 1 and all(name.startswith("kcache-stress-") or "log" in name
+                                                         for name in os.listdir(scratch.path)), os.listdir(scratch.path)
+
+
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_an_interrupted_bench_says_what_it_measured_and_leaves_nothing(scratch: Scratch, signum: int) -> None:
     bench = start([sys.executable, "-m", "stress.bench", "--only", "cli", "--cli-entries", "20000"], scratch)
