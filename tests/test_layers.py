@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("kcache.store",)),
     ("settings", ("kcache.config",)),
     ("services", ("kcache.maintenance", "kcache.compile")),
-    ("tiers and backend", ("kcache.tiers", "kcache.tilelang")),
+    ("tiers and backends", ("kcache.tiers", "kcache.tilelang", "kcache.triton")),
     ("cache", ("kcache.cache",)),
     ("results", ("kcache.results",)),
     ("drop-in", ("kcache.dropin",)),

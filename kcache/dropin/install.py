@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any
 
+from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
 from kcache.config import _parse_flag
@@ -21,7 +22,8 @@ log = logging.getLogger("kcache")
 
 def install(cache: KernelCache | None = None) -> None:
     """Route TileLang's compiles and AutoTuner results through `cache` (default: kcache's default cache),
-    and tune each AutoTuner key once per job (kcache.dropin.autotuner_results). Imports TileLang.
+    and tune each AutoTuner key once per job (kcache.dropin.autotuner_results); Triton's kernels
+    through kcache too (TRITON_CACHE_MANAGER, unless it names another manager: kcache.triton). Imports TileLang.
     Calling it again changes the cache. Where TileLang is not installed, raises TileLangMissing
     (a ModuleNotFoundError that says how to install it) before anything is opened or started."""
     require_tilelang()
@@ -31,6 +33,9 @@ def install(cache: KernelCache | None = None) -> None:
         # follows: the open starts the compile service in the background (server mode), so that its
         # start overlaps that import when install() is the program's first kcache call.
         default_cache()
+    # Triton's kernels (Inductor's too) on kcache's store, in this process and its children, unless
+    # the user named a cache manager of their own. An environment variable: nothing of Triton is imported.
+    kcache_triton.enable()
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
 

@@ -71,8 +71,9 @@ def _staging_areas(root_fd: int) -> Iterator[tuple[str, int]]:
 
 
 def lock_dirs(root: Path) -> list[Path]:
-    """The lock directories under `root`: the kernels' and the autotune results' (saved by path)."""
-    return [root / layout.LOCKS, root / "autotuner" / layout.LOCKS]
+    """The lock directories under `root`: the kernels', the autotune results' (saved by path) and
+    Triton's groups'."""
+    return [root / layout.LOCKS, *(root / namespace / layout.LOCKS for namespace in layout.NAMESPACES)]
 
 
 def clean_stale_staging(root_fd: int, ttl_s: float) -> int:

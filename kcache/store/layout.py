@@ -2,6 +2,7 @@
 
     <root>/kernels/<key>/            published kernel entries (immutable)
     <root>/autotuner/<key>/          published autotune results
+    <root>/triton/<key>/             published Triton compile groups (kcache.triton)
     <root>/.staging/<key>.<host>.<pid>.<uuid>   one writer's private work
     <root>/.quarantine/<key>.<time>.<uuid>      corrupt entries moved aside
     <root>/.locks/<key>.lock         per-key compile locks
@@ -34,7 +35,7 @@ TRASH = ".trash"
 ROOT_MARKER = ".kcache-root"
 GC_STAMP = ".gc-stamp"
 # Subdirectories that hold entries of a kind other than kernels (each with its own .staging).
-NAMESPACES = ("autotuner",)
+NAMESPACES = ("autotuner", "triton")
 
 _KEY_RE = re.compile(r"[0-9a-f]{16,128}")
 

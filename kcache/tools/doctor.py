@@ -98,7 +98,25 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     findings.append(_toolchain())
     findings += _remotes(settings.remote_url)
     findings.append(_compile_service(settings))
+    findings.append(_triton())
     return findings
+
+
+def _triton() -> Finding:
+    """Whether Triton's kernels (and Inductor's) go through kcache: TRITON_CACHE_MANAGER."""
+    import importlib.util
+
+    from kcache import triton as kcache_triton
+
+    if importlib.util.find_spec("triton") is None:
+        return Finding("triton", False, "Triton is not installed here")
+    chosen = os.environ.get(kcache_triton.ENV)
+    if chosen == kcache_triton.ENV_VALUE:
+        return Finding("triton", False, f"Triton's kernels go through kcache ({kcache_triton.ENV}={chosen})")
+    if chosen:
+        return Finding("triton", False, f"Triton's kernels use the manager {chosen} ({kcache_triton.ENV})")
+    return Finding("triton", False, "Triton's kernels use Triton's own cache here: `kcache run` and kcache.install() "
+                   f"route them through kcache, as does {kcache_triton.ENV}={kcache_triton.ENV_VALUE}")
 
 
 def _unknown_names() -> Finding:

@@ -1,0 +1,170 @@
+"""`TRITON_CACHE_MANAGER=kcache.triton:CacheManager`: Triton's cache on kcache's store.
+
+Triton's `compile` asks a manager for a group (`get_group`), and on a miss puts each file of the
+compile (`put`) and then the group (`put_group`); its launcher and driver shared objects, and its
+autotuner's timings, are single files (`get_file`, `put`). Here:
+- a group is published whole, with one rename, once `put_group` names it; until then its files are
+  in a directory of this manager's own, whose paths Triton reads back;
+- a miss takes the key's lock, so N processes that miss one key compile it once: the others wait
+  (at most KCACHE_LOCK_TIMEOUT) and load the winner's group. The lock is released at `put_group`,
+  or when Triton drops the manager (a compile that failed);
+- a single file is published as an entry of its own at `put`;
+- a shared object on a `noexec` root is handed to Triton as a private copy it may load.
+Triton's override and dump modes are Triton's own (`FileCacheManager`), as its RemoteCacheManager does.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+from triton.runtime.cache import CacheManager as TritonCacheManager
+from triton.runtime.cache import FileCacheManager
+
+from kcache.errors import CacheLockTimeout
+from kcache.store.locks import KeyLock
+from kcache.store.manifest import is_entry_file_name
+from kcache.triton.runnable import runnable_path
+from kcache.triton.store import GroupStore, TritonRoots, entry_key, private_directory, roots
+
+log = logging.getLogger("kcache")
+
+
+class CacheManager(TritonCacheManager):
+    """Triton's `CacheManager` interface (Triton 3.6 and later) on kcache's store."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        self._triton_own = FileCacheManager(key, override=override, dump=dump) if override or dump else None
+        self._groups = GroupStore(key, roots())
+        self._staged: dict[str, Path] = {}  # file name -> its path in the private directory
+        self._in_group = False  # get_group was asked: the puts that follow are the group's
+        self._held = _Held()
+        weakref.finalize(self, self._held.release)  # when Triton drops the manager
+
+    # ------------------------------------------------------------------ reads
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        if self._triton_own is not None:
+            return self._triton_own.get_group(filename)
+        self._in_group = True
+        found = self._groups.find(self._groups.key, filename)
+        if found is not None or self._groups.where.write is None:
+            return _strings(found)
+        found = self._wait_or_hold(filename)
+        return _strings(found)
+
+    def get_file(self, filename: str) -> str | None:
+        if self._triton_own is not None:
+            return self._triton_own.get_file(filename)
+        if filename in self._staged:
+            return str(self._staged[filename])
+        lone = self._groups.find(entry_key(self.key, filename), None, filename)
+        if lone is None:
+            lone = self._groups.find(self._groups.key, _group_of(filename), filename)
+        return None if lone is None else runnable_path(lone[filename])
+
+    # ------------------------------------------------------------------ writes
+
+    def put(self, data: bytes | str, filename: str, binary: bool = True) -> str:
+        if self._triton_own is not None:
+            return self._triton_own.put(data, filename, binary)
+        payload = data if isinstance(data, bytes) else str(data).encode()
+        if not is_entry_file_name(filename):
+            raise ValueError(f"kcache: Triton's file name {filename!r} cannot name an entry's file")
+        if not self._in_group:
+            published = self._groups.publish(entry_key(self.key, filename), None, {filename: payload})
+            if published is not None:
+                return runnable_path(published / filename)
+        path = self._held.write_private(filename, payload, self._groups.where)
+        self._staged[filename] = path
+        return runnable_path(path) if not self._in_group else str(path)
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str | None:
+        if self._triton_own is not None:
+            return self._triton_own.put_group(filename, group)
+        try:
+            files = {name: Path(path).read_bytes() for name, path in group.items()}
+            published = self._groups.publish(self._groups.key, filename, files)
+        finally:
+            self._held.release_lock()
+        return None if published is None else str(published / filename)
+
+    # ------------------------------------------------------------------ the key's lock
+
+    def _wait_or_hold(self, filename: str) -> dict[str, Path] | None:
+        """A miss: wait for another process's compile of the key, or hold its lock and compile."""
+        lock = self._groups.lock(self._groups.key)
+        entry_seen = (lambda: self._groups.find(self._groups.key, filename) is not None)
+        try:
+            waited = lock.acquire(self._groups.where.lock_timeout_s, entry_seen)
+        except CacheLockTimeout:
+            log.warning("kcache: another process held the compile lock of Triton's %s for KCACHE_LOCK_TIMEOUT "
+                        "(%.0f s); compiling it here too", filename, self._groups.where.lock_timeout_s)
+            return None
+        except OSError as err:
+            log.warning("kcache: cannot take the compile lock %s (%s); compiling Triton's %s without it",
+                        lock.path, err.strerror or err, filename)
+            return None
+        if waited is None:  # the holder published it
+            return self._groups.find(self._groups.key, filename)
+        found = self._groups.find(self._groups.key, filename)  # published just before we locked
+        if found is not None:
+            lock.release()
+            return found
+        self._held.lock = lock
+        return None
+
+
+class _Held:
+    """What a manager holds until Triton drops it: the key's lock (a miss being compiled here) and
+    its private directory (whose files Triton has read by then). Apart from the manager, so that
+    its finalizer does not keep the manager alive."""
+
+    def __init__(self) -> None:
+        self.lock: KeyLock | None = None
+        self.private: list[Path] = []  # the newest is written; a full root's gives way to a temp one
+
+    def write_private(self, filename: str, payload: bytes, where: TritonRoots) -> Path:
+        """`payload` as `filename` in the private directory. Where the root's disk is full (or the
+        root turned unwritable), the file goes to a private temp directory: the kernel still runs."""
+        if not self.private:
+            self.private.append(private_directory(where))
+        try:
+            return _write_new(self.private[-1] / filename, payload)
+        except OSError as err:
+            if len(self.private) > 1:  # the temporary directory failed too
+                raise
+            log.warning("kcache: cannot write Triton's %s under %s (%s): compiling into a private temporary "
+                        "directory instead", filename, self.private[-1], err.strerror or err)
+            self.private.append(Path(tempfile.mkdtemp(prefix="kcache-triton-")))
+            return _write_new(self.private[-1] / filename, payload)
+
+    def release_lock(self) -> None:
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
+
+    def release(self) -> None:
+        self.release_lock()
+        private, self.private = self.private, []
+        for directory in private:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_new(path: Path, payload: bytes) -> Path:
+    with open(path, "wb") as out:
+        out.write(payload)
+    return path
+
+
+def _group_of(filename: str) -> str:
+    """The metadata file of the group a compile's file belongs to (`add.ptx` -> `add.json`)."""
+    return f"{filename.rsplit('.', 1)[0]}.json"
+
+
+def _strings(found: dict[str, Path] | None) -> dict[str, str] | None:
+    return None if found is None else {name: str(path) for name, path in found.items()}

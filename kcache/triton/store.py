@@ -1,0 +1,197 @@
+"""Triton's cache groups as kcache entries: `<root>/triton/<key>/`, published whole with one rename.
+
+Triton names a cache directory by a key (base32 of a sha256) and puts files into it one by one; a
+compile's files form a group. Here a group is one entry of kcache's store (`EntryStore`: staged,
+manifest of sizes and sha256, fsynced, one rename), named by the key's sha256 in hex, with a
+`kcache-triton.json` that names the key and the group. A file put outside a group (the launcher's
+and the driver's shared objects, the autotuner's timings) is an entry of its own, named by the key
+and the file's name. A reader verifies the whole entry before it sees a path, so it never combines
+two writers' files; a corrupt entry is moved aside and compiled again.
+
+This module knows nothing of Triton's classes (kcache.triton.manager adapts them).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from kcache.config import Settings
+from kcache.errors import CorruptEntry, UntrustedEntry
+from kcache.store import access, layout
+from kcache.store.entries import EntryStore, PublishOutcome
+from kcache.store.locks import KeyLock
+
+log = logging.getLogger("kcache")
+
+NAMESPACE = "triton"  # <root>/triton: the entries, their .staging and .locks
+META = "kcache-triton.json"
+MAX_FILE_BYTES = 1 << 30
+
+
+def entry_key(triton_key: str, lone_file: str | None = None) -> str:
+    """The entry's name: the sha256 Triton's key encodes (base32), in hex; for a file outside a group,
+    the sha256 of that and the file's name. A key that is not such an encoding is hashed."""
+    try:
+        raw = base64.b32decode(triton_key + "=" * (-len(triton_key) % 8))
+        key = raw.hex() if len(raw) == 32 else hashlib.sha256(triton_key.encode()).hexdigest()
+    except (binascii.Error, ValueError):
+        key = hashlib.sha256(triton_key.encode()).hexdigest()
+    return key if lone_file is None else hashlib.sha256(f"{key}/{lone_file}".encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonRoots:
+    """Where Triton's entries are written (None: nowhere) and read, in order (access.plan's answer)."""
+
+    write: Path | None
+    reads: tuple[Path, ...]
+    lock_timeout_s: float
+
+
+_roots: dict[Path, TritonRoots] = {}
+_roots_lock = threading.Lock()
+
+
+def roots(settings: Settings | None = None) -> TritonRoots:
+    """The roots of this process's settings, decided once per root (a foreign-owned root: its hits are
+    read, new groups go to the per-user fallback, with one warning; KCACHE_READONLY: nothing written)."""
+    settings = settings or Settings.from_env()
+    with _roots_lock:
+        found = _roots.get(settings.root)
+        if found is None:
+            try:
+                plan = access.plan(settings.root, settings.on_unwritable, settings.readonly)
+                found = TritonRoots(plan.write_root, plan.read_roots, settings.lock_timeout_s)
+            except OSError as err:
+                log.warning("kcache: cannot use the cache root %s for Triton (%s): Triton's kernels are compiled "
+                            "without saving them. Set KCACHE_DIR to a usable directory.", settings.root, err)
+                found = TritonRoots(None, (), settings.lock_timeout_s)
+            _roots[settings.root] = found
+        return found
+
+
+def store_of(root: Path) -> EntryStore:
+    return EntryStore(root / NAMESPACE, "", frozenset({META}))
+
+
+class GroupStore:
+    """The entries of one Triton key over the process's roots."""
+
+    def __init__(self, triton_key: str, where: TritonRoots) -> None:
+        self.triton_key = triton_key
+        self.where = where
+        self.key = entry_key(triton_key)
+
+    # ------------------------------------------------------------------ reads
+
+    def find(self, key: str, group: str | None, file_name: str | None = None) -> dict[str, Path] | None:
+        """{file name: path} of the verified entry `key` in the first root that has it (the group's
+        files, or the lone file), or None. A corrupt or foreign entry is moved aside (where ours)
+        and is a miss."""
+        for root in self.where.reads:
+            store = store_of(root)
+            try:
+                files = store.read(key)
+            except FileNotFoundError:
+                continue
+            except (CorruptEntry, UntrustedEntry) as err:
+                self._refuse(store, root, key, str(err))
+                continue
+            if files is None:
+                continue
+            problem = self._mismatch(files, key, group, file_name)
+            if problem:
+                self._refuse(store, root, key, problem)
+                continue
+            directory = store.entry_path(key)
+            return {name: directory / name for name in files if name != META}
+        return None
+
+    def _mismatch(self, files: dict[str, bytes], key: str, group: str | None, file_name: str | None) -> str:
+        try:
+            meta = json.loads(files[META])
+        except ValueError:
+            return f"{META} is not JSON"
+        if not isinstance(meta, dict) or meta.get("entry") != key or meta.get("triton_key") != self.triton_key:
+            return f"{META} names another key: an entry copied from another key"
+        if meta.get("group") != group:
+            return f"{META} names the group {meta.get('group')!r}, not {group!r}"
+        if file_name is not None and file_name not in files:
+            return f"it lacks {file_name}"
+        if group is not None and group not in files:
+            return f"it lacks the group's metadata {group}"
+        return ""
+
+    def _refuse(self, store: EntryStore, root: Path, key: str, reason: str) -> None:
+        if root != self.where.write:
+            log.warning("kcache: ignoring the Triton entry %s: %s", store.entry_path(key), reason)
+            return
+        lock = self.lock(key)
+        try:
+            lock.acquire(self.where.lock_timeout_s)
+        except OSError:
+            log.warning("kcache: ignoring the Triton entry %s: %s", store.entry_path(key), reason)
+            return
+        with lock:
+            store.quarantine(key, reason)
+
+    # ------------------------------------------------------------------ writes
+
+    def lock(self, key: str) -> KeyLock:
+        assert self.where.write is not None
+        return KeyLock(self.where.write / NAMESPACE / layout.LOCKS / f"{key}.lock", key)
+
+    def publish(self, key: str, group: str | None, files: dict[str, bytes]) -> Path | None:
+        """Publish `files` as the entry `key` (whole, or not at all); the entry's directory, or None
+        where nothing can be written (read-only, a full disk: one warning, the kernel still runs)."""
+        if self.where.write is None:
+            return None
+        meta = {"entry": key, "triton_key": self.triton_key, "group": group, "files": sorted(files),
+                "created": time.time()}
+        store = store_of(self.where.write)
+        try:
+            outcome = store.publish_files(key, {**files, META: json.dumps(meta, sort_keys=True).encode()})
+        except OSError as err:
+            _warn_once(f"publish:{self.where.write}", "kcache: cannot save Triton's %s in %s (%s): it runs "
+                       "from a private copy, and compiles again in the next process", group or "file",
+                       self.where.write, getattr(err, "strerror", None) or err)
+            return None
+        if outcome is PublishOutcome.LOST_RACE:
+            log.debug("kcache: another process published the Triton entry %s first", key[:16])
+        return store.entry_path(key)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, message: str, *args: object) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning(message, *args)
+
+
+def private_directory(where: TritonRoots) -> Path:
+    """A directory of this process's own for the files of groups being compiled: a staging name under
+    the write root's triton/.staging (gc removes it once this process is gone), else a private temp
+    directory."""
+    if where.write is not None:
+        staging = where.write / NAMESPACE / layout.STAGING
+        try:
+            staging.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = staging / str(layout.StagingName.fresh("0" * 16))
+            os.mkdir(path, 0o700)
+            return path
+        except OSError:
+            pass
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="kcache-triton-"))

@@ -1,0 +1,341 @@
+"""Triton on kcache's store (`TRITON_CACHE_MANAGER=kcache.triton:CacheManager`, issue 38), on the CPU
+machine: Triton compiles for sm_90 without a GPU. Every process is a fresh `tests/triton_program.py`;
+compiles are counted by the runs of ptxas (TRITON_PTXAS_PATH names a wrapper that counts, then runs
+Triton's own), not by kcache. Plain Triton (its FileCacheManager) runs beside kcache where the
+difference is the point: the herd, the foreign-owned CI cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
+
+from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
+from .helpers import PROJECT, child_env  # noqa: E402
+from .test_security import world_dir  # noqa: E402, F401 - a fixture
+from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: E402, F401 - a fixture
+
+PROGRAM = Path(__file__).with_name("triton_program.py")
+MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
+
+
+@pytest.fixture
+def ptxas(tmp_path: Path) -> Path:
+    """A ptxas that appends a line to `<its folder>/runs` for each compile (not for `--version`)."""
+    import triton
+
+    real = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    wrapper = tmp_path / "counting-ptxas" / "ptxas"
+    wrapper.parent.mkdir()
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$*" in *--version*) ;; *) echo $$ >> {wrapper.parent / 'runs'} ;; esac
+        exec {real} "$@"
+        """))
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def runs(ptxas: Path) -> int:
+    counted = ptxas.parent / "runs"
+    return len(counted.read_text().splitlines()) if counted.exists() else 0
+
+
+def program_env(ptxas: Path, root: Path, **extra: str) -> dict[str, str]:
+    return child_env(TRITON_PTXAS_PATH=str(ptxas), KCACHE_DIR=str(root), TRITON_CACHE_DIR=str(root / "plain"),
+                     **extra)
+
+
+def compile_in_fresh_process(kernels: str, env: dict[str, str]) -> dict[str, str]:
+    done = subprocess.run([sys.executable, str(PROGRAM), kernels], capture_output=True, text=True, env=env,
+                          cwd=str(PROJECT), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1]) | {"stderr": done.stderr}
+
+
+def triton_entries(root: Path) -> list[str]:
+    directory = root / "triton"
+    return sorted(name for name in os.listdir(directory) if not name.startswith(".")) if directory.exists() else []
+
+
+# ---------------------------------------------------------------- the protocol
+
+
+def test_a_group_is_one_entry_and_a_fresh_process_compiles_nothing_and_gets_tritons_bytes(
+        tmp_path: Path, ptxas: Path) -> None:
+    plain = compile_in_fresh_process("add,softmax,matmul", program_env(ptxas, tmp_path / "plain-root"))
+    assert runs(ptxas) == 3
+    root = tmp_path / "root"
+    first = compile_in_fresh_process("add,softmax,matmul", program_env(ptxas, root, **MANAGER))
+    assert runs(ptxas) == 6 and len(triton_entries(root)) == 3
+    for entry in triton_entries(root):
+        names = set(os.listdir(root / "triton" / entry))
+        assert {"manifest.json", "kcache-triton.json"} <= names and any(n.endswith(".cubin") for n in names)
+    second = compile_in_fresh_process("add,softmax,matmul", program_env(ptxas, root, **MANAGER))
+    assert runs(ptxas) == 6  # every kernel a hit: no compile
+    for name in ("add", "softmax", "matmul"):
+        assert plain[name] == first[name] == second[name], name  # a cache never changes the kernel
+    assert not (root / "plain").exists()  # Triton's own cache was not used
+
+
+def test_a_herd_compiles_a_key_once_where_tritons_own_cache_compiles_it_in_every_process(
+        tmp_path: Path, ptxas: Path) -> None:
+    def herd(env: dict[str, str], size: int = 6) -> list[dict[str, str]]:
+        processes = [subprocess.Popen([sys.executable, str(PROGRAM), "matmul"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                                      cwd=str(PROJECT)) for _ in range(size)]
+        for process in processes:  # every one imported Triton: then all start at once
+            assert process.stdout.readline().strip() == "ready"
+        for process in processes:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        results = [json.loads(process.communicate(timeout=300)[0].splitlines()[-1]) for process in processes]
+        assert all(process.returncode == 0 for process in processes)
+        return results
+
+    plain = herd(program_env(ptxas, tmp_path / "plain-root", KT_GATE="1"))
+    plain_runs = runs(ptxas)
+    ours = herd(program_env(ptxas, tmp_path / "root", KT_GATE="1", **MANAGER))
+    assert runs(ptxas) - plain_runs == 1, f"kcache compiled {runs(ptxas) - plain_runs} times"
+    assert plain_runs > 1, "plain Triton compiled once: the herd did not meet"
+    assert len({r["matmul"] for r in plain + ours}) == 1
+
+
+KILLED_MID_GROUP = """
+import sys
+sys.argv = ["triton_program.py", "matmul"]
+sys.path.insert(0, {project!r})
+from kcache.triton import manager
+put = manager.CacheManager.put
+seen = []
+def put_then_stop(self, data, filename, binary=True):
+    path = put(self, data, filename, binary)
+    seen.append(filename)
+    if len(seen) == 3:
+        print("paused", flush=True)
+        sys.stdin.readline()
+    return path
+manager.CacheManager.put = put_then_stop
+import runpy
+runpy.run_path({program!r}, run_name="__main__")
+"""
+
+
+def test_a_writer_killed_mid_group_leaves_no_entry_and_holds_nothing(tmp_path: Path, ptxas: Path) -> None:
+    root = tmp_path / "root"
+    env = program_env(ptxas, root, **MANAGER)
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_MID_GROUP.format(program=str(PROGRAM), project=str(PROJECT))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=str(PROJECT))
+    assert writer.stdout.readline().strip() == "paused", writer.stderr.read()
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    assert triton_entries(root) == []  # three files written, none visible
+    assert os.listdir(root / "triton" / ".staging")  # its private files, for gc
+    before = runs(ptxas)
+    again = compile_in_fresh_process("matmul", env)  # the dead writer's lock went with it: no wait
+    assert runs(ptxas) == before + 1 and len(triton_entries(root)) == 1
+    assert again["matmul"] == compile_in_fresh_process("matmul", program_env(ptxas, tmp_path / "p"))["matmul"]
+    import kcache
+
+    kcache.KernelCache(root, backend=__import__("stress.synthetic").synthetic).gc()
+    assert os.listdir(root / "triton" / ".staging") == []  # the dead writer's files
+
+
+def test_a_corrupt_group_is_moved_aside_and_compiled_again(tmp_path: Path, ptxas: Path) -> None:
+    root = tmp_path / "root"
+    env = program_env(ptxas, root, **MANAGER)
+    good = compile_in_fresh_process("add", env)
+    (entry,) = triton_entries(root)
+    cubin = next((root / "triton" / entry).glob("*.cubin"))
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cubin.chmod(0o644)
+    cubin.write_bytes(bytes(data))
+    before = runs(ptxas)
+    again = compile_in_fresh_process("add", env)
+    assert runs(ptxas) == before + 1 and again["add"] == good["add"]
+    assert "quarantined corrupt entry" in again["stderr"], again["stderr"]
+    assert len(os.listdir(root / "triton" / ".quarantine")) == 1  # kept for a look, never loaded
+
+
+def test_read_only_mode_serves_hits_and_compiles_misses_without_writing(tmp_path: Path, ptxas: Path) -> None:
+    root = tmp_path / "root"
+    compile_in_fresh_process("add", program_env(ptxas, root, **MANAGER))
+    before, entries = runs(ptxas), triton_entries(root)
+    done = compile_in_fresh_process("add,softmax", program_env(ptxas, root, KCACHE_READONLY="1", **MANAGER))
+    assert runs(ptxas) == before + 1  # the softmax only
+    assert triton_entries(root) == entries and "softmax" in done
+
+
+# ---------------------------------------------------------------- hostile filesystems
+
+
+@pytest.fixture
+def triton_users(unprivileged_env: UnprivilegedEnv) -> tuple[UnprivilegedEnv, Path]:  # noqa: F811
+    """The unprivileged venv with Triton in it, and the Triton there: hard links to this interpreter's
+    Triton (the users cannot enter /root; a link costs no copy, and nothing of the originals is changed)."""
+    import triton
+
+    site_packages = Path(subprocess.run([str(unprivileged_env.python), "-c", "import sysconfig; "
+                                         "print(sysconfig.get_path('purelib'))"], capture_output=True, text=True,
+                                        check=True).stdout.strip())
+    from importlib.metadata import distribution
+
+    installed = Path(triton.__file__).parent
+    dist_info = Path(distribution("triton")._path)  # noqa: SLF001 - its backends are entry points listed here
+    for source in (installed, dist_info):
+        if not (site_packages / source.name).exists():
+            shutil.copytree(source, site_packages / source.name, copy_function=os.link,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+    return unprivileged_env, site_packages / "triton"
+
+
+AS_USER = """
+import json, runpy, sys
+sys.argv = ["triton_program.py", {kernel!r}]
+try:
+    runpy.run_path({program!r}, run_name="__main__")
+except PermissionError as err:
+    print(json.dumps({{"PermissionError": str(err)}}))
+"""
+
+
+@needs_root
+def test_a_root_owned_ci_cache_serves_its_kernel_and_another_users_new_kernel_compiles_into_their_own(
+        triton_users: tuple[UnprivilegedEnv, Path], world_dir: Path) -> None:  # noqa: F811
+    """The seed's CI layout: a cache made by root (0755) holding one kernel, used by another uid.
+    Plain Triton loads the known kernel and raises PermissionError on a new one; kcache serves the
+    known one (no compile), compiles the new one into the user's own root with one warning, and the
+    user's next process finds it there."""
+    users, users_triton = triton_users
+    program = world_dir / "triton_program.py"
+    shutil.copy(PROGRAM, program)
+    counting = world_dir / "counting"
+    counting.mkdir(mode=0o777)
+    counting.chmod(0o777)
+    ptxas_wrapper = counting / "ptxas"
+    ptxas_wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *--version*) ;; *) echo $$ >> {counting / 'runs'} ;; "
+                             f"esac\nexec {users_triton / 'backends/nvidia/bin/ptxas'} \"$@\"\n")
+    ptxas_wrapper.chmod(0o755)
+    ci = world_dir / "ci-cache"
+    env = {"TRITON_CACHE_DIR": str(ci / "triton"), "KCACHE_DIR": str(ci / "kcache"), "TRITON_PTXAS_PATH": str(ptxas_wrapper)}
+    for manager in ({}, MANAGER):  # root fills both caches with the add kernel
+        compile_in_fresh_process("add", child_env(**env, **manager))
+    subprocess.run(["chmod", "-R", "u=rwX,go=rX", str(ci)], check=True)
+    (counting / "runs").write_text("")
+    (counting / "runs").chmod(0o666)
+
+    def as_user(kernel: str, manager: dict[str, str]) -> tuple[dict, str]:
+        done = users.run("kcache-a", AS_USER.format(kernel=kernel, program=str(program)),
+                                env={**env, **manager}, cwd=str(world_dir), timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+    def counted() -> int:
+        return len((counting / "runs").read_text().splitlines())
+
+    known, _ = as_user("add", {})
+    assert "add" in known and counted() == 0
+    new, _ = as_user("softmax", {})
+    assert "Permission denied" in new["PermissionError"], new  # plain Triton, as the CI run failed
+    plain_runs = counted()
+    known, said = as_user("add", MANAGER)
+    assert "add" in known and counted() == plain_runs  # served from the root's cache: no compile
+    new, said = as_user("softmax", MANAGER)
+    assert "softmax" in new and counted() == plain_runs + 1
+    assert said.count("is not writable by this process") == 1 and "saving new kernels in" in said, said
+    again, _ = as_user("softmax", MANAGER)
+    assert again == new and counted() == plain_runs + 1  # the user's next process: a hit in their own root
+
+
+SHARED_OBJECT = """
+import json, sys
+from triton.runtime.build import compile_module_from_src
+SOURCE = '''
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kcache_noexec_probe", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_kcache_noexec_probe(void) { return PyModule_Create(&module); }
+'''
+try:
+    loaded = compile_module_from_src(SOURCE, "kcache_noexec_probe")
+    print(json.dumps({"answer": loaded.answer(), "file": loaded.__file__}))
+except ImportError as err:
+    print(json.dumps({"ImportError": str(err)}))
+"""
+
+
+@needs_root
+def test_on_a_noexec_root_tritons_shared_objects_load_from_private_copies_and_are_built_once(
+        tmp_path: Path) -> None:
+    """Triton builds its launcher and driver modules as shared objects, puts them in the cache and
+    loads them from there. On a noexec root plain Triton cannot load what it just built; kcache
+    hands it a private copy where exec is allowed, and the next process builds nothing."""
+    counting = tmp_path / "cc"
+    counting.mkdir()
+    (counting / "cc").write_text(f"#!/bin/sh\necho $$ >> {counting / 'runs'}\nexec gcc \"$@\"\n")
+    (counting / "cc").chmod(0o755)
+
+    def build(**env: str) -> dict:
+        done = subprocess.run([sys.executable, "-c", SHARED_OBJECT], capture_output=True, text=True, timeout=300,
+                              env=child_env(CC=str(counting / "cc"), **env), cwd=str(PROJECT))
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1]) | {"stderr": done.stderr}
+
+    with tmpfs(tmp_path / "noexec", size="64m", options="noexec") as mount:
+        plain = build(TRITON_CACHE_DIR=str(mount / "plain"))
+        assert "failed to map segment" in plain["ImportError"], plain  # plain Triton, on the H100 too
+        first = build(KCACHE_DIR=str(mount / "root"), **MANAGER)
+        second = build(KCACHE_DIR=str(mount / "root"), **MANAGER)
+        builds = len((counting / "runs").read_text().splitlines())
+    assert first["answer"] == second["answer"] == 42
+    assert builds == 2, builds  # plain Triton's, and kcache's first: the second process built nothing
+    assert not first["file"].startswith(str(mount)) and not second["file"].startswith(str(mount))
+    assert "mounted noexec" in second["stderr"] and "could not be loaded" not in second["stderr"], second["stderr"]
+
+
+def test_on_a_full_disk_the_kernel_is_still_returned(tmp_path: Path, ptxas: Path) -> None:
+    with tmpfs(tmp_path / "small", size="4m") as mount:
+        env = program_env(ptxas, mount / "root", **MANAGER)
+        compile_in_fresh_process("add", env)  # the root exists, as a cache in use does
+        fill_filesystem(mount, leave_bytes=0)
+        done = compile_in_fresh_process("matmul", env)
+    assert done["matmul"] == compile_in_fresh_process("matmul", program_env(ptxas, tmp_path / "p"))["matmul"]
+    assert "No space left on device" in done["stderr"] and "Traceback" not in done["stderr"], done["stderr"]
+
+
+# ---------------------------------------------------------------- turning it on
+
+
+@pytest.mark.tilelang
+def test_kcache_run_routes_a_programs_triton_kernels_through_kcache_unless_it_named_its_own_manager(
+        tmp_path: Path, ptxas: Path) -> None:
+    """`kcache run prog.py` (and kcache.install(), which it calls) sets TRITON_CACHE_MANAGER for the
+    program and its children; a manager the user named stays theirs; `kcache doctor` says which."""
+    root = tmp_path / "root"
+    env = program_env(ptxas, root)
+    env.pop("TRITON_CACHE_MANAGER", None)
+    done = subprocess.run([sys.executable, "-m", "kcache", "run", str(PROGRAM), "add"], capture_output=True,
+                          text=True, env=env, cwd=str(PROJECT), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(triton_entries(root)) == 1 and not (root / "plain").exists()
+    own = subprocess.run([sys.executable, "-c", "import os, kcache; kcache.install(); "
+                          "print(os.environ['TRITON_CACHE_MANAGER'])"], capture_output=True, text=True,
+                         env={**env, "TRITON_CACHE_MANAGER": "mine:Manager"}, cwd=str(PROJECT), timeout=300)
+    assert own.returncode == 0 and own.stdout.strip() == "mine:Manager", own.stderr[-2000:]
+    for manager, says in ((MANAGER, "go through kcache"), ({}, "Triton's own cache")):
+        checked = subprocess.run([sys.executable, "-m", "kcache", "--json", "doctor"], capture_output=True,
+                                 text=True, env={**env, **manager}, cwd=str(PROJECT), timeout=120)
+        (finding,) = [f for f in json.loads(checked.stdout) if f["check"] == "triton"]
+        assert says in finding["detail"], finding
