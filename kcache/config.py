@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import re
@@ -279,6 +278,8 @@ def unknown_settings(environ: Mapping[str, str] | None = None) -> dict[str, str 
 
 
 def _nearest_setting(name: str) -> str | None:
+    import difflib  # only where an unknown name is set: not on every import of kcache
+
     # Compared without the shared prefix, which would make every name look alike.
     suffixes = {known.removeprefix("KCACHE_"): known for known in SETTING_NAMES}
     close = difflib.get_close_matches(name.removeprefix("KCACHE_"), list(suffixes), n=1)

@@ -21,6 +21,8 @@ Scenarios (each measured for both caches on the same kernels):
   against Redis's and a compile; a cold cluster (16 processes over 4 roots) on one Redis, with and
   without it; a cold fleet (32 processes over 8 roots) on one bucket, compiler runs counted, and on
   a GPU every kernel checked against torch (stress/bench_remote.py).
+- triton: Triton's kernels with kcache's cache manager against Triton's own: a fresh process's hit,
+  and a herd's compiles (stress/bench_triton.py).
 - compile: kcache's isolated compile pool against compiling in-process,
   sequential and parallel (see stress/bench_compile.py); the baseline column
   is kcache's in-process compile there, not TileLang.
@@ -61,7 +63,13 @@ from .bench_rows import BACKENDS, format_value, get_seconds, percentile, row, ru
 from .command_scope import command_scope
 from .procs import PROJECT, worker_env
 
-SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote", "cold", "many")
+SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote", "cold", "many", "triton")
+
+
+def bench_triton(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    from .bench_triton import measure
+
+    return measure(work, repeats, procs, env)
 
 
 def bench_many(procs: int, configs: int, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -285,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         "compile": lambda: bench_compile(args.sequential, args.parallel, args.compile_workers, env),
         "cold": lambda: bench_cold_rows(args.cold_repeats, env),
         "many": lambda: bench_many(args.many_procs, args.many_configs, env),
+        "triton": lambda: bench_triton(work / "triton", args.repeats, args.procs, env),
     }
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
     rows: list[dict[str, Any]] = []

@@ -48,6 +48,10 @@ def unavailable(scenario: str) -> str | None:
     from kcache.errors import TileLangMissing
     from kcache.tilelang.installed import tilelang_installed
 
+    if scenario == "triton":
+        import importlib.util
+
+        return None if importlib.util.find_spec("triton") else "Triton is not installed: pip install triton"
     if scenario != "cli" and not tilelang_installed():  # cli: synthetic entries, no compiler
         return str(TileLangMissing())
     if scenario == "remote":

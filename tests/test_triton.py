@@ -24,7 +24,7 @@ from .helpers import PROJECT, child_env  # noqa: E402
 from .test_security import world_dir  # noqa: E402, F401 - a fixture
 from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: E402, F401 - a fixture
 
-PROGRAM = Path(__file__).with_name("triton_program.py")
+PROGRAM = PROJECT / "stress" / "triton_program.py"
 MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 
 
@@ -210,6 +210,31 @@ except PermissionError as err:
 """
 
 
+def users_running_triton(triton_users: tuple[UnprivilegedEnv, Path], world: Path):  # noqa: ANN201
+    """The users, a folder whose `ptxas` counts its runs into `runs` (any user may run and append), and
+    `as_user(user, kernel, env) -> (printed JSON, stderr)`: stress.triton_program as that user, a
+    PermissionError printed as {"PermissionError": ...}."""
+    users, users_triton = triton_users
+    program = world / "triton_program.py"  # the project's checkout may be out of the users' reach
+    shutil.copy(PROGRAM, program)
+    counting = world / "counting"
+    counting.mkdir(mode=0o777)
+    counting.chmod(0o777)
+    (counting / "ptxas").write_text(f"#!/bin/sh\ncase \"$*\" in *--version*) ;; *) echo $$ >> {counting / 'runs'} ;; "
+                                    f"esac\nexec {users_triton / 'backends/nvidia/bin/ptxas'} \"$@\"\n")
+    (counting / "ptxas").chmod(0o755)
+    (counting / "runs").write_text("")
+    (counting / "runs").chmod(0o666)
+
+    def as_user(user: str, kernel: str, env: dict[str, str]) -> tuple[dict, str]:
+        done = users.run(user, AS_USER.format(kernel=kernel, program=str(program)), env=env, cwd=str(world),
+                         timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+    return users, counting, as_user
+
+
 @needs_root
 def test_a_root_owned_ci_cache_serves_its_kernel_and_another_users_new_kernel_compiles_into_their_own(
         triton_users: tuple[UnprivilegedEnv, Path], world_dir: Path) -> None:  # noqa: F811
@@ -217,44 +242,29 @@ def test_a_root_owned_ci_cache_serves_its_kernel_and_another_users_new_kernel_co
     Plain Triton loads the known kernel and raises PermissionError on a new one; kcache serves the
     known one (no compile), compiles the new one into the user's own root with one warning, and the
     user's next process finds it there."""
-    users, users_triton = triton_users
-    program = world_dir / "triton_program.py"
-    shutil.copy(PROGRAM, program)
-    counting = world_dir / "counting"
-    counting.mkdir(mode=0o777)
-    counting.chmod(0o777)
-    ptxas_wrapper = counting / "ptxas"
-    ptxas_wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *--version*) ;; *) echo $$ >> {counting / 'runs'} ;; "
-                             f"esac\nexec {users_triton / 'backends/nvidia/bin/ptxas'} \"$@\"\n")
-    ptxas_wrapper.chmod(0o755)
+    users, counting, as_user = users_running_triton(triton_users, world_dir)
     ci = world_dir / "ci-cache"
-    env = {"TRITON_CACHE_DIR": str(ci / "triton"), "KCACHE_DIR": str(ci / "kcache"), "TRITON_PTXAS_PATH": str(ptxas_wrapper)}
+    env = {"TRITON_CACHE_DIR": str(ci / "triton"), "KCACHE_DIR": str(ci / "kcache"),
+           "TRITON_PTXAS_PATH": str(counting / "ptxas")}
     for manager in ({}, MANAGER):  # root fills both caches with the add kernel
         compile_in_fresh_process("add", child_env(**env, **manager))
     subprocess.run(["chmod", "-R", "u=rwX,go=rX", str(ci)], check=True)
     (counting / "runs").write_text("")
-    (counting / "runs").chmod(0o666)
-
-    def as_user(kernel: str, manager: dict[str, str]) -> tuple[dict, str]:
-        done = users.run("kcache-a", AS_USER.format(kernel=kernel, program=str(program)),
-                                env={**env, **manager}, cwd=str(world_dir), timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.splitlines()[-1]), done.stderr
 
     def counted() -> int:
         return len((counting / "runs").read_text().splitlines())
 
-    known, _ = as_user("add", {})
+    known, _ = as_user("kcache-a", "add", env)
     assert "add" in known and counted() == 0
-    new, _ = as_user("softmax", {})
+    new, _ = as_user("kcache-a", "softmax", env)
     assert "Permission denied" in new["PermissionError"], new  # plain Triton, as the CI run failed
     plain_runs = counted()
-    known, said = as_user("add", MANAGER)
+    known, said = as_user("kcache-a", "add", {**env, **MANAGER})
     assert "add" in known and counted() == plain_runs  # served from the root's cache: no compile
-    new, said = as_user("softmax", MANAGER)
+    new, said = as_user("kcache-a", "softmax", {**env, **MANAGER})
     assert "softmax" in new and counted() == plain_runs + 1
     assert said.count("is not writable by this process") == 1 and "saving new kernels in" in said, said
-    again, _ = as_user("softmax", MANAGER)
+    again, _ = as_user("kcache-a", "softmax", {**env, **MANAGER})
     assert again == new and counted() == plain_runs + 1  # the user's next process: a hit in their own root
 
 
@@ -339,3 +349,45 @@ def test_kcache_run_routes_a_programs_triton_kernels_through_kcache_unless_it_na
                                  text=True, env={**env, **manager}, cwd=str(PROJECT), timeout=120)
         (finding,) = [f for f in json.loads(checked.stdout) if f["check"] == "triton"]
         assert says in finding["detail"], finding
+
+
+def test_triton_groups_count_toward_the_size_bound_and_the_least_recently_used_go_first(
+        tmp_path: Path, ptxas: Path) -> None:
+    """Triton's own cache has no bound; kcache's KCACHE_MAX_SIZE holds TileLang's kernels and Triton's
+    groups together, evicting the least recently used (`kcache prune`, and the gc at a cache's open)."""
+    from kcache.maintenance.eviction import evict
+
+    root = tmp_path / "root"
+    env = program_env(ptxas, root, **MANAGER)
+    compile_in_fresh_process("add", env)
+    (oldest,) = triton_entries(root)
+    os.utime(root / "triton" / oldest, (1, 1))
+    compile_in_fresh_process("softmax", env)
+    sizes = {e: sum(f.stat().st_size for f in (root / "triton" / e).iterdir()) for e in triton_entries(root)}
+    report = evict(root, max_size=max(sizes.values()), max_age_s=None)
+    assert report.evicted == 1 and oldest not in triton_entries(root) and len(triton_entries(root)) == 1
+
+
+@needs_root
+def test_a_group_shared_root_serves_each_members_groups_to_the_other(
+        triton_users: tuple[UnprivilegedEnv, Path], world_dir: Path) -> None:  # noqa: F811
+    """Group mode (a setgid root of the users' shared group, KCACHE_UMASK=002): what one member
+    compiled, the other loads without compiling, both ways."""
+    users, counting, as_user = users_running_triton(triton_users, world_dir)
+    team = world_dir / "team"
+    team.mkdir()
+    os.chown(team, 0, users.share_gid)
+    team.chmod(0o2770)
+    env = {"KCACHE_DIR": str(team), "KCACHE_UMASK": "002", "TRITON_PTXAS_PATH": str(counting / "ptxas"), **MANAGER}
+
+    def counted() -> int:
+        return len((counting / "runs").read_text().splitlines())
+
+    first, said = as_user("kcache-a", "add", env)
+    assert counted() == 1 and "Traceback" not in said, said
+    second, said = as_user("kcache-b", "add,softmax", env)
+    assert counted() == 2 and second["add"] == first["add"], said  # b compiled the softmax only
+    assert "cannot save" not in said, said
+    third, said = as_user("kcache-a", "softmax", env)
+    assert counted() == 2 and third["softmax"] == second["softmax"], said
+    assert "cannot save" not in said

@@ -30,6 +30,8 @@ from kcache.store.fsutil import make_dir_at, read_regular_at, replace_file_at
 
 log = logging.getLogger("kcache")
 
+TRITON = "triton"  # kcache.triton's entries (a namespace of layout.NAMESPACES)
+
 LAST_USE_RESOLUTION_S = 3600.0
 
 
@@ -51,11 +53,12 @@ class EntryUsage:
     last_used: float
 
 
-def scan_entries(root: Path) -> list[EntryUsage]:
-    """Every kernel entry with its size and last use. Entries that vanish meanwhile are skipped."""
+def scan_entries(root: Path, namespace: str = KERNELS) -> list[EntryUsage]:
+    """Every kernel entry (of `namespace`: TileLang's kernels, or Triton's groups under `triton`) with
+    its size and last use. Entries that vanish meanwhile are skipped."""
     found = []
     try:
-        listing = list(os.scandir(root / KERNELS))
+        listing = list(os.scandir(root / namespace))
     except FileNotFoundError:
         return []
     for entry in listing:
@@ -80,8 +83,8 @@ class EvictReport:
 
 def evict(root: Path, max_size: int | None, max_age_s: float | None, now: float | None = None) -> EvictReport:
     """Evict entries unused for longer than `max_age_s`, then least-recently-used ones until the
-    total is at most `max_size`."""
-    entries = sorted(scan_entries(root), key=lambda e: e.last_used)
+    total is at most `max_size`: TileLang's kernels and Triton's groups under one bound."""
+    entries = sorted(scan_entries(root) + scan_entries(root, TRITON), key=lambda e: e.last_used)
     now = time.time() if now is None else now
     total = sum(e.size for e in entries)
     report = EvictReport()

@@ -12,15 +12,17 @@ Importing this package imports Triton (`kcache.triton.manager` subclasses its Ca
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 
 ENV = "TRITON_CACHE_MANAGER"
 ENV_VALUE = "kcache.triton:CacheManager"
 
 
-def enable(environ: dict[str, str] | None = None) -> bool:
+def enable(environ: MutableMapping[str, str] | None = None) -> bool:
     """Set TRITON_CACHE_MANAGER to kcache's in `environ` (os.environ: this process and its children),
     unless it names a manager of the user's own; whether kcache's is the one set."""
-    environ = os.environ if environ is None else environ
+    if environ is None:
+        environ = os.environ
     chosen = environ.get(ENV)
     if chosen and chosen != ENV_VALUE:
         return False

@@ -26,13 +26,15 @@ from pathlib import Path
 
 from kcache.config import Settings
 from kcache.errors import CorruptEntry, UntrustedEntry
+from kcache.maintenance.eviction import TRITON, note_use
 from kcache.store import access, layout
 from kcache.store.entries import EntryStore, PublishOutcome
+from kcache.store.fsutil import ensure_dir
 from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
 
-NAMESPACE = "triton"  # <root>/triton: the entries, their .staging and .locks
+NAMESPACE = TRITON  # <root>/triton: the entries, their .staging and .locks
 META = "kcache-triton.json"
 MAX_FILE_BYTES = 1 << 30
 
@@ -113,6 +115,7 @@ class GroupStore:
                 self._refuse(store, root, key, problem)
                 continue
             directory = store.entry_path(key)
+            note_use(directory)  # the least recently used are evicted first (KCACHE_MAX_SIZE)
             return {name: directory / name for name in files if name != META}
         return None
 
@@ -186,9 +189,9 @@ def private_directory(where: TritonRoots) -> Path:
     if where.write is not None:
         staging = where.write / NAMESPACE / layout.STAGING
         try:
-            staging.mkdir(parents=True, exist_ok=True, mode=0o700)
+            ensure_dir(staging)  # as the store makes it: group-writable in group mode, for every member
             path = staging / str(layout.StagingName.fresh("0" * 16))
-            os.mkdir(path, 0o700)
+            os.mkdir(path, 0o700)  # this process's own
             return path
         except OSError:
             pass

@@ -1,7 +1,8 @@
 """A program that compiles Triton kernels for sm_90 (no GPU needed) as an operator library's tests
 would: an elementwise add, a softmax with row reductions and a blocked matmul with `tl.dot`.
 
-    python tests/triton_program.py NAME[,NAME...]      (KT_GATE=1: wait for a line on stdin first)
+    python -m stress.triton_program NAME[,NAME...]   (KT_GATE=1: wait for a line on stdin first;
+                                                     KT_TIMED=1: also each compile call's seconds)
 
 Prints one JSON object: each kernel's name -> sha256 of its cubin. Whichever cache manager Triton is
 told to use (TRITON_CACHE_MANAGER) is the one under test."""
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import triton
 import triton.language as tl
@@ -74,4 +76,10 @@ if __name__ == "__main__":
     if os.environ.get("KT_GATE") == "1":
         print("ready", flush=True)
         sys.stdin.readline()
-    print(json.dumps({name: compile_kernel(name) for name in sys.argv[1].split(",")}), flush=True)
+    results: dict[str, object] = {}
+    for name in sys.argv[1].split(","):
+        started = time.perf_counter()
+        results[name] = compile_kernel(name)
+        if os.environ.get("KT_TIMED") == "1":  # from the call until the kernel is usable
+            results[f"{name}_seconds"] = time.perf_counter() - started
+    print(json.dumps(results), flush=True)
