@@ -5,7 +5,7 @@ no GPU needed):
   until the kernel is usable, Triton's own key computation included, as the user waits for it);
   kcache and Triton take turns, `repeats` each. Goal: kcache's p50 at most Triton's plus 1 ms.
 - herd: `procs` fresh processes miss one kernel at once (a start barrier after their imports);
-  compiles counted by a ptxas wrapper (TRITON_PTXAS_PATH). Goal: 1 compile, against Triton's one per
+  compiles counted by wrappers of Triton's assemblers (stress.triton_program). Goal: 1 compile, against Triton's one per
   process.
 """
 
@@ -21,24 +21,10 @@ from typing import Any
 
 from .bench_rows import percentile, row
 from .procs import PROJECT
+from .triton_program import assembler_runs, counting_assemblers
 
 KCACHE = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 KERNEL = "matmul"
-
-
-def counting_ptxas(work: Path) -> Path:
-    import triton
-
-    wrapper = work / "ptxas"
-    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *--version*) ;; *) echo $$ >> {work / 'ptxas-runs'} ;; esac\n"
-                       f"exec {Path(triton.__file__).parent / 'backends/nvidia/bin/ptxas'} \"$@\"\n")
-    wrapper.chmod(0o755)
-    return wrapper
-
-
-def ptxas_runs(work: Path) -> int:
-    runs = work / "ptxas-runs"
-    return len(runs.read_text().splitlines()) if runs.exists() else 0
 
 
 def run_program(env: dict[str, str], gated: bool = False) -> subprocess.Popen[str]:
@@ -56,7 +42,7 @@ def result(process: subprocess.Popen[str]) -> dict[str, Any]:
 
 def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[dict[str, Any]]:
     work.mkdir(parents=True, exist_ok=True)
-    base = {**env, "TRITON_PTXAS_PATH": str(counting_ptxas(work))}
+    base = {**env, **counting_assemblers(work)}
     caches = {"kcache": {**base, **KCACHE, "KCACHE_DIR": str(work / "kcache-root")},
               "triton": {**base, "TRITON_CACHE_DIR": str(work / "triton-cache")}}
     for cache_env in caches.values():  # fill both caches
@@ -71,7 +57,7 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[d
     print(f"triton: hit p50 kcache - triton = {difference:+.2f} ms (goal: at most +1 ms)", flush=True)
     for name, cache_env in caches.items():  # the herd, on empty caches
         herd_env = {**cache_env, "KCACHE_DIR": str(work / f"herd-{name}"), "TRITON_CACHE_DIR": str(work / f"herd-{name}")}
-        before = ptxas_runs(work)
+        before = assembler_runs(work)
         processes = [run_program(herd_env, gated=True) for _ in range(procs)]
         for process in processes:
             assert process.stdout is not None and process.stdout.readline().strip() == "ready"
@@ -84,7 +70,7 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[d
         wall = time.perf_counter() - started
         if len(outputs) != 1:
             raise RuntimeError(f"triton herd ({name}): {len(outputs)} different cubins for one kernel")
-        hits[f"herd-{name}"] = [float(ptxas_runs(work) - before), wall]
+        hits[f"herd-{name}"] = [float(assembler_runs(work) - before), wall]
     rows.append(row(f"triton herd ({procs} procs)", "compiles", hits["herd-kcache"][0], hits["herd-triton"][0],
                     "runs", "triton FileCacheManager"))
     rows.append(row(f"triton herd ({procs} procs)", "wall s", hits["herd-kcache"][1], hits["herd-triton"][1], "s",

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import triton
 import triton.language as tl
@@ -64,6 +65,30 @@ KERNELS = {
                {"BM": 128, "BN": 128, "BK": 64}),
 }
 TARGET = GPUTarget("cuda", 90, 32)
+# Triton's assemblers: ptxas, and the ptxas-blackwell with which Triton 3.9 assembles sm_90 too.
+ASSEMBLERS = {"TRITON_PTXAS_PATH": "ptxas", "TRITON_PTXAS_BLACKWELL_PATH": "ptxas-blackwell"}
+
+
+def counting_assemblers(folder: Path, triton_dir: Path | None = None) -> dict[str, str]:
+    """Wrappers in `folder` of the assemblers of Triton at `triton_dir` (default: this one's), each
+    appending a line to `folder/runs` per assembly (not per `--version`); the environment that makes
+    Triton run them. A compile counted by the tool Triton runs, not by any cache."""
+    triton_dir = triton_dir or Path(triton.__file__).parent
+    env = {}
+    for variable, name in ASSEMBLERS.items():
+        real = triton_dir / "backends" / "nvidia" / "bin" / name
+        if real.exists():
+            wrapper = folder / name
+            wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *--version*) ;; *) echo $$ >> {folder / 'runs'} ;; esac\n"
+                               f"exec {real} \"$@\"\n")
+            wrapper.chmod(0o755)
+            env[variable] = str(wrapper)
+    return env
+
+
+def assembler_runs(folder: Path) -> int:
+    runs = folder / "runs"
+    return len(runs.read_text().splitlines()) if runs.exists() else 0
 
 
 def compile_kernel(name: str) -> str:

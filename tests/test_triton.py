@@ -1,7 +1,7 @@
 """Triton on kcache's store (`TRITON_CACHE_MANAGER=kcache.triton:CacheManager`, issue 38), on the CPU
 machine: Triton compiles for sm_90 without a GPU. Every process is a fresh `tests/triton_program.py`;
-compiles are counted by the runs of ptxas (TRITON_PTXAS_PATH names a wrapper that counts, then runs
-Triton's own), not by kcache. Plain Triton (its FileCacheManager) runs beside kcache where the
+compiles are counted by the runs of Triton's assembler (TRITON_PTXAS_PATH and, for Triton 3.9,
+TRITON_PTXAS_BLACKWELL_PATH name wrappers that count, then run Triton's own), not by kcache. Plain Triton (its FileCacheManager) runs beside kcache where the
 difference is the point: the herd, the foreign-owned CI cache."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
+
+from stress.triton_program import assembler_runs, counting_assemblers  # noqa: E402
 
 from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 from .helpers import PROJECT, child_env  # noqa: E402
@@ -30,28 +31,19 @@ MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 
 @pytest.fixture
 def ptxas(tmp_path: Path) -> Path:
-    """A ptxas that appends a line to `<its folder>/runs` for each compile (not for `--version`)."""
-    import triton
-
-    real = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    wrapper = tmp_path / "counting-ptxas" / "ptxas"
-    wrapper.parent.mkdir()
-    wrapper.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        case "$*" in *--version*) ;; *) echo $$ >> {wrapper.parent / 'runs'} ;; esac
-        exec {real} "$@"
-        """))
-    wrapper.chmod(0o755)
-    return wrapper
+    """The folder of Triton's assemblers as counting wrappers (stress.triton_program.counting_assemblers)."""
+    folder = tmp_path / "counting-assemblers"
+    folder.mkdir()
+    counting_assemblers(folder)
+    return folder
 
 
 def runs(ptxas: Path) -> int:
-    counted = ptxas.parent / "runs"
-    return len(counted.read_text().splitlines()) if counted.exists() else 0
+    return assembler_runs(ptxas)
 
 
 def program_env(ptxas: Path, root: Path, **extra: str) -> dict[str, str]:
-    return child_env(TRITON_PTXAS_PATH=str(ptxas), KCACHE_DIR=str(root), TRITON_CACHE_DIR=str(root / "plain"),
+    return child_env(**counting_assemblers(ptxas), KCACHE_DIR=str(root), TRITON_CACHE_DIR=str(root / "plain"),
                      **extra)
 
 
@@ -220,9 +212,7 @@ def users_running_triton(triton_users: tuple[UnprivilegedEnv, Path], world: Path
     counting = world / "counting"
     counting.mkdir(mode=0o777)
     counting.chmod(0o777)
-    (counting / "ptxas").write_text(f"#!/bin/sh\ncase \"$*\" in *--version*) ;; *) echo $$ >> {counting / 'runs'} ;; "
-                                    f"esac\nexec {users_triton / 'backends/nvidia/bin/ptxas'} \"$@\"\n")
-    (counting / "ptxas").chmod(0o755)
+    counting_assemblers(counting, users_triton)
     (counting / "runs").write_text("")
     (counting / "runs").chmod(0o666)
 
@@ -243,9 +233,10 @@ def test_a_root_owned_ci_cache_serves_its_kernel_and_another_users_new_kernel_co
     known one (no compile), compiles the new one into the user's own root with one warning, and the
     user's next process finds it there."""
     users, counting, as_user = users_running_triton(triton_users, world_dir)
+    users_triton = triton_users[1]
     ci = world_dir / "ci-cache"
     env = {"TRITON_CACHE_DIR": str(ci / "triton"), "KCACHE_DIR": str(ci / "kcache"),
-           "TRITON_PTXAS_PATH": str(counting / "ptxas")}
+           **counting_assemblers(counting, users_triton)}
     for manager in ({}, MANAGER):  # root fills both caches with the add kernel
         compile_in_fresh_process("add", child_env(**env, **manager))
     subprocess.run(["chmod", "-R", "u=rwX,go=rX", str(ci)], check=True)
@@ -374,11 +365,12 @@ def test_a_group_shared_root_serves_each_members_groups_to_the_other(
     """Group mode (a setgid root of the users' shared group, KCACHE_UMASK=002): what one member
     compiled, the other loads without compiling, both ways."""
     users, counting, as_user = users_running_triton(triton_users, world_dir)
+    users_triton = triton_users[1]
     team = world_dir / "team"
     team.mkdir()
     os.chown(team, 0, users.share_gid)
     team.chmod(0o2770)
-    env = {"KCACHE_DIR": str(team), "KCACHE_UMASK": "002", "TRITON_PTXAS_PATH": str(counting / "ptxas"), **MANAGER}
+    env = {"KCACHE_DIR": str(team), "KCACHE_UMASK": "002", **counting_assemblers(counting, users_triton), **MANAGER}
 
     def counted() -> int:
         return len((counting / "runs").read_text().splitlines())
