@@ -92,7 +92,7 @@ def test_ls_tells_apart_entries_of_one_kernel_name(same_named_kernels: Path) -> 
     shapes = sorted(tuple(p["shape"] for p in e["params"]) for e in listing)
     assert shapes == [(["1024"],) * 3, (["2048"],) * 3] and all(e["out_idx"] == [2] for e in listing)
     lines = kcache_run("--dir", str(same_named_kernels), "ls").stdout.splitlines()
-    assert lines[0].split()[:4] == ["key", "kernel", "params", "out_idx"]
+    assert lines[0].split()[:5] == ["key", "kind", "kernel", "params", "out_idx"]
     rows = [line.split(None, 1)[1] for line in lines[1:]]  # everything but the key
     assert len(set(rows)) == 2, lines
     assert sorted(re.search(r"float32\[\d+\] x3", row).group(0) for row in rows) == ["float32[1024] x3",

@@ -383,3 +383,30 @@ def test_a_group_shared_root_serves_each_members_groups_to_the_other(
     third, said = as_user("kcache-a", "softmax", env)
     assert counted() == 2 and third["softmax"] == second["softmax"], said
     assert "cannot save" not in said
+
+
+def test_the_entry_commands_show_verify_and_repair_triton_groups(tmp_path: Path, ptxas: Path) -> None:
+    """`kcache ls` lists Triton's groups with their kind, kernel and target; `stats` counts them and
+    their size; `verify` checks them whole and `--repair` moves a corrupt one aside."""
+    root = tmp_path / "root"
+    compile_in_fresh_process("add,softmax", program_env(ptxas, root, **MANAGER))
+
+    def kcache_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), *argv], capture_output=True,
+                              text=True, env=child_env(), cwd=str(PROJECT), timeout=120)
+
+    listed = json.loads(kcache_cli("--json", "ls").stdout)
+    assert sorted((e["kind"], e["kernel"], e["target"]) for e in listed) == [
+        ("triton", "add_kernel", "cuda sm_90"), ("triton", "softmax_kernel", "cuda sm_90")]
+    stats = json.loads(kcache_cli("--json", "stats").stdout)
+    assert stats["triton_entries"] == 2 and stats["size_bytes"] == sum(e["size_bytes"] for e in listed)
+    assert kcache_cli("verify").returncode == 0
+    (cubin,) = (root / "triton" / listed[0]["key"]).glob("*.cubin")
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cubin.chmod(0o644)
+    cubin.write_bytes(bytes(data))
+    found = kcache_cli("verify")
+    assert found.returncode == 1 and f"BAD {listed[0]['key'][:16]}" in found.stdout, found.stdout
+    assert kcache_cli("verify", "--repair").returncode == 0
+    assert listed[0]["key"] not in triton_entries(root) and len(triton_entries(root)) == 1

@@ -266,23 +266,27 @@ def _shared_options(after_command: bool = False) -> argparse.ArgumentParser:
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    store = kernel_store(settings)
+    from kcache.triton.store import store_of as triton_store_of
+
     bad = []
-    keys = store.keys()
-    for key in keys:
-        try:
-            files = store.read(key)
-            if files is not None and _is_tilelang_entry(files):
-                require_loadable(str(store.entry_path(key)), files)  # the hash can match a library cut short
-        except CorruptEntry as corrupt:
-            entry = {"key": key, "reason": corrupt.reason, "quarantined": None}
-            if args.repair:
-                lock = KeyLock(settings.root / layout.LOCKS / f"{key}.lock", key)
-                if lock.acquire(settings.lock_timeout_s) is not None:
-                    with lock:
-                        moved = store.quarantine(key, f"kcache verify: {corrupt.reason}")
-                    entry["quarantined"] = str(moved) if moved else None
-            bad.append(entry)
+    keys = []
+    # TileLang's kernels, then Triton's groups (kcache.triton), each under its own locks.
+    for store in (kernel_store(settings), triton_store_of(settings.root)):
+        for key in store.keys():
+            keys.append(key)
+            try:
+                files = store.read(key)
+                if files is not None and _is_tilelang_entry(files):
+                    require_loadable(str(store.entry_path(key)), files)  # the hash can match a library cut short
+            except CorruptEntry as corrupt:
+                entry = {"key": key, "reason": corrupt.reason, "quarantined": None}
+                if args.repair:
+                    lock = KeyLock(store.root / layout.LOCKS / f"{key}.lock", key)
+                    if lock.acquire(settings.lock_timeout_s) is not None:
+                        with lock:
+                            moved = store.quarantine(key, f"kcache verify: {corrupt.reason}")
+                        entry["quarantined"] = str(moved) if moved else None
+                bad.append(entry)
     in_progress = sum(len(os.listdir(d)) for d in staging_dirs(settings.root))
     result = {"entries": len(keys), "bad": bad, "staging_in_progress": in_progress}
     lines = [f"{len(keys)} entries, {len(keys) - len(bad)} good, {len(bad)} bad; "

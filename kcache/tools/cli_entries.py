@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kcache.config import Settings
-from kcache.maintenance.eviction import recorded_size, scan_entries
+from kcache.maintenance.eviction import TRITON, EntryUsage, recorded_size, scan_entries
 from kcache.maintenance.stats import read_persisted
 from kcache.store import dirfd, layout
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META, PARAMS
@@ -21,6 +21,7 @@ from kcache.store.fsutil import read_regular_at
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, human_time, short_key
 from kcache.tools.entry_params import describe_params, kernel_params
+from kcache.triton.store import META as TRITON_META
 
 AUTOTUNER = "autotuner"
 # meta.json, manifest.json, params.json: a few kilobytes; anything far bigger is not kcache's.
@@ -43,7 +44,7 @@ class MeasuredSize:
 
 def measure_size(root: Path, entries: int) -> MeasuredSize:
     if entries <= LIVE_SIZE_MAX_ENTRIES:
-        found = scan_entries(root)
+        found = scan_entries(root) + scan_entries(root, TRITON)
         return MeasuredSize(sum(e.size for e in found), time.time(), True, len(found))
     record = recorded_size(root) or {}
     size, at, counted = record.get("bytes"), record.get("measured"), record.get("entries")
@@ -54,22 +55,29 @@ def measure_size(root: Path, entries: int) -> MeasuredSize:
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
     counters = read_persisted(settings.root)
-    try:
-        entries = sum(1 for name in os.listdir(settings.root / KERNELS) if layout.is_key(name))
-    except FileNotFoundError:
-        entries = 0
-    size = measure_size(settings.root, entries)
-    result = {"root": str(settings.root), "entries": entries, "size_bytes": size.size_bytes,
+    entries, triton_entries = (_count_keys(settings.root / namespace) for namespace in (KERNELS, TRITON))
+    size = measure_size(settings.root, entries + triton_entries)
+    result = {"root": str(settings.root), "entries": entries, "triton_entries": triton_entries,
+              "size_bytes": size.size_bytes,
               "size_measured_at": size.measured_at, "size_is_live": size.live,
               "max_size_bytes": settings.max_size_bytes, **counters}
     looked_up = counters["memory_hits"] + counters["disk_hits"] + counters["misses"]
     hit_rate = (counters["memory_hits"] + counters["disk_hits"]) / looked_up if looked_up else 0.0
     limit = human_size(settings.max_size_bytes) if settings.max_size_bytes else "no limit"
-    rows = [("root", str(settings.root)), ("entries", str(entries)), ("size", _size_text(size, limit, entries)),
+    rows = [("root", str(settings.root)), ("entries", str(entries) + (f" (and {triton_entries} of Triton's)" if
+                                                                     triton_entries else "")),
+            ("size", _size_text(size, limit, entries + triton_entries)),
             ("hit rate", f"{hit_rate:.1%}")]
     rows += [(name.replace("_", " "), f"{value:.1f}" if isinstance(value, float) else str(value))
              for name, value in counters.items()]
     return result, format_table(["", ""], rows, show_header=False), 0
+
+
+def _count_keys(directory: Path) -> int:
+    try:
+        return sum(1 for name in os.listdir(directory) if layout.is_key(name))
+    except FileNotFoundError:
+        return 0
 
 
 def _size_text(size: MeasuredSize, limit: str, entries: int) -> str:
@@ -87,20 +95,42 @@ def _size_text(size: MeasuredSize, limit: str, entries: int) -> str:
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
     now = time.time()
     listing = []
-    for entry in sorted(scan_entries(settings.root), key=lambda e: -e.last_used):
+    for entry in scan_entries(settings.root):
         meta = entry_meta(entry.path)
         fields = dict_field(meta, "key_fields")
-        listing.append({"key": entry.key, "kernel": meta.get("kernel", "?"),
+        listing.append({"key": entry.key, "kind": "tilelang", "kernel": meta.get("kernel", "?"),
                         "params": kernel_params(json_file(entry.path / PARAMS)), "out_idx": fields.get("out_idx"),
                         "target": _arch(meta.get("target")), "size_bytes": entry.size,
                         "created": meta.get("created"), "last_used": entry.last_used})
-    rows = [(short_key(e["key"]), e["kernel"], _clipped(describe_params(e["params"]), LS_PARAMS_WIDTH),
+    listing += [_triton_row(entry) for entry in scan_entries(settings.root, TRITON)]
+    listing.sort(key=lambda e: -e["last_used"])
+    rows = [(short_key(e["key"]), e["kind"], e["kernel"], _clipped(describe_params(e["params"]), LS_PARAMS_WIDTH),
              json.dumps(e["out_idx"]) if e["out_idx"] is not None else "-", e["target"], human_size(e["size_bytes"]),
              f"{human_age(now - e['created'])} ago" if isinstance(e["created"], (int, float)) else "-",
              f"{human_age(now - e['last_used'])} ago")
             for e in listing]
-    return listing, format_table(["key", "kernel", "params", "out_idx", "target", "size", "created", "last used"],
-                                 rows), 0
+    return listing, format_table(["key", "kind", "kernel", "params", "out_idx", "target", "size", "created",
+                                  "last used"], rows), 0
+
+
+def _triton_row(entry: EntryUsage) -> dict[str, Any]:
+    """A Triton entry (kcache.triton) as `ls` shows it: a compile group ("triton": its kernel's name and
+    target, from Triton's own metadata) or a single file Triton put ("triton file": its name)."""
+    meta = json_file(entry.path / TRITON_META)
+    meta = meta if isinstance(meta, dict) else {}
+    group, files = meta.get("group"), meta.get("files")
+    kernel, target = "?", "-"
+    if isinstance(group, str):
+        kernel = group.rsplit(".", 1)[0]
+        compiled = json_file(entry.path / group)
+        aimed = dict_field(compiled, "target") if isinstance(compiled, dict) else {}
+        if aimed:
+            target = f"{aimed.get('backend', '?')} sm_{aimed.get('arch', '?')}"
+    elif isinstance(files, list) and files:
+        kernel = str(files[0])
+    return {"key": entry.key, "kind": "triton" if isinstance(group, str) else "triton file", "kernel": kernel,
+            "params": None, "out_idx": None, "target": target, "size_bytes": entry.size,
+            "created": meta.get("created"), "last_used": entry.last_used}
 
 
 def _clipped(text: str, width: int) -> str:
