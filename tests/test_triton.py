@@ -410,3 +410,20 @@ def test_the_entry_commands_show_verify_and_repair_triton_groups(tmp_path: Path,
     assert found.returncode == 1 and f"BAD {listed[0]['key'][:16]}" in found.stdout, found.stdout
     assert kcache_cli("verify", "--repair").returncode == 0
     assert listed[0]["key"] not in triton_entries(root) and len(triton_entries(root)) == 1
+
+
+def test_the_jit_guard_names_a_triton_compile_and_error_stops_it(tmp_path: Path, ptxas: Path) -> None:
+    """A serving process under KCACHE_JIT_GUARD=error compiles nothing, Triton's kernels included: a
+    Triton miss raises UnexpectedCompile naming the kernel and key; a hit passes; `warn` compiles
+    with one warning."""
+    root = tmp_path / "root"
+    compile_in_fresh_process("add", program_env(ptxas, root, **MANAGER))
+    served = compile_in_fresh_process("add", program_env(ptxas, root, KCACHE_JIT_GUARD="error", **MANAGER))
+    assert "add" in served and "JIT guard" not in served["stderr"]
+    before = runs(ptxas)
+    refused = subprocess.run([sys.executable, str(PROGRAM), "softmax"], capture_output=True, text=True, timeout=300,
+                             env=program_env(ptxas, root, KCACHE_JIT_GUARD="error", **MANAGER), cwd=str(PROJECT))
+    assert refused.returncode != 0 and runs(ptxas) == before
+    assert "UnexpectedCompile" in refused.stderr and "softmax_kernel (Triton)" in refused.stderr, refused.stderr[-2000:]
+    warned = compile_in_fresh_process("softmax", program_env(ptxas, root, KCACHE_JIT_GUARD="warn", **MANAGER))
+    assert runs(ptxas) == before + 1 and warned["stderr"].count("under the JIT guard") == 1, warned["stderr"]

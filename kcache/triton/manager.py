@@ -24,6 +24,7 @@ from pathlib import Path
 from triton.runtime.cache import CacheManager as TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
+from kcache.cache import deployment
 from kcache.errors import CacheLockTimeout
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import is_entry_file_name
@@ -52,9 +53,15 @@ class CacheManager(TritonCacheManager):
             return self._triton_own.get_group(filename)
         self._in_group = True
         found = self._groups.find(self._groups.key, filename)
-        if found is not None or self._groups.where.write is None:
-            return _strings(found)
-        found = self._wait_or_hold(filename)
+        if found is None and self._groups.where.write is not None:
+            found = self._wait_or_hold(filename)
+        if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
+            try:
+                deployment.check_compile(f"{filename.rsplit('.', 1)[0]} (Triton)", self._groups.key,
+                                         lambda: f"no Triton entry of that key in {_listed(self._groups.where.reads)}")
+            except BaseException:
+                self._held.release_lock()
+                raise
         return _strings(found)
 
     def get_file(self, filename: str) -> str | None:
@@ -159,6 +166,10 @@ def _write_new(path: Path, payload: bytes) -> Path:
     with open(path, "wb") as out:
         out.write(payload)
     return path
+
+
+def _listed(roots: tuple[Path, ...]) -> str:
+    return ", ".join(str(root) for root in roots) or "no root"
 
 
 def _group_of(filename: str) -> str:
