@@ -22,6 +22,8 @@ from stress.triton_program import assembler_runs, counting_assemblers  # noqa: E
 
 from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 from .helpers import PROJECT, child_env  # noqa: E402
+from .redis_server import redis_server  # noqa: E402
+from .s3_server import s3_server  # noqa: E402
 from .test_security import world_dir  # noqa: E402, F401 - a fixture
 from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: E402, F401 - a fixture
 
@@ -427,3 +429,41 @@ def test_the_jit_guard_names_a_triton_compile_and_error_stops_it(tmp_path: Path,
     assert "UnexpectedCompile" in refused.stderr and "softmax_kernel (Triton)" in refused.stderr, refused.stderr[-2000:]
     warned = compile_in_fresh_process("softmax", program_env(ptxas, root, KCACHE_JIT_GUARD="warn", **MANAGER))
     assert runs(ptxas) == before + 1 and warned["stderr"].count("under the JIT guard") == 1, warned["stderr"]
+
+
+# ---------------------------------------------------------------- remote tiers
+
+
+@pytest.fixture(params=["redis", "s3"])
+def remote(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """KCACHE_REMOTE of a real redis-server or a real S3-protocol server process, with a secret."""
+    if request.param == "redis":
+        with redis_server(tmp_path) as (url, _server):
+            yield {"KCACHE_REMOTE": url, "KCACHE_REMOTE_SECRET": "s3cret"}
+    else:
+        with s3_server() as server:
+            yield {**server.env, "KCACHE_REMOTE": server.url("triton"), "KCACHE_REMOTE_SECRET": "s3cret"}
+
+
+def test_nodes_sharing_a_remote_tier_compile_each_group_once(tmp_path: Path, ptxas: Path,
+                                                             remote: dict[str, str]) -> None:
+    """Three nodes (roots) on one Redis or one bucket, two processes each at once: the matmul is
+    compiled once in all, every node gets its group through the tier, and the cubins are one."""
+    def node_process(root: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, str(PROGRAM), "matmul"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(PROJECT),
+                                env=program_env(ptxas, root, KT_GATE="1", **remote, **MANAGER))
+
+    processes = [node_process(tmp_path / f"node-{index % 3}") for index in range(6)]
+    for process in processes:
+        assert process.stdout.readline().strip() == "ready", process.stderr.read()
+    for process in processes:
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    outputs = [process.communicate(timeout=300) for process in processes]
+    assert all(process.returncode == 0 for process in processes), [err[-2000:] for _, err in outputs]
+    assert len({json.loads(out.splitlines()[-1])["matmul"] for out, _ in outputs}) == 1
+    assert runs(ptxas) == 1, [err[-1500:] for _, err in outputs]
+    assert all(len(triton_entries(tmp_path / f"node-{index}")) == 1 for index in range(3))
+    later = compile_in_fresh_process("matmul", program_env(ptxas, tmp_path / "node-new", **remote, **MANAGER))
+    assert runs(ptxas) == 1 and "matmul" in later  # a new node: from the tier, no compile

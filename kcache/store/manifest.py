@@ -161,15 +161,15 @@ def _verify_at(dir_fd: int, directory: Path, required: frozenset[str], checked: 
     return contents
 
 
-def verify_contents(where: str, files: dict[str, bytes], required: frozenset[str]) -> None:
+def verify_contents(where: str, files: dict[str, bytes], required: frozenset[str], exact: bool = True) -> None:
     """Check an entry held in memory (a remote value): exactly the manifest's files, which are exactly
-    the `required` components, each matching it.
+    the `required` components (`exact=False`: at least them; the kind checks the rest), each matching it.
 
     Raises CorruptEntry naming `where`."""
     if MANIFEST_NAME not in files:
         raise CorruptEntry(where, "manifest.json is missing")
     listed = _parse_manifest(Path(where), files[MANIFEST_NAME])
-    _check_names(where, listed.keys(), required, exact=True)
+    _check_names(where, listed.keys(), required, exact=exact)
     if set(files) != set(listed) | {MANIFEST_NAME}:
         raise CorruptEntry(where, f"files {sorted(files)} differ from the manifest's {sorted(listed)}")
     for name, meta in listed.items():

@@ -57,18 +57,20 @@ def pack(files: dict[str, bytes], secret: bytes | None, bound_to: str) -> bytes:
     return body + (bound_mac(secret, bound_to, body) if secret else b"")
 
 
-def unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_to: str) -> dict[str, bytes]:
+def unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_to: str,
+           exact: bool = True) -> dict[str, bytes]:
     """The verified files of a remote value stored under `bound_to`. Raises RemoteCorrupt, whatever is
     wrong with it: a value is input from whoever can write to Redis."""
     try:
-        return _unpack(value, required, secret, bound_to)
+        return _unpack(value, required, secret, bound_to, exact)
     except RemoteCorrupt:
         raise
     except Exception as err:  # any parse failure of untrusted bytes is a refused value, never a crash
         raise RemoteCorrupt(f"unreadable: {type(err).__name__}: {err}") from None
 
 
-def _unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_to: str) -> dict[str, bytes]:
+def _unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_to: str,
+            exact: bool) -> dict[str, bytes]:
     if secret:
         body, signature = value[:-DIGEST_SIZE], value[-DIGEST_SIZE:]
         if len(value) <= DIGEST_SIZE or not hmac.compare_digest(signature, bound_mac(secret, bound_to, body)):
@@ -92,7 +94,7 @@ def _unpack(value: bytes, required: frozenset[str], secret: bytes | None, bound_
     if offset != len(body):
         raise RemoteCorrupt("the files' sizes do not add up to the value's length")
     try:
-        verify_contents("remote value", files, required)  # exactly the kind's components, each as listed
+        verify_contents("remote value", files, required, exact)  # exactly the kind's components, each as listed
     except CorruptEntry as err:
         raise RemoteCorrupt(err.reason) from None
     return files
@@ -106,12 +108,15 @@ class RedisTier:
     def __init__(self, url: str, namespace: str, required: frozenset[str], *, secret: str | None = None,
                  ttl_s: float | None = None, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
                  timeout_s: float = DEFAULT_TIMEOUT_S, retry_after_s: float = DEFAULT_RETRY_AFTER_S,
-                 operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_S, client: Any = None) -> None:
+                 operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_S, client: Any = None,
+                 exact: bool = True, bound_meta: str = "meta.json") -> None:
         import redis
 
         self.url = url
         self.prefix = f"kcache:{namespace}:"
         self.required = frozenset(required)
+        self.exact = exact  # the value holds exactly `required` (False: at least; the kind checks the rest)
+        self.bound_meta = bound_meta  # the file that names the entry's key
         self.secret = secret.encode() if secret else None
         self.ttl_ms = int(ttl_s * 1000) if ttl_s else None
         self.max_entry_bytes = max_entry_bytes
@@ -134,8 +139,8 @@ class RedisTier:
         try:
             if isinstance(value, RemoteCorrupt):
                 raise value
-            files = unpack(value, self.required, self.secret, self.prefix + key)
-            check_bound_key("remote value", files, key)
+            files = unpack(value, self.required, self.secret, self.prefix + key, self.exact)
+            check_bound_key("remote value", files, key, self.bound_meta)
         except (RemoteCorrupt, CorruptEntry) as corrupt:
             log.warning("kcache: ignoring remote entry %s%s in %s: %s; it is recompiled and replaced",
                         self.prefix, key, self.url, getattr(corrupt, "reason", corrupt))

@@ -153,18 +153,24 @@ class RemoteTiers:
         return None
 
 
-def open_remote_tiers(urls: list[str], namespace: str, required: frozenset[str], settings: Any) -> RemoteTiers:
-    """The tiers of `urls` (config.remote_urls) for one namespace, with the settings' secret and limits."""
+def open_remote_tiers(urls: list[str], namespace: str, required: frozenset[str], settings: Any, *,
+                      exact: bool = True, bound_meta: str = "meta.json") -> RemoteTiers:
+    """The tiers of `urls` (config.remote_urls) for one namespace, with the settings' secret and limits.
+    `exact`: an entry holds exactly the files `required` (False: at least them, for a kind whose files
+    vary, which checks the rest itself: Triton's groups). `bound_meta`: the file whose "key" names the
+    entry's key (an entry copied under another key is refused)."""
     tiers: list[RemoteTier] = []
     for url in urls:
         if url.lower().startswith("s3://"):
             from kcache.tiers.s3_tier import S3Tier
 
             tiers.append(S3Tier(url, namespace, required, secret=settings.remote_secret,
-                                max_entry_bytes=settings.remote_max_entry_bytes))
+                                max_entry_bytes=settings.remote_max_entry_bytes, exact=exact,
+                                bound_meta=bound_meta))
         else:
             from kcache.tiers.redis_tier import RedisTier
 
             tiers.append(RedisTier(url, namespace, required, secret=settings.remote_secret,
-                                   ttl_s=settings.remote_ttl_s, max_entry_bytes=settings.remote_max_entry_bytes))
+                                   ttl_s=settings.remote_ttl_s, max_entry_bytes=settings.remote_max_entry_bytes,
+                                   exact=exact, bound_meta=bound_meta))
     return RemoteTiers(tiers)

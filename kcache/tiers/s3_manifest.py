@@ -35,9 +35,9 @@ def manifest_body(key: str, name: str, listing: Listing, files: dict[str, bytes]
 
 
 def parse_manifest(body: bytes, key: str, name: str, secret: bytes | None, required: frozenset[str],
-                   max_entry_bytes: int) -> Parsed:
-    """The listing and inline files of the manifest `body` of entry `key` (object `name`). Raises
-    RemoteCorrupt for anything else."""
+                   max_entry_bytes: int, *, exact: bool = True) -> Parsed:
+    """The listing and inline files of the manifest `body` of entry `key` (object `name`): exactly the
+    files `required` (`exact=False`: at least them). Raises RemoteCorrupt for anything else."""
     try:
         document = json.loads(body)
         if not isinstance(document, dict):
@@ -64,7 +64,7 @@ def parse_manifest(body: bytes, key: str, name: str, secret: bytes | None, requi
     except Exception as err:  # any parse failure of untrusted bytes is a refused manifest, never a crash
         raise RemoteCorrupt(f"unreadable manifest: {type(err).__name__}: {err}") from None
     names = [file for file, _, _ in listing]
-    if len(set(names)) != len(names) or set(names) != required:
+    if len(set(names)) != len(names) or (set(names) != required if exact else not required <= set(names)):
         raise RemoteCorrupt(f"it lists {sorted(names)}, not the entry's components {sorted(required)}")
     if not set(inline) <= INLINE_FILES & required:
         raise RemoteCorrupt(f"it holds {sorted(inline)} inline, where only {sorted(INLINE_FILES)} may be")

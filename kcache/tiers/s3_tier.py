@@ -71,9 +71,12 @@ class S3Tier:
     def __init__(self, url: str, namespace: str, required: frozenset[str], *, secret: str | None = None,
                  max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S,
                  retry_after_s: float = DEFAULT_RETRY_AFTER_S,
-                 operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_S, store: Any = None) -> None:
+                 operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_S, store: Any = None,
+                 exact: bool = True, bound_meta: str = "meta.json") -> None:
         self.url = url
         self.required = frozenset(required)
+        self.exact = exact  # the entry holds exactly `required` (False: at least; the kind checks the rest)
+        self.bound_meta = bound_meta  # the file that names the entry's key
         self.secret = secret.encode() if secret else None
         self.max_entry_bytes = max_entry_bytes
         self._space = namespace.replace(":", "/")
@@ -145,8 +148,8 @@ class S3Tier:
         # The entry's own manifest.json is this manifest's listing, as the store writes it.
         files[MANIFEST_NAME] = format_manifest({name: (size, digest) for name, size, digest in listing})
         try:
-            verify_contents("remote entry", files, self.required)  # exactly the kind's components, each as listed
-            check_bound_key("remote entry", files, key)
+            verify_contents("remote entry", files, self.required, self.exact)  # the kind's components, each as listed
+            check_bound_key("remote entry", files, key, self.bound_meta)
         except CorruptEntry as err:
             return self._refuse(key, e_tag, RemoteCorrupt(err.reason))
         return files
@@ -170,7 +173,7 @@ class S3Tier:
         body, e_tag = found
         try:
             listing = parse_manifest(body, key, self.entry_name(key), self.secret, self.required,
-                                     self.max_entry_bytes)
+                                     self.max_entry_bytes, exact=self.exact)
         except RemoteCorrupt as corrupt:
             corrupt.e_tag = e_tag  # type: ignore[attr-defined]
             return corrupt

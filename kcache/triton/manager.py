@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 from triton.runtime.cache import CacheManager as TritonCacheManager
 from triton.runtime.cache import FileCacheManager
@@ -72,6 +74,8 @@ class CacheManager(TritonCacheManager):
         lone = self._groups.find(entry_key(self.key, filename), None, filename)
         if lone is None:
             lone = self._groups.find(self._groups.key, _group_of(filename), filename)
+        if lone is None and filename not in self._staged:
+            lone = self._groups.fetch(entry_key(self.key, filename), None, filename)
         return None if lone is None else runnable_path(lone[filename])
 
     # ------------------------------------------------------------------ writes
@@ -106,6 +110,7 @@ class CacheManager(TritonCacheManager):
         """A miss: wait for another process's compile of the key, or hold its lock and compile."""
         lock = self._groups.lock(self._groups.key)
         entry_seen = (lambda: self._groups.find(self._groups.key, filename) is not None)
+        deadline = time.monotonic() + self._groups.where.lock_timeout_s  # the local wait and the remote one
         try:
             waited = lock.acquire(self._groups.where.lock_timeout_s, entry_seen)
         except CacheLockTimeout:
@@ -119,11 +124,26 @@ class CacheManager(TritonCacheManager):
         if waited is None:  # the holder published it
             return self._groups.find(self._groups.key, filename)
         found = self._groups.find(self._groups.key, filename)  # published just before we locked
+        if found is None and self._groups.where.remote is not None:
+            found = self._claim_cluster_wide(filename, max(0.0, deadline - time.monotonic()))
         if found is not None:
             lock.release()
             return found
         self._held.lock = lock
         return None
+
+    def _claim_cluster_wide(self, filename: str, timeout_s: float) -> dict[str, Path] | None:
+        """Under the key's lock, with remote tiers: another node's group, or this node's lease to compile
+        it (held until `put_group`); another node's lease is waited for, backing off, at most what is
+        left of KCACHE_LOCK_TIMEOUT."""
+        key = self._groups.key
+        claim = self._groups.where.remote.claim(key, self._groups.where.lease_s, timeout_s,
+                                                lambda: self._groups.fetch(key, filename))
+        if claim.timed_out:
+            log.warning("kcache: another node held the compile lease of Triton's %s (key %s) for KCACHE_LOCK_TIMEOUT "
+                        "without uploading it; compiling it here too", filename, key[:16])
+        self._held.lease = claim.lease
+        return claim.found
 
 
 class _Held:
@@ -133,6 +153,7 @@ class _Held:
 
     def __init__(self) -> None:
         self.lock: KeyLock | None = None
+        self.lease: Any = None  # the remote tiers' lease of the key, while this process compiles it
         self.private: list[Path] = []  # the newest is written; a full root's gives way to a temp one
 
     def write_private(self, filename: str, payload: bytes, where: TritonRoots) -> Path:
@@ -151,6 +172,9 @@ class _Held:
             return _write_new(self.private[-1] / filename, payload)
 
     def release_lock(self) -> None:
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.release()
         lock, self.lock = self.lock, None
         if lock is not None:
             lock.release()

@@ -23,8 +23,9 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from kcache.config import Settings
+from kcache.config import Settings, remote_urls
 from kcache.errors import CorruptEntry, UntrustedEntry
 from kcache.maintenance.eviction import TRITON, note_use
 from kcache.store import access, layout
@@ -57,6 +58,8 @@ class TritonRoots:
     write: Path | None
     reads: tuple[Path, ...]
     lock_timeout_s: float
+    remote: Any = None  # RemoteTiers of KCACHE_REMOTE (Redis, S3), or None
+    lease_s: float = 30.0
 
 
 _roots: dict[Path, TritonRoots] = {}
@@ -72,13 +75,26 @@ def roots(settings: Settings | None = None) -> TritonRoots:
         if found is None:
             try:
                 plan = access.plan(settings.root, settings.on_unwritable, settings.readonly)
-                found = TritonRoots(plan.write_root, plan.read_roots, settings.lock_timeout_s)
+                found = TritonRoots(plan.write_root, plan.read_roots, settings.lock_timeout_s,
+                                    _remote(settings) if plan.write_root is not None else None,
+                                    settings.remote_lease_s)
             except OSError as err:
                 log.warning("kcache: cannot use the cache root %s for Triton (%s): Triton's kernels are compiled "
                             "without saving them. Set KCACHE_DIR to a usable directory.", settings.root, err)
                 found = TritonRoots(None, (), settings.lock_timeout_s)
             _roots[settings.root] = found
         return found
+
+
+def _remote(settings: Settings) -> Any:
+    """The remote tiers of KCACHE_REMOTE for Triton's entries. Their namespace needs no toolchain
+    fingerprint: Triton's key holds its version and the hash of its compiler's sources."""
+    urls = remote_urls(settings.remote_url)
+    if not urls:
+        return None
+    from kcache.tiers.remote_chain import open_remote_tiers
+
+    return open_remote_tiers(urls, f"{NAMESPACE}:v1", frozenset({META}), settings, exact=False, bound_meta=META)
 
 
 def store_of(root: Path) -> EntryStore:
@@ -124,10 +140,13 @@ class GroupStore:
             meta = json.loads(files[META])
         except ValueError:
             return f"{META} is not JSON"
-        if not isinstance(meta, dict) or meta.get("entry") != key or meta.get("triton_key") != self.triton_key:
+        if not isinstance(meta, dict) or meta.get("key") != key or meta.get("triton_key") != self.triton_key:
             return f"{META} names another key: an entry copied from another key"
         if meta.get("group") != group:
             return f"{META} names the group {meta.get('group')!r}, not {group!r}"
+        if not isinstance(meta.get("files"), list) or set(files) - {META} != set(meta["files"]):
+            # Exactly the group's files: Triton takes the first `.json` of a group as its metadata.
+            return f"its files are not the ones {META} lists"
         if file_name is not None and file_name not in files:
             return f"it lacks {file_name}"
         if group is not None and group not in files:
@@ -147,6 +166,21 @@ class GroupStore:
         with lock:
             store.quarantine(key, reason)
 
+    # ------------------------------------------------------------------ remote tiers
+
+    def fetch(self, key: str, group: str | None, file_name: str | None = None) -> dict[str, Path] | None:
+        """The entry `key` from the remote tiers, published into the write root, then found as `find`
+        finds it (verified whole, this key's and group's); None where no tier has it."""
+        if self.where.remote is None or self.where.write is None:
+            return None
+        if self.where.remote.fetch_into(store_of(self.where.write), key) is None:
+            return None
+        return self.find(key, group, file_name)
+
+    def upload(self, key: str) -> None:
+        if self.where.remote is not None and self.where.write is not None:
+            self.where.remote.upload_from(store_of(self.where.write), key)
+
     # ------------------------------------------------------------------ writes
 
     def lock(self, key: str) -> KeyLock:
@@ -158,7 +192,7 @@ class GroupStore:
         where nothing can be written (read-only, a full disk: one warning, the kernel still runs)."""
         if self.where.write is None:
             return None
-        meta = {"entry": key, "triton_key": self.triton_key, "group": group, "files": sorted(files),
+        meta = {"key": key, "triton_key": self.triton_key, "group": group, "files": sorted(files),
                 "created": time.time()}
         store = store_of(self.where.write)
         try:
@@ -170,6 +204,8 @@ class GroupStore:
             return None
         if outcome is PublishOutcome.LOST_RACE:
             log.debug("kcache: another process published the Triton entry %s first", key[:16])
+        else:
+            self.upload(key)
         return store.entry_path(key)
 
 
