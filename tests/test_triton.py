@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -467,3 +468,30 @@ def test_nodes_sharing_a_remote_tier_compile_each_group_once(tmp_path: Path, ptx
     assert all(len(triton_entries(tmp_path / f"node-{index}")) == 1 for index in range(3))
     later = compile_in_fresh_process("matmul", program_env(ptxas, tmp_path / "node-new", **remote, **MANAGER))
     assert runs(ptxas) == 1 and "matmul" in later  # a new node: from the tier, no compile
+
+
+def test_a_corrupt_group_found_under_the_keys_lock_is_moved_aside_without_waiting_for_that_lock(
+        tmp_path: Path, ptxas: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A miss looks again once it holds the key's lock; an entry found corrupt then is quarantined by
+    the lock already held (a second flock on it, by the same process, would wait KCACHE_LOCK_TIMEOUT)."""
+    import time
+
+    from kcache.triton import store as triton_store
+
+    root = tmp_path / "root"
+    compile_in_fresh_process("add", program_env(ptxas, root, **MANAGER))
+    (entry,) = triton_entries(root)
+    (cubin,) = (root / "triton" / entry).glob("*.cubin")
+    cubin.chmod(0o644)
+    cubin.write_bytes(b"\0" + cubin.read_bytes()[1:])
+    monkeypatch.setenv("KCACHE_DIR", str(root))
+    monkeypatch.setenv("KCACHE_LOCK_TIMEOUT", "30")
+    monkeypatch.setattr(triton_store, "_roots", {})
+    meta = json.loads((root / "triton" / entry / "kcache-triton.json").read_text())
+    groups = triton_store.GroupStore(meta["triton_key"], triton_store.roots())
+    with groups.lock(entry) as lock:
+        assert lock.acquire(1.0) == 0.0
+        started = time.monotonic()
+        assert groups.find(entry, meta["group"], locked=True) is None
+        assert time.monotonic() - started < 5.0
+    assert triton_entries(root) == [] and len(os.listdir(root / "triton" / ".quarantine")) == 1

@@ -74,7 +74,7 @@ class CacheManager(TritonCacheManager):
         lone = self._groups.find(entry_key(self.key, filename), None, filename)
         if lone is None:
             lone = self._groups.find(self._groups.key, _group_of(filename), filename)
-        if lone is None and filename not in self._staged:
+        if lone is None:  # another node's, from the remote tiers
             lone = self._groups.fetch(entry_key(self.key, filename), None, filename)
         return None if lone is None else runnable_path(lone[filename])
 
@@ -123,7 +123,7 @@ class CacheManager(TritonCacheManager):
             return None
         if waited is None:  # the holder published it
             return self._groups.find(self._groups.key, filename)
-        found = self._groups.find(self._groups.key, filename)  # published just before we locked
+        found = self._groups.find(self._groups.key, filename, locked=True)  # published just before we locked
         if found is None and self._groups.where.remote is not None:
             found = self._claim_cluster_wide(filename, max(0.0, deadline - time.monotonic()))
         if found is not None:
@@ -138,7 +138,7 @@ class CacheManager(TritonCacheManager):
         left of KCACHE_LOCK_TIMEOUT."""
         key = self._groups.key
         claim = self._groups.where.remote.claim(key, self._groups.where.lease_s, timeout_s,
-                                                lambda: self._groups.fetch(key, filename))
+                                                lambda: self._groups.fetch(key, filename, locked=True))
         if claim.timed_out:
             log.warning("kcache: another node held the compile lease of Triton's %s (key %s) for KCACHE_LOCK_TIMEOUT "
                         "without uploading it; compiling it here too", filename, key[:16])

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kcache.config import Settings, remote_urls
-from kcache.errors import CorruptEntry, UntrustedEntry
+from kcache.errors import CacheLockTimeout, CorruptEntry, UntrustedEntry
 from kcache.maintenance.eviction import TRITON, note_use
 from kcache.store import access, layout
 from kcache.store.entries import EntryStore, PublishOutcome
@@ -111,10 +111,11 @@ class GroupStore:
 
     # ------------------------------------------------------------------ reads
 
-    def find(self, key: str, group: str | None, file_name: str | None = None) -> dict[str, Path] | None:
+    def find(self, key: str, group: str | None, file_name: str | None = None, *,
+             locked: bool = False) -> dict[str, Path] | None:
         """{file name: path} of the verified entry `key` in the first root that has it (the group's
-        files, or the lone file), or None. A corrupt or foreign entry is moved aside (where ours)
-        and is a miss."""
+        files, or the lone file), or None. A corrupt or foreign entry is moved aside (where ours, under
+        the key's lock: `locked` says the caller holds it already) and is a miss."""
         for root in self.where.reads:
             store = store_of(root)
             try:
@@ -122,13 +123,13 @@ class GroupStore:
             except FileNotFoundError:
                 continue
             except (CorruptEntry, UntrustedEntry) as err:
-                self._refuse(store, root, key, str(err))
+                self._refuse(store, root, key, str(err), locked)
                 continue
             if files is None:
                 continue
             problem = self._mismatch(files, key, group, file_name)
             if problem:
-                self._refuse(store, root, key, problem)
+                self._refuse(store, root, key, problem, locked)
                 continue
             directory = store.entry_path(key)
             note_use(directory)  # the least recently used are evicted first (KCACHE_MAX_SIZE)
@@ -153,14 +154,17 @@ class GroupStore:
             return f"it lacks the group's metadata {group}"
         return ""
 
-    def _refuse(self, store: EntryStore, root: Path, key: str, reason: str) -> None:
+    def _refuse(self, store: EntryStore, root: Path, key: str, reason: str, locked: bool) -> None:
         if root != self.where.write:
             log.warning("kcache: ignoring the Triton entry %s: %s", store.entry_path(key), reason)
+            return
+        if locked:
+            store.quarantine(key, reason)
             return
         lock = self.lock(key)
         try:
             lock.acquire(self.where.lock_timeout_s)
-        except OSError:
+        except (OSError, CacheLockTimeout):
             log.warning("kcache: ignoring the Triton entry %s: %s", store.entry_path(key), reason)
             return
         with lock:
@@ -168,14 +172,15 @@ class GroupStore:
 
     # ------------------------------------------------------------------ remote tiers
 
-    def fetch(self, key: str, group: str | None, file_name: str | None = None) -> dict[str, Path] | None:
+    def fetch(self, key: str, group: str | None, file_name: str | None = None, *,
+              locked: bool = False) -> dict[str, Path] | None:
         """The entry `key` from the remote tiers, published into the write root, then found as `find`
         finds it (verified whole, this key's and group's); None where no tier has it."""
         if self.where.remote is None or self.where.write is None:
             return None
         if self.where.remote.fetch_into(store_of(self.where.write), key) is None:
             return None
-        return self.find(key, group, file_name)
+        return self.find(key, group, file_name, locked=locked)
 
     def upload(self, key: str) -> None:
         if self.where.remote is not None and self.where.write is not None:
