@@ -495,3 +495,24 @@ def test_a_corrupt_group_found_under_the_keys_lock_is_moved_aside_without_waitin
         assert groups.find(entry, meta["group"], locked=True) is None
         assert time.monotonic() - started < 5.0
     assert triton_entries(root) == [] and len(os.listdir(root / "triton" / ".quarantine")) == 1
+
+
+def test_kcache_record_lists_tritons_groups_and_verify_coverage_of_a_root_counts_them(
+        tmp_path: Path, ptxas: Path) -> None:
+    """KCACHE_RECORD notes the key of each Triton group a process asks for, hit or miss; `kcache
+    verify-coverage --keys FILE` against a root that holds them reports nothing missing, and against
+    one that lacks them names the Triton kernel."""
+    root, keys = tmp_path / "root", tmp_path / "keys.jsonl"
+    compile_in_fresh_process("add", program_env(ptxas, root, KCACHE_RECORD=str(keys), **MANAGER))
+    compile_in_fresh_process("add", program_env(ptxas, root, KCACHE_RECORD=str(keys), **MANAGER))  # a hit
+    records = [json.loads(line) for line in keys.read_text().splitlines()]
+    assert len(records) == 2 and len({r["key"] for r in records}) == 1  # once per process, the hit's too
+    assert records[0]["key"] in triton_entries(root) and records[0]["kernel"] == "add_kernel (Triton)"
+
+    def coverage(of: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kcache", "--dir", str(of), "verify-coverage", "--keys", str(keys)],
+                              capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=120)
+
+    assert coverage(root).returncode == 0
+    empty = coverage(tmp_path / "other")
+    assert empty.returncode == 1 and "add_kernel (Triton)" in empty.stdout, empty.stdout

@@ -13,6 +13,7 @@ from kcache.store.entries import EntryStore
 from kcache.store.layout import is_key
 from kcache.tools.bundle_manifest import parse_manifest
 from kcache.tools.bundle_reader import open_bundle
+from kcache.triton.store import store_of as triton_store_of
 
 
 def read_key_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -58,4 +59,5 @@ def missing_coverage(records: list[dict[str, Any]], *, bundle: str | os.PathLike
         held |= set(bundle_keys(bundle))
     if root is not None:
         held |= set(EntryStore(Path(root), KERNELS, COMPONENTS, bind_key=True).keys())
+        held |= set(triton_store_of(Path(root)).keys())  # Triton's groups (kcache.triton); no bundle holds them yet
     return [record for record in records if record["key"] not in held]

@@ -57,6 +57,9 @@ class CacheManager(TritonCacheManager):
         found = self._groups.find(self._groups.key, filename)
         if found is None and self._groups.where.write is not None:
             found = self._wait_or_hold(filename)
+        recording = deployment.recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
+        if recording is not None:
+            recording.note(self._groups.key, f"{filename.rsplit('.', 1)[0]} (Triton)", "triton")
         if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
             try:
                 deployment.check_compile(f"{filename.rsplit('.', 1)[0]} (Triton)", self._groups.key,
