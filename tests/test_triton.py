@@ -390,7 +390,7 @@ def test_a_group_shared_root_serves_each_members_groups_to_the_other(
 
 def test_the_entry_commands_show_verify_and_repair_triton_groups(tmp_path: Path, ptxas: Path) -> None:
     """`kcache ls` lists Triton's groups with their kind, kernel and target; `stats` counts them and
-    their size; `verify` checks them whole and `--repair` moves a corrupt one aside."""
+    their size; `show` summarizes one; `verify` checks them whole and `--repair` moves a corrupt one aside."""
     root = tmp_path / "root"
     compile_in_fresh_process("add,softmax", program_env(ptxas, root, **MANAGER))
 
@@ -404,6 +404,9 @@ def test_the_entry_commands_show_verify_and_repair_triton_groups(tmp_path: Path,
     stats = json.loads(kcache_cli("--json", "stats").stdout)
     assert stats["triton_entries"] == 2 and stats["size_bytes"] == sum(e["size_bytes"] for e in listed)
     assert kcache_cli("verify").returncode == 0
+    shown = kcache_cli("show", listed[0]["key"][:12])
+    assert shown.returncode == 0 and shown.stdout.splitlines()[0].split() == ["kind", "triton"], shown.stdout
+    assert f"kernel      {listed[0]['kernel']}" in shown.stdout and "Triton's metadata:" in shown.stdout
     (cubin,) = (root / "triton" / listed[0]["key"]).glob("*.cubin")
     data = bytearray(cubin.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -142,9 +142,12 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, in
     every other detail of meta.json once."""
     store = kernel_store(settings)
     matches = [key for key in store.keys() if key.startswith(args.key.lower())]
-    if len(matches) != 1:
-        why = "no entry matches" if not matches else f"{len(matches)} entries match"
+    triton = [entry for entry in scan_entries(settings.root, TRITON) if entry.key.startswith(args.key.lower())]
+    if len(matches) + len(triton) != 1:
+        why = "no entry matches" if not matches + triton else f"{len(matches) + len(triton)} entries match"
         return {"error": f"{why} {args.key!r}"}, f"kcache: {why} {args.key!r} under {store.entries_dir}", 1
+    if triton:
+        return _show_triton(triton[0])
     path = store.entry_path(matches[0])
     manifest = json_file(path / MANIFEST_NAME)
     meta = entry_meta(path)
@@ -168,6 +171,28 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, in
                                   show_header=False)), "", "details:"]
     lines += [f"  {name}: {value}" for name, value in _details(meta)]
     return result, "\n".join(lines), 0
+
+
+def _show_triton(entry: EntryUsage) -> tuple[Any, str, int]:
+    """`show` of a Triton entry: what `ls` says of it, then its files, then Triton's own metadata."""
+    summary = _triton_row(entry)
+    meta = json_file(entry.path / TRITON_META)
+    meta = meta if isinstance(meta, dict) else {}
+    group = meta.get("group")
+    compiled = json_file(entry.path / group) if isinstance(group, str) else None
+    sizes = _file_sizes(entry.path)
+    created = summary["created"] if isinstance(summary["created"], (int, float)) else None
+    rows = [("kind", summary["kind"]), ("kernel", summary["kernel"]), ("key", entry.key),
+            ("triton key", str(meta.get("triton_key", "?"))), ("target", summary["target"]),
+            ("created", f"{human_time(created)} ({human_age(time.time() - created)} ago)" if created else "-"),
+            ("size", f"{human_size(entry.size)} in {count_of(len(sizes), 'file', 'files')}"), ("path", str(entry.path))]
+    lines = [format_table(["", ""], rows, show_header=False), "", "files:",
+             _indent(format_table(["", ""], [(name, human_size(size)) for name, size in sorted(sizes.items())],
+                                  show_header=False))]
+    if isinstance(compiled, dict):
+        lines += ["", "Triton's metadata:"] + [f"  {name}: {_compact(value)}" for name, value in sorted(compiled.items())]
+    return {"key": entry.key, "path": str(entry.path), "summary": summary, "meta": meta, "triton": compiled}, \
+        "\n".join(lines), 0
 
 
 # The fields of meta.json (and of its key_fields) that show's summary shows already.
