@@ -46,8 +46,12 @@ def runs(ptxas: Path) -> int:
 
 
 def program_env(ptxas: Path, root: Path, **extra: str) -> dict[str, str]:
-    return child_env(**counting_assemblers(ptxas), KCACHE_DIR=str(root), TRITON_CACHE_DIR=str(root / "plain"),
-                     **extra)
+    """A program's environment: Triton's own cache unless `extra` names kcache's manager (a test before
+    this one may have called kcache.install() in this process, which sets TRITON_CACHE_MANAGER)."""
+    env = child_env(**counting_assemblers(ptxas), KCACHE_DIR=str(root), TRITON_CACHE_DIR=str(root / "plain"), **extra)
+    if "TRITON_CACHE_MANAGER" not in extra:
+        env.pop("TRITON_CACHE_MANAGER", None)
+    return env
 
 
 def compile_in_fresh_process(kernels: str, env: dict[str, str]) -> dict[str, str]:
@@ -241,7 +245,10 @@ def test_a_root_owned_ci_cache_serves_its_kernel_and_another_users_new_kernel_co
     env = {"TRITON_CACHE_DIR": str(ci / "triton"), "KCACHE_DIR": str(ci / "kcache"),
            **counting_assemblers(counting, users_triton)}
     for manager in ({}, MANAGER):  # root fills both caches with the add kernel
-        compile_in_fresh_process("add", child_env(**env, **manager))
+        filled = child_env(**env, **manager)
+        if not manager:
+            filled.pop("TRITON_CACHE_MANAGER", None)
+        compile_in_fresh_process("add", filled)
     subprocess.run(["chmod", "-R", "u=rwX,go=rX", str(ci)], check=True)
     (counting / "runs").write_text("")
 
@@ -292,8 +299,11 @@ def test_on_a_noexec_root_tritons_shared_objects_load_from_private_copies_and_ar
     (counting / "cc").chmod(0o755)
 
     def build(**env: str) -> dict:
+        environment = child_env(CC=str(counting / "cc"), **env)
+        if "TRITON_CACHE_MANAGER" not in env:  # Triton's own (see program_env)
+            environment.pop("TRITON_CACHE_MANAGER", None)
         done = subprocess.run([sys.executable, "-c", SHARED_OBJECT], capture_output=True, text=True, timeout=300,
-                              env=child_env(CC=str(counting / "cc"), **env), cwd=str(PROJECT))
+                              env=environment, cwd=str(PROJECT))
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.splitlines()[-1]) | {"stderr": done.stderr}
 
@@ -338,6 +348,10 @@ def test_kcache_run_routes_a_programs_triton_kernels_through_kcache_unless_it_na
                           "print(os.environ['TRITON_CACHE_MANAGER'])"], capture_output=True, text=True,
                          env={**env, "TRITON_CACHE_MANAGER": "mine:Manager"}, cwd=str(PROJECT), timeout=300)
     assert own.returncode == 0 and own.stdout.strip() == "mine:Manager", own.stderr[-2000:]
+    undone = subprocess.run([sys.executable, "-c", "import os, kcache; kcache.install(); kcache.uninstall(); "
+                             "print(os.environ.get('TRITON_CACHE_MANAGER'))"], capture_output=True, text=True,
+                            env=env, cwd=str(PROJECT), timeout=300)
+    assert undone.returncode == 0 and undone.stdout.strip() == "None", undone.stderr[-2000:]  # Triton's own again
     for manager, says in ((MANAGER, "go through kcache"), ({}, "Triton's own cache")):
         checked = subprocess.run([sys.executable, "-m", "kcache", "--json", "doctor"], capture_output=True,
                                  text=True, env={**env, **manager}, cwd=str(PROJECT), timeout=120)

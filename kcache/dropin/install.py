@@ -35,6 +35,7 @@ def install(cache: KernelCache | None = None) -> None:
         default_cache()
     # Triton's kernels (Inductor's too) on kcache's store, in this process and its children, unless
     # the user named a cache manager of their own. An environment variable: nothing of Triton is imported.
+    triton_was_unset = kcache_triton.ENV not in os.environ
     kcache_triton.enable()
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
@@ -46,6 +47,7 @@ def install(cache: KernelCache | None = None) -> None:
                 "save": AutoTuner._save_result_to_disk,
                 "load": AutoTuner._load_result_from_disk,
                 "run": AutoTuner.run,
+                "triton_was_unset": triton_was_unset,  # uninstall() gives Triton its own cache back
             }
         state.installed["cache"] = cache
         jit_module.cached = routing.cached
@@ -56,7 +58,8 @@ def install(cache: KernelCache | None = None) -> None:
 
 
 def uninstall() -> None:
-    """Give TileLang its own cache back. Kernels already returned keep working."""
+    """Give TileLang its own cache back, and Triton its own where install() chose kcache's for it.
+    Kernels already returned keep working."""
     with state.lock:
         if state.installed is None:
             return
@@ -67,6 +70,8 @@ def uninstall() -> None:
         AutoTuner._save_result_to_disk = state.installed["save"]
         AutoTuner._load_result_from_disk = state.installed["load"]
         AutoTuner.run = state.installed["run"]
+        if state.installed.get("triton_was_unset") and os.environ.get(kcache_triton.ENV) == kcache_triton.ENV_VALUE:
+            del os.environ[kcache_triton.ENV]
         state.installed = None
 
 
