@@ -30,8 +30,6 @@ from kcache.store.fsutil import make_dir_at, read_regular_at, replace_file_at
 
 log = logging.getLogger("kcache")
 
-TRITON = "triton"  # kcache.triton's entries (a namespace of layout.NAMESPACES)
-
 LAST_USE_RESOLUTION_S = 3600.0
 
 
@@ -84,7 +82,7 @@ class EvictReport:
 def evict(root: Path, max_size: int | None, max_age_s: float | None, now: float | None = None) -> EvictReport:
     """Evict entries unused for longer than `max_age_s`, then least-recently-used ones until the
     total is at most `max_size`: TileLang's kernels and Triton's groups under one bound."""
-    entries = sorted(scan_entries(root) + scan_entries(root, TRITON), key=lambda e: e.last_used)
+    entries = sorted(scan_entries(root) + scan_entries(root, layout.TRITON), key=lambda e: e.last_used)
     now = time.time() if now is None else now
     total = sum(e.size for e in entries)
     report = EvictReport()

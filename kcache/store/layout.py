@@ -35,7 +35,8 @@ TRASH = ".trash"
 ROOT_MARKER = ".kcache-root"
 GC_STAMP = ".gc-stamp"
 # Subdirectories that hold entries of a kind other than kernels (each with its own .staging).
-NAMESPACES = ("autotuner", "triton")
+TRITON = "triton"  # Triton's compile groups (kcache.triton)
+NAMESPACES = ("autotuner", TRITON)
 
 _KEY_RE = re.compile(r"[0-9a-f]{16,128}")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kcache.config import Settings
-from kcache.maintenance.eviction import TRITON, EntryUsage, recorded_size, scan_entries
+from kcache.maintenance.eviction import EntryUsage, recorded_size, scan_entries
 from kcache.maintenance.stats import read_persisted
 from kcache.store import dirfd, layout
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META, PARAMS
@@ -44,7 +44,7 @@ class MeasuredSize:
 
 def measure_size(root: Path, entries: int) -> MeasuredSize:
     if entries <= LIVE_SIZE_MAX_ENTRIES:
-        found = scan_entries(root) + scan_entries(root, TRITON)
+        found = scan_entries(root) + scan_entries(root, layout.TRITON)
         return MeasuredSize(sum(e.size for e in found), time.time(), True, len(found))
     record = recorded_size(root) or {}
     size, at, counted = record.get("bytes"), record.get("measured"), record.get("entries")
@@ -55,7 +55,7 @@ def measure_size(root: Path, entries: int) -> MeasuredSize:
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
     counters = read_persisted(settings.root)
-    entries, triton_entries = (_count_keys(settings.root / namespace) for namespace in (KERNELS, TRITON))
+    entries, triton_entries = (_count_keys(settings.root / namespace) for namespace in (KERNELS, layout.TRITON))
     size = measure_size(settings.root, entries + triton_entries)
     result = {"root": str(settings.root), "entries": entries, "triton_entries": triton_entries,
               "size_bytes": size.size_bytes,
@@ -102,7 +102,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
                         "params": kernel_params(json_file(entry.path / PARAMS)), "out_idx": fields.get("out_idx"),
                         "target": _arch(meta.get("target")), "size_bytes": entry.size,
                         "created": meta.get("created"), "last_used": entry.last_used})
-    listing += [_triton_row(entry) for entry in scan_entries(settings.root, TRITON)]
+    listing += [_triton_row(entry) for entry in scan_entries(settings.root, layout.TRITON)]
     listing.sort(key=lambda e: -e["last_used"])
     rows = [(short_key(e["key"]), e["kind"], e["kernel"], _clipped(describe_params(e["params"]), LS_PARAMS_WIDTH),
              json.dumps(e["out_idx"]) if e["out_idx"] is not None else "-", e["target"], human_size(e["size_bytes"]),
@@ -142,7 +142,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, in
     every other detail of meta.json once."""
     store = kernel_store(settings)
     matches = [key for key in store.keys() if key.startswith(args.key.lower())]
-    triton = [entry for entry in scan_entries(settings.root, TRITON) if entry.key.startswith(args.key.lower())]
+    triton = [entry for entry in scan_entries(settings.root, layout.TRITON) if entry.key.startswith(args.key.lower())]
     if len(matches) + len(triton) != 1:
         why = "no entry matches" if not matches + triton else f"{len(matches) + len(triton)} entries match"
         return {"error": f"{why} {args.key!r}"}, f"kcache: {why} {args.key!r} under {store.entries_dir}", 1

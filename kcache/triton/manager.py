@@ -16,8 +16,8 @@ Triton's override and dump modes are Triton's own (`FileCacheManager`), as its R
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
+import os
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -26,12 +26,11 @@ from typing import Any
 from triton.runtime.cache import CacheManager as TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
-from kcache.cache import deployment
 from kcache.errors import CacheLockTimeout
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import is_entry_file_name
 from kcache.triton.runnable import runnable_path
-from kcache.triton.store import GroupStore, TritonRoots, entry_key, private_directory, roots
+from kcache.triton.store import GroupStore, PrivateDirectory, TritonRoots, entry_key, private_directory, roots
 
 log = logging.getLogger("kcache")
 
@@ -57,10 +56,12 @@ class CacheManager(TritonCacheManager):
         found = self._groups.find(self._groups.key, filename)
         if found is None and self._groups.where.write is not None:
             found = self._wait_or_hold(filename)
-        recording = deployment.recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
+        recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
         if recording is not None:
             recording.note(self._groups.key, f"{filename.rsplit('.', 1)[0]} (Triton)", "triton")
         if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
+            from kcache.cache import deployment
+
             try:
                 deployment.check_compile(f"{filename.rsplit('.', 1)[0]} (Triton)", self._groups.key,
                                          lambda: f"no Triton entry of that key in {_listed(self._groups.where.reads)}")
@@ -157,7 +158,7 @@ class _Held:
     def __init__(self) -> None:
         self.lock: KeyLock | None = None
         self.lease: Any = None  # the remote tiers' lease of the key, while this process compiles it
-        self.private: list[Path] = []  # the newest is written; a full root's gives way to a temp one
+        self.private: list[PrivateDirectory] = []  # the newest is written; a full root's gives way to a temp one
 
     def write_private(self, filename: str, payload: bytes, where: TritonRoots) -> Path:
         """`payload` as `filename` in the private directory. Where the root's disk is full (or the
@@ -165,14 +166,14 @@ class _Held:
         if not self.private:
             self.private.append(private_directory(where))
         try:
-            return _write_new(self.private[-1] / filename, payload)
+            return self.private[-1].write(filename, payload)
         except OSError as err:
             if len(self.private) > 1:  # the temporary directory failed too
                 raise
             log.warning("kcache: cannot write Triton's %s under %s (%s): compiling into a private temporary "
-                        "directory instead", filename, self.private[-1], err.strerror or err)
-            self.private.append(Path(tempfile.mkdtemp(prefix="kcache-triton-")))
-            return _write_new(self.private[-1] / filename, payload)
+                        "directory instead", filename, self.private[-1].path, err.strerror or err)
+            self.private.append(private_directory(TritonRoots(None, (), where.lock_timeout_s)))
+            return self.private[-1].write(filename, payload)
 
     def release_lock(self) -> None:
         lease, self.lease = self.lease, None
@@ -186,13 +187,17 @@ class _Held:
         self.release_lock()
         private, self.private = self.private, []
         for directory in private:
-            shutil.rmtree(directory, ignore_errors=True)
+            directory.remove()
 
 
-def _write_new(path: Path, payload: bytes) -> Path:
-    with open(path, "wb") as out:
-        out.write(payload)
-    return path
+def _recorder() -> Any:
+    """The key recorder (KCACHE_RECORD, or kcache.record()), loading its module only where one can be
+    set: a hit without them loads nothing of the deployment's."""
+    if "kcache.cache.deployment" not in sys.modules and not os.environ.get("KCACHE_RECORD"):
+        return None
+    from kcache.cache import deployment
+
+    return deployment.recorder()
 
 
 def _listed(roots: tuple[Path, ...]) -> str:

@@ -20,6 +20,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,15 +29,15 @@ from typing import Any
 
 from kcache.config import Settings, remote_urls
 from kcache.errors import CacheLockTimeout, CorruptEntry, UntrustedEntry
-from kcache.maintenance.eviction import TRITON, note_use
-from kcache.store import access, layout
+from kcache.maintenance.eviction import note_use
+from kcache.store import access, dirfd, layout
 from kcache.store.entries import EntryStore, PublishOutcome
-from kcache.store.fsutil import ensure_dir
+from kcache.store.fsutil import make_dirs_at
 from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
 
-NAMESPACE = TRITON  # <root>/triton: the entries, their .staging and .locks
+NAMESPACE = layout.TRITON  # <root>/triton: the entries, their .staging and .locks
 META = "kcache-triton.json"
 MAX_FILE_BYTES = 1 << 30
 
@@ -223,19 +225,47 @@ def _warn_once(what: str, message: str, *args: object) -> None:
         log.warning(message, *args)
 
 
-def private_directory(where: TritonRoots) -> Path:
-    """A directory of this process's own for the files of groups being compiled: a staging name under
-    the write root's triton/.staging (gc removes it once this process is gone), else a private temp
-    directory."""
-    if where.write is not None:
-        staging = where.write / NAMESPACE / layout.STAGING
+class PrivateDirectory:
+    """A directory of this process's own (0700) for the files of groups being compiled, held open:
+    its files are made through that descriptor, never through a link planted on the way to it."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    def write(self, name: str, data: bytes) -> Path:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=self.fd)
         try:
-            ensure_dir(staging)  # as the store makes it: group-writable in group mode, for every member
-            path = staging / str(layout.StagingName.fresh("0" * 16))
-            os.mkdir(path, 0o700)  # this process's own
-            return path
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return self.path / name
+
+    def remove(self) -> None:
+        os.close(self.fd)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def private_directory(where: TritonRoots) -> PrivateDirectory:
+    """A private directory for a manager's files: a staging name under the write root's triton/.staging,
+    made by descriptor from the root (gc removes it once this process is gone), else a temp directory."""
+    if where.write is not None:
+        name = str(layout.StagingName.fresh("0" * 16))
+        try:
+            root_fd = dirfd.open_root(where.write)
+            try:
+                staging_fd = make_dirs_at(root_fd, NAMESPACE, layout.STAGING)  # as the store makes it
+            finally:
+                os.close(root_fd)
+            try:
+                os.mkdir(name, 0o700, dir_fd=staging_fd)
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging_fd)
+            finally:
+                os.close(staging_fd)
+            return PrivateDirectory(where.write / NAMESPACE / layout.STAGING / name, fd)
         except OSError:
             pass
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix="kcache-triton-"))
+    path = Path(tempfile.mkdtemp(prefix="kcache-triton-"))
+    return PrivateDirectory(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
