@@ -92,6 +92,7 @@ def test_a_record_file_another_user_made_first_gets_no_key(
     assert "not recording keys" in done.stderr and "another user made it first" in done.stderr, done.stderr
 
 
+@needs_root  # files given to other ids
 def test_a_record_file_is_private_unless_the_cache_is_shared_by_a_group(
     tmp_path: Path, recording: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,6 +127,7 @@ def test_a_record_file_is_private_unless_the_cache_is_shared_by_a_group(
     assert all(json.loads(path.read_text())["kernel"] == "k0" for path in files.values())
 
 
+@needs_root  # files given to other ids
 def test_a_key_list_another_user_owns_is_refused_in_one_line(tmp_path: Path) -> None:
     """Another user may change their key list's records at any time (`export --keys`, `verify-coverage`
     and `why-miss` would act on theirs): refused, with the fix; the user's own and root's are read."""
