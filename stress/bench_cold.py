@@ -103,6 +103,7 @@ def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
     env = {**env, "XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "600"}
     client, name = _service(env)
     from kcache.compile.pool.process_pool import TILELANG_PRELOAD
+    from kcache.compile.service import client as service_client  # the pool; `client` is the connection
 
     samples: dict[tuple[str, str], list[float]] = {(m, k): [] for m in MODES for k in KERNELS}
     try:
@@ -112,7 +113,7 @@ def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
                     if mode.startswith("server, cold"):
                         _stop(client, name)
                     elif mode == "server, running":
-                        service = client.ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)
+                        service = service_client.ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)
                         service.run(abs, -1)  # started, and one worker warm (TileLang imported)
                         service.close()
                     samples[(mode, kernel)].append(_sample(mode, kernel, work, env))
@@ -138,8 +139,10 @@ def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
     segfault = CallByName("ctypes", "string_at")  # of address 0: the worker dies of SIGSEGV
     out: dict[str, list[float]] = {"server (fork)": [], "pool (exec)": []}
     try:
-        client, _ = _service(env)
-        service = client.ServicePool(1, None, TILELANG_PRELOAD, 600.0, lambda: None)
+        _service(env)
+        from kcache.compile.service import client as service_client
+
+        service = service_client.ServicePool(1, None, TILELANG_PRELOAD, 600.0, lambda: None)
         own = CompilePool(1, None, preload=TILELANG_PRELOAD)
         for runner, label, warm in ((service, "server (fork)", lambda: service.warm(1, wait=True)),
                                     (own, "pool (exec)", lambda: own.warm(1))):
