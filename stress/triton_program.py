@@ -2,7 +2,8 @@
 would: an elementwise add, a softmax with row reductions and a blocked matmul with `tl.dot`.
 
     python -m stress.triton_program NAME[,NAME...]   (KT_GATE=1: wait for a line on stdin first;
-                                                     KT_TIMED=1: also each compile call's seconds)
+                                                     KT_TIMED=1: also each compile call's seconds;
+                                                     KT_OPTIONS='{"num_warps": 8}': Triton's options)
 
 Prints one JSON object: each kernel's name -> sha256 of its cubin. Whichever cache manager Triton is
 told to use (TRITON_CACHE_MANAGER) is the one under test."""
@@ -93,7 +94,8 @@ def assembler_runs(folder: Path) -> int:
 
 def compile_kernel(name: str) -> str:
     fn, signature, constexprs = KERNELS[name]
-    compiled = triton.compile(ASTSource(fn, signature, constexprs), target=TARGET)
+    options = json.loads(os.environ.get("KT_OPTIONS") or "{}")  # e.g. {"num_warps": 8}: another key
+    compiled = triton.compile(ASTSource(fn, signature, constexprs), target=TARGET, options=options)
     return hashlib.sha256(compiled.asm["cubin"]).hexdigest()
 
 

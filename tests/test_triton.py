@@ -533,3 +533,96 @@ def test_kcache_record_lists_tritons_groups_and_verify_coverage_of_a_root_counts
     assert coverage(root).returncode == 0
     empty = coverage(tmp_path / "other")
     assert empty.returncode == 1 and "add_kernel (Triton)" in empty.stdout, empty.stdout
+
+
+# ---------------------------------------------------------------- bundles
+
+
+def bundle_cli(root: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), *argv], capture_output=True, text=True,
+                          env=child_env(KCACHE_BUNDLE_SECRET="deploy-secret"), cwd=str(PROJECT), timeout=300)
+
+
+def test_a_bundle_carries_tritons_groups_and_the_importing_machine_compiles_nothing(
+        tmp_path: Path, ptxas: Path) -> None:
+    """Record a run's keys on root A, export A to a signed bundle, check its coverage, import it into an
+    empty root B: a fresh process on B under KCACHE_JIT_GUARD=error runs no assembler and gets A's cubins."""
+    root_a, root_b, keys, bundle = tmp_path / "a", tmp_path / "b", tmp_path / "keys.jsonl", tmp_path / "k.bundle"
+    built = compile_in_fresh_process("add,matmul", program_env(ptxas, root_a, KCACHE_RECORD=str(keys), **MANAGER))
+    assert runs(ptxas) == 2
+    exported = bundle_cli(root_a, "export", str(bundle))
+    assert exported.returncode == 0 and "2 entries (2 of them Triton's)" in exported.stdout, exported.stdout
+    assert bundle_cli(root_a, "verify-coverage", "--keys", str(keys), str(bundle)).returncode == 0
+    imported = bundle_cli(root_b, "import", str(bundle))
+    assert imported.returncode == 0 and "2 entries (2 of them Triton's)" in imported.stdout, imported.stderr
+    assert triton_entries(root_b) == triton_entries(root_a)
+    served = compile_in_fresh_process("add,matmul", program_env(ptxas, root_b, KCACHE_JIT_GUARD="error", **MANAGER))
+    assert runs(ptxas) == 2 and {k: served[k] for k in ("add", "matmul")} == {k: built[k] for k in ("add", "matmul")}
+    assert bundle_cli(root_b, "verify").returncode == 0
+
+
+def _rewritten(source: Path, target: Path, edit) -> None:
+    """`target`: the tar `source` with each member's (name, bytes) passed through `edit`."""
+    import tarfile
+
+    with tarfile.open(source) as tar_in, tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as tar_out:
+        for member in tar_in.getmembers():
+            name, data = edit(member.name, tar_in.extractfile(member).read())
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar_out.addfile(info, __import__("io").BytesIO(data))
+
+
+def test_a_bundle_whose_triton_file_was_changed_or_moved_under_another_key_is_refused_whole(
+        tmp_path: Path, ptxas: Path) -> None:
+    """A changed byte of a Triton cubin fails its sha256; a Triton entry listed (and signed) under
+    another key fails its kcache-triton.json's binding. Either refuses the bundle: B gets nothing."""
+    from kcache.tools.bundle_manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
+
+    root_a, bundle = tmp_path / "a", tmp_path / "k.bundle"
+    compile_in_fresh_process("add", program_env(ptxas, root_a, **MANAGER))
+    assert bundle_cli(root_a, "export", str(bundle)).returncode == 0
+    (key,) = triton_entries(root_a)
+
+    def flip(name: str, data: bytes) -> tuple[str, bytes]:
+        return name, (bytes([data[0] ^ 1]) + data[1:] if name.endswith(".cubin") else data)
+
+    other = "f" * 64
+    signed_manifest: dict[str, bytes] = {}
+
+    def move(name: str, data: bytes) -> tuple[str, bytes]:
+        if name == MANIFEST_MEMBER:
+            manifest = json.loads(data)
+            manifest["triton"] = {other: manifest["triton"][key]}
+            signed_manifest["bytes"] = json.dumps(manifest).encode()
+            return name, signed_manifest["bytes"]
+        if name == SIGNATURE_MEMBER:
+            return name, sign("deploy-secret", signed_manifest["bytes"])
+        return name.replace(key, other), data
+
+    for edit, expected in ((flip, "does not match the bundle manifest"), (move, "does not name this key")):
+        changed = tmp_path / f"{edit.__name__}.bundle"
+        _rewritten(bundle, changed, edit)
+        refused = bundle_cli(tmp_path / edit.__name__, "import", str(changed))
+        assert refused.returncode != 0 and expected in refused.stderr, refused.stderr[-2000:]
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert triton_entries(tmp_path / edit.__name__) == []
+
+
+def test_why_miss_names_the_field_of_tritons_key_that_changed(tmp_path: Path, ptxas: Path) -> None:
+    """A compile under another option (num_warps 8, then 4 stored) misses; `kcache why-miss --last`
+    compares what the group's files tell of its key with the stored group of the same kernel, and
+    names the option, and only it."""
+    root = tmp_path / "root"
+    compile_in_fresh_process("add", program_env(ptxas, root, **MANAGER))
+    compile_in_fresh_process("add", program_env(ptxas, root, KT_OPTIONS='{"num_warps": 8}', **MANAGER))
+    assert runs(ptxas) == 2 and len(triton_entries(root)) == 2
+    why = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), "--json", "why-miss", "--last"],
+                         capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=120)
+    assert why.returncode == 0, why.stderr
+    explained = json.loads(why.stdout)
+    assert explained["kernel"] == "add_kernel (Triton)" and explained["stored"] is True
+    assert [(d["field"], d["stored"], d["yours"]) for d in explained["differences"]] == [("num_warps", 4, 8)], explained
+    text = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), "why-miss", explained["key"][:12]],
+                          capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=120)
+    assert "differs in 1 field" in text.stdout and "num_warps: stored 4, yours 8" in text.stdout, text.stdout

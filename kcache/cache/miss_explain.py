@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,12 +160,14 @@ def comparable_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return {name: meta[name] for name in LEGACY_FIELDS if name in meta}, True
 
 
-def explain(root: Path, key: str, kernel: str, fields: dict[str, Any]) -> MissExplanation:
+def explain(root: Path, key: str, kernel: str, fields: dict[str, Any],
+            stored_entries: Iterable[tuple[str, dict[str, Any]]] | None = None) -> MissExplanation:
     """`key` (of `kernel`, derived from `fields` as describe_key_fields made them) against the entries
-    of the same kernel stored in `root`, the key's own entry excluded."""
+    of the same kernel stored in `root`, the key's own entry excluded: its kernel entries, or
+    `stored_entries` (key, meta) where given (Triton's groups: kcache.triton.key_fields)."""
     explanation = MissExplanation(key=key, kernel=kernel, root=str(root))
     best: tuple[int, float] | None = None
-    for stored_key, meta in stored_metas(root):
+    for stored_key, meta in stored_entries if stored_entries is not None else stored_metas(root):
         if stored_key == key or meta.get("kernel") != kernel:
             continue
         explanation.candidates += 1

@@ -7,11 +7,14 @@ size) of, in this order:
                                  files with their sizes and sha256
     kcache-bundle.sig            HMAC-SHA256 of the manifest with KCACHE_BUNDLE_SECRET (when set)
     kernels/<key>/<component>    each entry's files, manifest.json included
+    triton/<key>/<file>          each Triton entry's files (kcache.triton: a compile group, or a
+                                 file Triton put alone), kcache-triton.json and manifest.json included
 
 Import trusts nothing in the file but what the signature covers: member names must be exactly
 those the manifest lists (no `..`, no absolute path, no link or device, no duplicate), every file
 must match its size and sha256, every entry must hold exactly a kernel entry's components and its
-meta.json must name its key. The file is opened once, by one descriptor (kcache.tools.bundle_reader:
+meta.json must name its key (a Triton entry: its kcache-triton.json must name its key, the Triton
+key that key is the name of, and exactly its files). The file is opened once, by one descriptor (kcache.tools.bundle_reader:
 a FIFO or a link at the path is refused at once), and read once, in order (the manifest first, each
 entry's files together). Nothing is read before its size is checked: a header's payload against a
 small cap, the manifest and signature against theirs, an entry's file against the size the manifest
@@ -31,6 +34,7 @@ organisation's build to its own servers, which can share a secret as they share 
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import time
@@ -47,7 +51,7 @@ from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.tilelang.installed import require_tilelang
 from kcache.tools.bundle_coverage import bundle_keys, missing_coverage, read_key_list, read_key_records
-from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport
+from kcache.tools.bundle_entries import TRITON, BundleError, EntryFate, EntryImport
 from kcache.tools.bundle_export import ExportReport, export_bundle
 from kcache.tools.bundle_manifest import (
     FROM_ENVIRONMENT,
@@ -62,6 +66,7 @@ from kcache.tools.bundle_manifest import (
 from kcache.tools.bundle_reader import BundleMember, BundleReader, open_bundle
 from kcache.tools.bundle_stager import ProcessStaging, stager_count
 from kcache.tools.interruption import Interrupted, signals_deferred
+from kcache.triton.store import store_of as triton_store_of
 
 __all__ = [
     "BundleError", "CURRENT_TOOLCHAIN", "ExportReport", "FROM_ENVIRONMENT", "ImportReport", "MANIFEST_MEMBER",
@@ -84,6 +89,7 @@ class ImportReport:
     imported: int = 0
     already_present: int = 0
     filtered_out: int = 0  # entries of other archs (`archs=`)
+    triton: int = 0  # of `imported`, Triton's entries (kcache.triton)
     bytes: int = 0
     seconds: float = 0.0
     stage_seconds: float = 0.0  # reading, verifying and staging every entry (the checks included)
@@ -139,39 +145,55 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
             raise BundleError(str(path), "it is not signed: sign bundles with KCACHE_BUNDLE_SECRET at export, or "
                               "import with --unsigned if you trust whoever wrote it (a bundle holds code)")
         manifest = parse_manifest(reader.read(manifest_member, MAX_MANIFEST_BYTES), path)
-        if toolchain is not None and manifest["toolchains"] != [toolchain]:
+        # The toolchain is TileLang's: Triton's key holds Triton's own version and compiler hash.
+        if toolchain is not None and manifest["entries"] and manifest["toolchains"] != [toolchain]:
             raise BundleError(str(path), toolchain_mismatch(manifest["toolchains"], toolchain))
         entries: dict[str, Any] = manifest["entries"]
+        triton_entries: dict[str, Any] = manifest[TRITON]
         allowed_archs = set(archs) if archs is not None else None
         create_root(root)  # not the staging's mkdir: a root is private, and marked as kcache's
         store = EntryStore(root, KERNELS, COMPONENTS, bind_key=True)
-        with store.publish_batch() as batch:
+        with contextlib.ExitStack() as batches:
+            batch = batches.enter_context(store.publish_batch())
+            triton_job = None
+            if triton_entries:
+                triton_store = triton_store_of(root)
+                triton_job = EntryImport(triton_store, batches.enter_context(triton_store.publish_batch()),
+                                         allowed_archs, path, TRITON)
             staging_started = time.perf_counter()
-            fates = _verify_and_stage_all(reader, entries, EntryImport(store, batch, allowed_archs, path))
+            fates, triton_fates = _verify_and_stage_all(reader, entries, EntryImport(store, batch, allowed_archs, path),
+                                                        triton_entries, triton_job)
             report.stage_seconds = time.perf_counter() - staging_started
             # Every entry of the bundle is verified and every wanted one staged: only now is any visible,
             # and then all of them: a SIGINT or SIGTERM waits for the last rename.
             outcomes: dict[str, PublishOutcome] | None = None
+            triton_outcomes: dict[str, PublishOutcome] = {}
             try:
                 with signals_deferred():
                     outcomes = batch.publish()
+                    if triton_job is not None:
+                        triton_outcomes = triton_job.batch.publish()
             except Interrupted as stop:
                 if outcomes is not None:  # published whole, then interrupted: say what it did
                     _count_outcomes(report, fates, outcomes, entries)
+                    _count_outcomes(report, triton_fates, triton_outcomes, triton_entries)
                     stop.done = (f"its renames were under way, and finished first: imported {report.imported} "
                                  f"entries into {root}, {report.already_present} already there")
                 raise
             report.publish_seconds = time.perf_counter() - staging_started - report.stage_seconds
     assert outcomes is not None  # published, or raised above
     _count_outcomes(report, fates, outcomes, entries)
+    imported_before = report.imported
+    _count_outcomes(report, triton_fates, triton_outcomes, triton_entries)
+    report.triton = report.imported - imported_before
     report.seconds = time.perf_counter() - started
     return report
 
 
 def _count_outcomes(report: ImportReport, fates: dict[str, EntryFate], outcomes: dict[str, PublishOutcome],
                     entries: dict[str, Any]) -> None:
-    report.filtered_out = sum(fate is EntryFate.FILTERED_OUT for fate in fates.values())
-    report.already_present = sum(fate is EntryFate.ALREADY_PRESENT for fate in fates.values())
+    report.filtered_out += sum(fate is EntryFate.FILTERED_OUT for fate in fates.values())
+    report.already_present += sum(fate is EntryFate.ALREADY_PRESENT for fate in fates.values())
     for key, outcome in outcomes.items():
         if outcome is PublishOutcome.PUBLISHED:
             report.imported += 1
@@ -180,46 +202,55 @@ def _count_outcomes(report: ImportReport, fates: dict[str, EntryFate], outcomes:
             report.already_present += 1
 
 
-def _verify_and_stage_all(reader: BundleReader, entries: dict[str, Any], job: EntryImport) -> dict[str, EntryFate]:
+def _verify_and_stage_all(reader: BundleReader, entries: dict[str, Any], job: EntryImport,
+                          triton_entries: dict[str, Any], triton_job: EntryImport | None,
+                          ) -> tuple[dict[str, EntryFate], dict[str, EntryFate]]:
     """Read the archive's headers in order, once, in this thread, and have each entry verified and
     staged as soon as its last member is reached: in stager processes for a large bundle
-    (kcache.tools.bundle_stager, handed the bundle's descriptor), else in threads (`_ThreadStaging`).
+    (kcache.tools.bundle_stager, handed the bundle's descriptor), else in threads (`_ThreadStaging`);
+    Triton's entries (`triton_job`, small groups) always in threads. The fates of each.
     Each member's size must be the one the manifest lists before a byte of it is read, and an entry's
     files must lie together, so memory stays bounded (by the manifest's sizes) whatever the archive's
     headers claim. The first failure stops the reading and is raised once every worker has stopped."""
     path = job.path
-    expected = {f"{KERNELS}/{key}/{component}": (key, component)
-                for key, entry in entries.items() for component in entry["files"]}
+    listings = {KERNELS: entries, TRITON: triton_entries}
+    expected = {f"{folder}/{key}/{component}": (folder, key, component)
+                for folder, listed in listings.items() for key, entry in listed.items() for component in entry["files"]}
     processes = stager_count(len(entries), sum(size for entry in entries.values()
                                                for size, _digest in entry["files"].values()))
-    staging: ProcessStaging | _ThreadStaging = (ProcessStaging(job, processes, reader.fd) if processes
-                                                else _ThreadStaging(job, reader))
-    collecting: str | None = None  # the entry whose members are being reached
+    stagings: dict[str, ProcessStaging | _ThreadStaging] = {}
+    collecting: tuple[str, str] | None = None  # the entry whose members are being reached
     members: dict[str, BundleMember] = {}
     try:
+        stagings[KERNELS] = ProcessStaging(job, processes, reader.fd) if processes else _ThreadStaging(job, reader)
+        if triton_job is not None:
+            stagings[TRITON] = _ThreadStaging(triton_job, reader)
         for member in reader:
             if member.name not in expected:
                 raise BundleError(str(path), f"it holds a member its manifest does not list: {member.name!r}")
-            key, component = expected[member.name]
-            if collecting not in (None, key):
-                raise BundleError(str(path), f"{member.name} comes before every file of {KERNELS}/{collecting} "
+            folder, key, component = expected[member.name]
+            if collecting not in (None, (folder, key)):
+                raise BundleError(str(path), f"{member.name} comes before every file of {'/'.join(collecting)} "
                                   "was read: a bundle holds each entry's files together")
-            listed = entries[key]["files"][component][0]  # at most MAX_ENTRY_FILE_BYTES (parse_manifest)
+            entry = listings[folder][key]
+            listed = entry["files"][component][0]  # at most MAX_ENTRY_FILE_BYTES (parse_manifest)
             if member.size != listed:
                 raise BundleError(str(path), f"{member.name} is {member.size} bytes in the archive, but its "
                                   f"manifest lists {listed}: the bundle was changed after it was exported; export "
                                   "it again")
-            collecting = key
+            collecting = (folder, key)
             members[component] = member
-            if len(members) == len(entries[key]["files"]):
-                staging.submit(key, entries[key], {name: (m.offset, m.size) for name, m in members.items()})
+            if len(members) == len(entry["files"]):
+                stagings[folder].submit(key, entry, {name: (m.offset, m.size) for name, m in members.items()})
                 collecting, members = None, {}
         missing = sorted(set(expected) - reader.seen)
         if missing:
             raise BundleError(str(path), f"{len(missing)} file(s) its manifest lists are missing, e.g. {missing[0]!r}")
-        return staging.finish()
+        fates = {folder: staging.finish() for folder, staging in stagings.items()}
+        return fates[KERNELS], fates.get(TRITON, {})
     except BaseException:
-        staging.abort()
+        for staging in stagings.values():
+            staging.abort()
         raise
 
 

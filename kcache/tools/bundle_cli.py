@@ -24,7 +24,9 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     except Interrupted as stop:
         stop.done = stop.done or f"no bundle was written ({args.bundle} is as it was; its partial file was removed)"
         raise
-    text = (f"exported {count_of(report.entries, 'entry', 'entries')} ({human_size(report.bytes)}; archs "
+    text = (f"exported {count_of(report.entries, 'entry', 'entries')}"
+            + (f" ({report.triton} of them Triton's)" if report.triton else "")
+            + f" ({human_size(report.bytes)}; archs "
             f"{', '.join(report.archs) or '-'}) to {report.bundle}, {'signed' if report.signed else 'unsigned'}")
     if report.missing:
         text += f"\n{count_of(len(report.missing), 'key', 'keys')} asked for but not in {settings.root}: " + \
@@ -43,7 +45,9 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
         stop.done = stop.done or (f"nothing was imported into {settings.root} (what was staged of {args.bundle} "
                                   "was removed)")
         raise
-    text = (f"imported {count_of(report.imported, 'entry', 'entries')} ({human_size(report.bytes)}) into "
+    text = (f"imported {count_of(report.imported, 'entry', 'entries')}"
+            + (f" ({report.triton} of them Triton's)" if report.triton else "")
+            + f" ({human_size(report.bytes)}) into "
             f"{settings.root} in {report.seconds:.2f} s; {report.already_present} already there"
             + (f", {report.filtered_out} of other archs skipped" if report.filtered_out else ""))
     return vars(report), text, 0

@@ -11,6 +11,7 @@ from kcache.store import owned_files
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore
 from kcache.store.layout import is_key
+from kcache.tools.bundle_entries import TRITON
 from kcache.tools.bundle_manifest import parse_manifest
 from kcache.tools.bundle_reader import open_bundle
 from kcache.triton.store import store_of as triton_store_of
@@ -42,12 +43,12 @@ def read_key_list(path: str | os.PathLike[str]) -> list[str]:
 
 
 def bundle_keys(bundle: str | os.PathLike[str]) -> dict[str, str]:
-    """The keys a bundle holds, with their archs, from its manifest (checked in form, not in content:
+    """The keys a bundle holds (Triton's entries too), with their archs, from its manifest (checked in form, not in content:
     `import_bundle` verifies the rest)."""
     path = Path(bundle)
     with open_bundle(path) as reader:
         manifest = parse_manifest(reader.read_manifest(), path)
-    return {key: entry["arch"] for key, entry in manifest["entries"].items()}
+    return {key: entry["arch"] for section in ("entries", TRITON) for key, entry in manifest[section].items()}
 
 
 def missing_coverage(records: list[dict[str, Any]], *, bundle: str | os.PathLike[str] | None = None,
@@ -59,5 +60,5 @@ def missing_coverage(records: list[dict[str, Any]], *, bundle: str | os.PathLike
         held |= set(bundle_keys(bundle))
     if root is not None:
         held |= set(EntryStore(Path(root), KERNELS, COMPONENTS, bind_key=True).keys())
-        held |= set(triton_store_of(Path(root)).keys())  # Triton's groups (kcache.triton); no bundle holds them yet
+        held |= set(triton_store_of(Path(root)).keys())  # Triton's groups (kcache.triton)
     return [record for record in records if record["key"] not in held]

@@ -7,6 +7,7 @@ kcache.tools.bundle_stager: processes, for large ones), so both check exactly th
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -16,6 +17,10 @@ from typing import Any
 from kcache.errors import CorruptEntry, KCacheError
 from kcache.store.components import KERNELS, META
 from kcache.store.entries import EntryStore, PublishBatch, check_bound_key
+from kcache.store.layout import TRITON  # the manifest's section and the members' folder of Triton's entries
+from kcache.store.manifest import MANIFEST_NAME
+from kcache.triton.store import META as TRITON_META
+from kcache.triton.store import entry_key as triton_entry_key
 
 
 class BundleError(KCacheError, ValueError):
@@ -34,6 +39,22 @@ def check_bound(key: str, meta: bytes, path: Path) -> None:
         check_bound_key(f"{path}: {KERNELS}/{key}", {META: meta}, key)
     except CorruptEntry as corrupt:
         raise BundleError(str(path), corrupt.reason) from None
+
+
+def check_triton_bound(key: str, files: dict[str, bytes], path: Path) -> None:
+    """BundleError unless a Triton entry's kcache-triton.json names `key`, the Triton key that `key`
+    is the name of, and exactly the entry's files (kcache.triton.store's own checks on a read)."""
+    try:
+        meta = json.loads(files[TRITON_META])
+        listed = set(meta["files"])
+        lone = None if meta["group"] is not None or len(listed) != 1 else next(iter(listed))
+        bound = meta["key"] == key == triton_entry_key(meta["triton_key"], lone)
+        bound = bound and listed == set(files) - {TRITON_META, MANIFEST_NAME}
+    except (KeyError, ValueError, TypeError, AttributeError):
+        bound = False
+    if not bound:
+        raise BundleError(str(path), f"{TRITON}/{key}: its {TRITON_META} does not name this key and its files "
+                          "(an entry moved under another key, or not one of kcache's)")
 
 
 def read_exactly(fd: int, offset: int, size: int, path: Path, where: str) -> bytes:
@@ -59,20 +80,31 @@ class EntryImport:
     batch: PublishBatch
     allowed_archs: set[str] | None
     path: Path
+    folder: str = KERNELS  # the members' folder: KERNELS, or TRITON for Triton's entries
 
     def verify_and_stage(self, key: str, entry: dict[str, Any], files: dict[str, bytes]) -> EntryFate:
-        """Every file of `key` against the signed bundle manifest and its meta.json naming `key`
-        (filtered and present entries too: a bundle is refused whole), then staged where wanted."""
+        """Every file of `key` against the signed bundle manifest and its meta.json (kcache-triton.json)
+        naming `key` (filtered and present entries too: a bundle is refused whole), then staged where
+        wanted."""
         digests = {component: hashlib.sha256(data).hexdigest() for component, data in files.items()}
         for component, data in files.items():
             size, digest = entry["files"][component]
             if len(data) != size or digests[component] != digest:
-                raise BundleError(str(self.path), f"{KERNELS}/{key}/{component} does not match the bundle manifest "
-                                  "(changed or swapped)")
-        check_bound(key, files[META], self.path)
-        if self.allowed_archs is not None and entry["arch"] not in self.allowed_archs:
+                raise BundleError(str(self.path), f"{self.folder}/{key}/{component} does not match the bundle "
+                                  "manifest (changed or swapped)")
+        if self.folder == TRITON:
+            check_triton_bound(key, files, self.path)
+        else:
+            check_bound(key, files[META], self.path)
+        if not arch_allowed(entry["arch"], self.allowed_archs):
             return EntryFate.FILTERED_OUT
         if self.store.entry_path(key).is_dir():
             return EntryFate.ALREADY_PRESENT
         self.batch.stage(key, files, digests)
         return EntryFate.STAGED
+
+
+def arch_allowed(arch: str, allowed: set[str] | None) -> bool:
+    """Whether an entry of `arch` is wanted where `allowed` archs are: Triton names CUDA's 90 `sm_90`,
+    which TileLang's `sm_90a` asks for too; a lone Triton file (`triton`) goes with any arch."""
+    return allowed is None or arch in allowed or f"{arch}a" in allowed or arch == "triton"

@@ -30,7 +30,7 @@ from kcache.store import sharing
 from kcache.store.components import COMPONENTS, KERNELS, META
 from kcache.store.entries import EntryStore
 from kcache.store.fsutil import create_temporary_at
-from kcache.tools.bundle_entries import BundleError
+from kcache.tools.bundle_entries import TRITON, TRITON_META, BundleError, arch_allowed, check_triton_bound
 from kcache.tools.bundle_manifest import (
     BUNDLE_FORMAT,
     FROM_ENVIRONMENT,
@@ -39,8 +39,11 @@ from kcache.tools.bundle_manifest import (
     arch_of,
     bundle_secret,
     sign,
+    triton_arch,
 )
 from kcache.tools.interruption import Interrupted, signals_deferred
+from kcache.triton.key_fields import kernel_name
+from kcache.triton.store import store_of as triton_store_of
 
 log = logging.getLogger("kcache")
 
@@ -55,6 +58,7 @@ class ExportReport:
     bytes: int = 0
     archs: list[str] = field(default_factory=list)
     signed: bool = False
+    triton: int = 0  # of `entries`, Triton's (kcache.triton)
     missing: list[str] = field(default_factory=list)  # asked-for keys this root does not hold
     skipped: list[str] = field(default_factory=list)  # entries that failed verification here
 
@@ -76,7 +80,7 @@ def export_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     report = ExportReport(str(bundle), signed=bool(secret))
     present = set(store.keys())
     if wanted is not None:
-        report.missing = sorted(wanted - present)
+        report.missing = sorted(wanted - present - set(triton_store_of(root_path).keys()))
     chosen: dict[str, dict[str, bytes]] = {}
     listing: dict[str, Any] = {}
     toolchains: list[Any] = []
@@ -100,22 +104,56 @@ def export_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         listing[key] = {"kernel": meta.get("kernel"), "arch": arch_of(meta),
                         "files": {name: [len(data), hashlib.sha256(data).hexdigest()]
                                   for name, data in sorted(files.items())}}
-    report.entries = len(chosen)
-    report.archs = sorted({entry["arch"] for entry in listing.values()})
+    triton_chosen, triton_listing = _triton_entries(root_path, wanted, allowed_archs, since, report)
+    report.entries = len(chosen) + len(triton_chosen)
+    report.triton = len(triton_chosen)
+    report.archs = sorted({entry["arch"] for entry in (*listing.values(), *triton_listing.values())})
     manifest_bytes = json.dumps({"format": BUNDLE_FORMAT, "created": time.time(), "toolchains": toolchains,
-                                 "archs": report.archs, "entries": listing}, indent=1, sort_keys=True).encode()
+                                 "archs": report.archs, "entries": listing, TRITON: triton_listing},
+                                indent=1, sort_keys=True).encode()
 
     def write(tar: tarfile.TarFile) -> None:
         _add(tar, MANIFEST_MEMBER, manifest_bytes)
         if secret:
             _add(tar, SIGNATURE_MEMBER, sign(secret, manifest_bytes))
-        for key, files in chosen.items():
-            for name, data in sorted(files.items()):
-                _add(tar, f"{KERNELS}/{key}/{name}", data)
-                report.bytes += len(data)
+        for folder, entries in ((KERNELS, chosen), (TRITON, triton_chosen)):
+            for key, files in entries.items():
+                for name, data in sorted(files.items()):
+                    _add(tar, f"{folder}/{key}/{name}", data)
+                    report.bytes += len(data)
 
     _write_bundle_file(bundle, bundle_group_access(root_path), write)
     return report
+
+
+def _triton_entries(root: Path, wanted: set[str] | None, allowed_archs: set[str] | None, since: float | None,
+                    report: ExportReport) -> tuple[dict[str, dict[str, bytes]], dict[str, Any]]:
+    """The verified Triton entries of `root` (kcache.triton) to export, chosen as the kernel entries
+    are, and their listing in the bundle manifest."""
+    store = triton_store_of(root)
+    chosen: dict[str, dict[str, bytes]] = {}
+    listing: dict[str, Any] = {}
+    for key in sorted(store.keys() if wanted is None else wanted & set(store.keys())):
+        try:
+            files = store.read_with_manifest(key)
+            if files is None:
+                continue
+            check_triton_bound(key, files, Path(TRITON))
+        except (CorruptEntry, BundleError, OSError) as err:
+            report.skipped.append(key)
+            log.warning("kcache: not exporting the Triton entry %s: %s", key[:16], getattr(err, "reason", err))
+            continue
+        meta = json.loads(files[TRITON_META])
+        arch = triton_arch(files)
+        if not arch_allowed(arch, allowed_archs) or (since is not None and not float(meta.get("created", 0)) >= since):
+            continue
+        chosen[key] = files
+        group = meta.get("group")
+        listing[key] = {"kernel": kernel_name(group) if isinstance(group, str) else f"{meta.get('files')} (Triton)",
+                        "arch": arch,
+                        "files": {name: [len(data), hashlib.sha256(data).hexdigest()]
+                                  for name, data in sorted(files.items())}}
+    return chosen, listing
 
 
 def bundle_group_access(root: Path) -> int | None:

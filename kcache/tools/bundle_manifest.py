@@ -15,8 +15,8 @@ from typing import Any
 
 from kcache.store.components import COMPONENTS
 from kcache.store.layout import is_key
-from kcache.store.manifest import MANIFEST_NAME
-from kcache.tools.bundle_entries import BundleError
+from kcache.store.manifest import MANIFEST_NAME, is_entry_file_name
+from kcache.tools.bundle_entries import TRITON, TRITON_META, BundleError
 
 BUNDLE_FORMAT = 1
 MANIFEST_MEMBER = "kcache-bundle.json"
@@ -52,32 +52,56 @@ def arch_of(meta: dict[str, Any]) -> str:
     return str(target.get("arch") or target.get("kind") or "?")
 
 
+def triton_arch(files: dict[str, bytes]) -> str:
+    """The arch a Triton entry was compiled for, from its group's metadata (Triton's `target`):
+    `sm_90` for CUDA's 90; `triton` where no metadata says (a lone file: a launcher, timings)."""
+    for name, data in sorted(files.items()):
+        if name.endswith(".json") and name != TRITON_META and name != MANIFEST_NAME:
+            try:
+                target = json.loads(data).get("target")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(target, dict) and target.get("backend") == "cuda" and isinstance(target.get("arch"), int):
+                return f"sm_{target['arch']}"
+    return "triton"
+
+
 def parse_manifest(data: bytes, path: Path) -> dict[str, Any]:
     """The bundle manifest, every field of the expected type (it is signed, but may be unsigned), each
-    file's size within MAX_ENTRY_FILE_BYTES: the sizes an import reads are these."""
+    file's size within MAX_ENTRY_FILE_BYTES: the sizes an import reads are these. Its Triton entries
+    (kcache.triton) are under "triton" (none where the bundle has no such section)."""
     try:
         manifest: dict[str, Any] = json.loads(data)
         if manifest.get("format") != BUNDLE_FORMAT:
             raise ValueError(f"bundle format {manifest.get('format')!r}; this kcache reads {BUNDLE_FORMAT}")
-        if not isinstance(manifest.get("toolchains"), list) or not isinstance(manifest.get("entries"), dict):
+        manifest.setdefault(TRITON, {})
+        if not isinstance(manifest.get("toolchains"), list) or not isinstance(manifest.get("entries"), dict) \
+                or not isinstance(manifest[TRITON], dict):
             raise ValueError("no toolchains or entries")
         for key, entry in manifest["entries"].items():
-            if not is_key(key):
-                raise ValueError(f"{key!r} is not a cache key")
-            files = entry["files"]
-            if set(files) != ENTRY_FILES:
-                raise ValueError(f"entry {key[:16]} lists {sorted(files)}, not a kernel entry's files")
-            for size, digest in files.values():
-                if not (isinstance(size, int) and 0 <= size <= MAX_ENTRY_FILE_BYTES and isinstance(digest, str)
-                        and len(digest) == 64):
-                    raise ValueError(f"entry {key[:16]} has a bad size or sha256")
-            if not isinstance(entry.get("arch"), str):
-                raise ValueError(f"entry {key[:16]} names no arch")
+            _check_entry(key, entry, set(entry["files"]) == ENTRY_FILES, "a kernel entry's files")
+        for key, entry in manifest[TRITON].items():
+            names = set(entry["files"])
+            whole = {TRITON_META, MANIFEST_NAME} <= names and all(is_entry_file_name(n) for n in names - {MANIFEST_NAME})
+            _check_entry(key, entry, whole, "a Triton entry's files")
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise BundleError(str(path), f"its manifest is not a kcache bundle manifest: {err}") from None
     except RecursionError:  # JSON nested deeper than Python's recursion limit: no manifest of ours
         raise BundleError(str(path), "its manifest is not a kcache bundle manifest: nested too deeply") from None
     return manifest
+
+
+def _check_entry(key: str, entry: dict[str, Any], files_fit: bool, what: str) -> None:
+    if not is_key(key):
+        raise ValueError(f"{key!r} is not a cache key")
+    if not files_fit:
+        raise ValueError(f"entry {key[:16]} lists {sorted(entry['files'])}, not {what}")
+    for size, digest in entry["files"].values():
+        if not (isinstance(size, int) and 0 <= size <= MAX_ENTRY_FILE_BYTES and isinstance(digest, str)
+                and len(digest) == 64):
+            raise ValueError(f"entry {key[:16]} has a bad size or sha256")
+    if not isinstance(entry.get("arch"), str):
+        raise ValueError(f"entry {key[:16]} names no arch")
 
 
 def toolchain_mismatch(theirs: list[Any], ours: Any) -> str:

@@ -9,20 +9,26 @@ deployment's record from another machine), else from the key's own entry if it i
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 from typing import Any
 
 from kcache.cache import miss_explain
 from kcache.config import Settings
+from kcache.store.components import KERNELS
+from kcache.store.layout import TRITON
 from kcache.tools.cli_format import human_age, short_key
+from kcache.triton.key_fields import stored_fields
 
+TRITON_SUFFIX = " (Triton)"  # kcache.triton.key_fields.kernel_name
 MIN_PREFIX = 4
 
 
 def add_parser(command: Any) -> None:
     why = command("why-miss", "why a key missed: the fields in which it differs from the nearest stored "
-                  "entries of its kernel (target, arch, pass_configs, out_idx, toolchain, source)")
+                  "entries of its kernel (target, arch, pass_configs, out_idx, toolchain, source; a Triton "
+                  "kernel's: target, Triton's version, options, source)")
     which = why.add_mutually_exclusive_group(required=True)
     which.add_argument("key", nargs="?", help="the missed key or a unique prefix of one (a guard's message names it)")
     which.add_argument("--last", action="store_true", help="the newest miss logged under the root")
@@ -32,8 +38,11 @@ def add_parser(command: Any) -> None:
 def cmd_why_miss(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
     root = settings.root
     record = _find(args, root)
-    explanation = miss_explain.explain(root, record["key"], str(record.get("kernel", "?")), record["fields"])
-    stored = (root / "kernels" / record["key"]).is_dir()
+    kernel = str(record.get("kernel", "?"))
+    triton = kernel.endswith(TRITON_SUFFIX)  # a Triton kernel's (kcache.triton): compared with Triton's groups
+    explanation = miss_explain.explain(root, record["key"], kernel, record["fields"],
+                                       stored_fields(root) if triton else None)
+    stored = (root / (TRITON if triton else KERNELS) / record["key"]).is_dir()
     when = record.get("time")
     seen = (f"missed {human_age(time.time() - when)} ago on {record.get('host', '?')}, pid {record.get('pid', '?')}"
             f"{', refused by the JIT guard' if record.get('refused') else ''}"
@@ -65,8 +74,9 @@ def _find(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         candidates = [{**r, "source": args.keys} for r in read_key_records(args.keys)
                       if r["key"].startswith(prefix) and isinstance(r.get("fields"), dict)]
     if not candidates:
+        stored = itertools.chain(miss_explain.stored_metas(root), stored_fields(root))
         candidates = [{"key": key, "kernel": meta.get("kernel"), "fields": fields, "source": "its stored entry"}
-                      for key, meta in miss_explain.stored_metas(root) if key.startswith(prefix)
+                      for key, meta in stored if key.startswith(prefix)
                       for fields, partial in [miss_explain.comparable_fields(meta)] if not partial]
     keys = {r["key"] for r in candidates}
     if len(keys) > 1:

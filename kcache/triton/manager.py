@@ -29,6 +29,7 @@ from triton.runtime.cache import FileCacheManager
 from kcache.errors import CacheLockTimeout
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import is_entry_file_name
+from kcache.triton.key_fields import kernel_name, key_fields
 from kcache.triton.runnable import runnable_path
 from kcache.triton.store import GroupStore, PrivateDirectory, TritonRoots, entry_key, private_directory, roots
 
@@ -58,12 +59,12 @@ class CacheManager(TritonCacheManager):
             found = self._wait_or_hold(filename)
         recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
         if recording is not None:
-            recording.note(self._groups.key, f"{filename.rsplit('.', 1)[0]} (Triton)", "triton")
+            recording.note(self._groups.key, kernel_name(filename), "triton")
         if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
             from kcache.cache import deployment
 
             try:
-                deployment.check_compile(f"{filename.rsplit('.', 1)[0]} (Triton)", self._groups.key,
+                deployment.check_compile(kernel_name(filename), self._groups.key,
                                          lambda: f"no Triton entry of that key in {_listed(self._groups.where.reads)}")
             except BaseException:
                 self._held.release_lock()
@@ -106,7 +107,16 @@ class CacheManager(TritonCacheManager):
             published = self._groups.publish(self._groups.key, filename, files)
         finally:
             self._held.release_lock()
+        self._log_compile(filename, files)
         return None if published is None else str(published / filename)
+
+    def _log_compile(self, filename: str, files: dict[str, bytes]) -> None:
+        """Log this compile as a miss, with what its files tell of its key (`kcache why-miss`)."""
+        fields = key_fields(filename, files)
+        if fields is not None and self._groups.where.write is not None:
+            from kcache.cache import miss_explain
+
+            miss_explain.log_miss(self._groups.where.write, self._groups.key, kernel_name(filename), fields)
 
     # ------------------------------------------------------------------ the key's lock
 

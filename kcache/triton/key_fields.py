@@ -1,0 +1,63 @@
+"""What a Triton entry's key was derived from, as far as its files tell: for `kcache why-miss`.
+
+Triton's key is a digest of its version and compiler sources, the kernel's source, the backend and
+the compile options (and some environment variables); a manager is handed the digest only. A group's
+metadata (`<kernel>.json`) keeps the options, the target and Triton's version, and its `.source`
+file the kernel's source as Triton keyed it. So each compile here logs these fields as a miss
+(kcache.cache.miss_explain's log) when it puts its group, and `why-miss` compares them with those of
+the stored groups of the same kernel. A miss the JIT guard refused has no group, so no fields: Triton
+compiled nothing that kcache could read them from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kcache.errors import CorruptEntry, UntrustedEntry
+from kcache.triton.store import META, store_of
+
+# Metadata Triton computes from the compile rather than keys it by (or that names this compile).
+OUTPUT_FIELDS = frozenset({"hash", "name", "shared", "tmem_size", "global_scratch_size", "global_scratch_align",
+                           "profile_scratch_size", "profile_scratch_align", "tensordesc_meta"})
+
+
+def kernel_name(group: str) -> str:
+    """How kcache names a Triton kernel (records, the JIT guard, bundles): `add_kernel (Triton)` for
+    the group `add_kernel.json`."""
+    return f"{group.rsplit('.', 1)[0]} (Triton)"
+
+
+def key_fields(group: str, files: dict[str, bytes]) -> dict[str, Any] | None:
+    """The fields of a group's key its files tell (target, Triton's version, each option, the source's
+    sha256), or None where its metadata does not parse."""
+    try:
+        metadata = json.loads(files[group])
+    except (KeyError, ValueError):
+        return None
+    if not isinstance(metadata, dict):
+        return None
+    fields = {name: value for name, value in metadata.items() if name not in OUTPUT_FIELDS}
+    source = files.get(f"{group.rsplit('.', 1)[0]}.source")
+    if source is not None:
+        fields["source_sha256"] = hashlib.sha256(source).hexdigest()
+    return fields
+
+
+def stored_fields(root: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(key, {"kernel", "key_fields", "created"}) of every stored Triton group of `root` that verifies,
+    shaped as miss_explain.explain compares kernel entries' meta.json."""
+    store = store_of(Path(root))
+    for key in store.keys():
+        try:
+            files = store.read(key)
+            meta = json.loads(files[META]) if files is not None else None
+        except (OSError, ValueError, CorruptEntry, UntrustedEntry):  # `kcache verify` reports those
+            continue
+        group = meta.get("group") if isinstance(meta, dict) else None
+        fields = key_fields(group, files) if isinstance(group, str) and files is not None else None
+        if fields is not None:
+            yield key, {"kernel": kernel_name(group), "key_fields": fields, "created": meta.get("created")}
