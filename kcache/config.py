@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from kcache.store import sharing
+from kcache.store.user_dirs import user_cache_dir
 
 DEFAULT_LOCK_TIMEOUT_S = 900.0
 # How long a process waits for another's tune of the same identity: tunes take minutes, not seconds.
@@ -59,7 +58,7 @@ def default_root() -> Path:
     configured = os.environ.get("KCACHE_DIR")
     if configured:
         return Path(configured).expanduser()
-    return Path(platformdirs.user_cache_dir("kcache", appauthor=False))
+    return Path(user_cache_dir("kcache"))
 
 
 def parse_duration(text: str) -> float:

@@ -349,3 +349,22 @@ def test_a_link_swapped_in_during_a_batch_is_never_written_or_renamed_through(tm
     else:  # every entry was staged in the held .staging, and renamed out of it
         assert os.listdir(moved) == []
         assert sorted(os.listdir(root / "kernels")) == sorted(keys)
+
+
+@pytest.mark.parametrize("xdg", [None, "", "  ", "/x/cache", "relative/dir", "~/c"])
+def test_the_default_root_is_where_platformdirs_puts_the_users_cache(xdg: str | None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """kcache computes the per-user cache directory itself on Linux (a hit loads no platformdirs): the
+    same directory platformdirs names, whatever XDG_CACHE_HOME holds."""
+    import platformdirs
+
+    from kcache.config import default_root
+    from kcache.store.user_dirs import user_cache_dir
+
+    monkeypatch.delenv("KCACHE_DIR", raising=False)
+    if xdg is None:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    expected = platformdirs.user_cache_dir("kcache", appauthor=False)
+    assert user_cache_dir("kcache") == expected and default_root() == Path(expected)

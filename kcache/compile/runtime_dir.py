@@ -25,7 +25,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-import platformdirs
+from kcache.store.user_dirs import user_cache_dir
 
 log = logging.getLogger("kcache")
 
@@ -48,7 +48,7 @@ def runtime_directory() -> Path:
     refused = _make_private(shared_tmp)
     if refused is None:
         return shared_tmp
-    home = Path(platformdirs.user_cache_dir("kcache", appauthor=False) + "-run") / host_tag()
+    home = Path(user_cache_dir("kcache") + "-run") / host_tag()
     with contextlib.suppress(OSError):
         home.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
     why_not_home = _make_private(home)

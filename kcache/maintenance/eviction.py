@@ -27,21 +27,9 @@ from kcache.maintenance.stats import MAX_STATS_FILE_BYTES, stats_directory
 from kcache.store import dirfd, layout
 from kcache.store.components import KERNELS
 from kcache.store.fsutil import make_dir_at, read_regular_at, replace_file_at
+from kcache.store.last_use import LAST_USE_RESOLUTION_S, note_use  # noqa: F401 - re-exported
 
 log = logging.getLogger("kcache")
-
-LAST_USE_RESOLUTION_S = 3600.0
-
-
-def note_use(entry_dir: Path) -> None:
-    """Record that the entry was used now, at most once an hour. Best effort: a cache this process
-    cannot write (read-only, another user's) simply keeps its times."""
-    try:
-        if time.time() - os.stat(entry_dir, follow_symlinks=False).st_mtime >= LAST_USE_RESOLUTION_S:
-            os.utime(entry_dir, follow_symlinks=False)  # a link swapped in meanwhile is not followed
-    except OSError as err:
-        log.debug("kcache: could not record the use of %s: %s", entry_dir, err)
-
 
 @dataclass
 class EntryUsage:

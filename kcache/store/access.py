@@ -19,18 +19,15 @@ import grp
 import logging
 import os
 import pwd
-import shutil
 import stat
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
 from kcache.errors import UnwritableCache
 from kcache.store import dirfd, layout, sharing
 from kcache.store.components import KERNELS
+from kcache.store.user_dirs import user_cache_dir
 
 log = logging.getLogger("kcache")
 
@@ -173,7 +170,7 @@ def unwritable_fix(reason: str, policy: str = "fallback") -> str:
 
 def fallback_root(root: Path) -> Path:
     """This user's own root: the per-user cache directory, or a private one when that is `root`."""
-    mine = Path(platformdirs.user_cache_dir("kcache", appauthor=False))
+    mine = Path(user_cache_dir("kcache"))
     if _same_path(mine, root):
         return private_root()
     return mine
@@ -194,6 +191,9 @@ def private_root() -> Path:
         if _private_and_ours(candidate):
             return candidate
     if not _private_roots:
+        import shutil
+        import tempfile
+
         made = Path(tempfile.mkdtemp(prefix=f"kcache-{os.geteuid()}-"))  # 0700, a name nobody could predict
         atexit.register(shutil.rmtree, made, ignore_errors=True)
         _private_roots.append(made)

@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import socket
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +84,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def this_host() -> str:
+    import socket  # here: a hit names no host
+
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "unknown"
 
 
@@ -101,6 +101,8 @@ class StagingName:
 
     @classmethod
     def fresh(cls, key: str) -> StagingName:
+        import uuid  # here: only a writer names a staging directory
+
         return cls(key, this_host(), os.getpid(), uuid.uuid4().hex)
 
     @classmethod

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from kcache.errors import CorruptEntry, KCacheError, LocalLoadError, PublishError, UntrustedEntry
-from kcache.maintenance.eviction import note_use
 from kcache.store import exec_copy
 from kcache.store.components import KERNELS, LIBRARY
 from kcache.store.entries import EntryStore
+from kcache.store.last_use import note_use
 
 log = logging.getLogger("kcache")
 

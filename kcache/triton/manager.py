@@ -29,7 +29,6 @@ from triton.runtime.cache import FileCacheManager
 from kcache.errors import CacheLockTimeout
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import is_entry_file_name
-from kcache.triton.key_fields import kernel_name, key_fields
 from kcache.triton.runnable import runnable_path
 from kcache.triton.store import GroupStore, PrivateDirectory, TritonRoots, entry_key, private_directory, roots
 
@@ -112,6 +111,8 @@ class CacheManager(TritonCacheManager):
 
     def _log_compile(self, filename: str, files: dict[str, bytes]) -> None:
         """Log this compile as a miss, with what its files tell of its key (`kcache why-miss`)."""
+        from kcache.triton.key_fields import key_fields  # a miss's: a hit loads none of it
+
         fields = key_fields(filename, files)
         if fields is not None and self._groups.where.write is not None:
             from kcache.cache import miss_explain
@@ -208,6 +209,13 @@ def _recorder() -> Any:
     from kcache.cache import deployment
 
     return deployment.recorder()
+
+
+def kernel_name(group: str) -> str:
+    """How kcache names a Triton kernel (records, the JIT guard, bundles, why-miss)."""
+    from kcache.triton.key_fields import kernel_name as named
+
+    return named(group)
 
 
 def _listed(roots: tuple[Path, ...]) -> str:

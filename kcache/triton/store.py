@@ -20,8 +20,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,10 +27,10 @@ from typing import Any
 
 from kcache.config import Settings, remote_urls
 from kcache.errors import CacheLockTimeout, CorruptEntry, UntrustedEntry
-from kcache.maintenance.eviction import note_use
 from kcache.store import access, dirfd, layout
 from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.fsutil import make_dirs_at
+from kcache.store.last_use import note_use
 from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
@@ -245,6 +243,8 @@ class PrivateDirectory:
 
     def remove(self) -> None:
         os.close(self.fd)
+        import shutil  # here: a hit makes no private directory
+
         shutil.rmtree(self.path, ignore_errors=True)
 
 
@@ -267,5 +267,7 @@ def private_directory(where: TritonRoots) -> PrivateDirectory:
             return PrivateDirectory(where.write / NAMESPACE / layout.STAGING / name, fd)
         except OSError:
             pass
+    import tempfile
+
     path = Path(tempfile.mkdtemp(prefix="kcache-triton-"))
     return PrivateDirectory(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
