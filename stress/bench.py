@@ -23,6 +23,8 @@ Scenarios (each measured for both caches on the same kernels):
   a GPU every kernel checked against torch (stress/bench_remote.py).
 - triton: Triton's kernels with kcache's cache manager against Triton's own: a fresh process's hit,
   and a herd's compiles (stress/bench_triton.py).
+- warm: one fresh process gets 200 distinct kernels already on disk (and from a bundle it imports
+  first), against TileLang loading them from its cache (stress/bench_warm.py).
 - compile: kcache's isolated compile pool against compiling in-process,
   sequential and parallel (see stress/bench_compile.py); the baseline column
   is kcache's in-process compile there, not TileLang.
@@ -63,13 +65,19 @@ from .bench_rows import BACKENDS, format_value, get_seconds, percentile, row, ru
 from .command_scope import command_scope
 from .procs import PROJECT, worker_env
 
-SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote", "cold", "many", "triton")
+SCENARIOS = ("herd", "disk", "memory", "compile", "cli", "remote", "cold", "many", "triton", "warm")
 
 
 def bench_triton(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[dict[str, Any]]:
     from .bench_triton import measure
 
     return measure(work, repeats, procs, env)
+
+
+def bench_warm(work: Path, kernels: int, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    from .bench_warm import measure
+
+    return measure(work, kernels, repeats, env)
 
 
 def bench_many(procs: int, configs: int, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -270,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-repeats", type=int, default=5, help="fresh processes per mode (cold scenario)")
     p.add_argument("--many-procs", type=int, default=8, help="processes (many scenario)")
     p.add_argument("--many-configs", type=int, default=16, help="configs each process compiles (many scenario)")
+    p.add_argument("--warm-kernels", type=int, default=200, help="kernels on disk (warm scenario)")
+    p.add_argument("--warm-repeats", type=int, default=3, help="fresh processes per mode (warm scenario)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -294,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "cold": lambda: bench_cold_rows(args.cold_repeats, env),
         "many": lambda: bench_many(args.many_procs, args.many_configs, env),
         "triton": lambda: bench_triton(work / "triton", args.repeats, args.procs, env),
+        "warm": lambda: bench_warm(work / "warm", args.warm_kernels, args.warm_repeats, env),
     }
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-"))
     rows: list[dict[str, Any]] = []

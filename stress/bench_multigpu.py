@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .nvcc_counter import NvccCounter
+from .tune_notes import benchmarking_tuner
 
 SCENARIOS = ("cold", "warm", "killed", "takeover", "tilelang")
 JOB_TIMEOUT_S = 600
@@ -86,19 +87,13 @@ def run_job(work: Path, name: str, gpus: int, mode: str, env: dict[str, str],
 
 def _kill_the_tuner(root: Path, job: subprocess.Popen) -> dict[str, Any]:
     """SIGKILL the rank whose note in `<root>/.locks/tune-*.lock` says it is benchmarking."""
-    from kcache.store.locks import read_note
-
     started = time.monotonic()
     while time.monotonic() - started < JOB_TIMEOUT_S and job.poll() is None:
-        for lock in (root / ".locks").glob("tune-*.lock"):
-            try:
-                note = json.loads(read_note(lock) or b"{}")
-            except ValueError:
-                continue
-            if note.get("phase") == "benchmarking" and note.get("done", 0) >= 1:
-                os.kill(int(note["pid"]), signal.SIGKILL)
-                return {"pid": int(note["pid"]), "benchmarked_before_kill": note["done"], "of": note["total"],
-                        "after_s": time.monotonic() - started}
+        note = benchmarking_tuner(root)
+        if note is not None:
+            os.kill(int(note["pid"]), signal.SIGKILL)
+            return {"pid": int(note["pid"]), "benchmarked_before_kill": note["done"], "of": note["total"],
+                    "after_s": time.monotonic() - started}
         time.sleep(0.05)  # the bench's monitor polls the note; the ranks do not wait on it
     raise RuntimeError("no rank reached the tune's benchmark phase")
 

@@ -58,6 +58,6 @@ def unavailable(scenario: str) -> str | None:
         return _remote_missing()
     if scenario == "herd":
         return _nvcc_counter_missing()
-    if scenario in ("disk", "memory", "compile", "cold", "many"):
+    if scenario in ("disk", "memory", "compile", "cold", "many", "warm"):
         return _compiler_missing()
     return None  # cli: synthetic entries, no compiler

@@ -28,6 +28,7 @@ from typing import Any
 
 from .nvcc_counter import NvccCounter
 from .procs import Barrier
+from .tune_notes import benchmarking_tuner
 
 SCENARIOS = ("alone", "herd", "killed", "cluster")
 
@@ -69,21 +70,15 @@ def run_herd(work: Path, name: str, roots: list[Path], env: dict[str, str],
 
 def _kill_the_tuner(root: Path, barrier: Barrier, released: float) -> dict[str, Any]:
     """SIGKILL the process whose note in `<root>/.locks/tune-*.lock` says it is benchmarking."""
-    from kcache.store.locks import read_note
-
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
-        for lock in (root / ".locks").glob("tune-*.lock"):
-            try:
-                note = json.loads(read_note(lock) or b"{}")
-            except ValueError:
-                continue
-            if note.get("phase") == "benchmarking" and note.get("done", 0) >= 1:
-                pid = int(note["pid"])
-                index = next(i for i, p in enumerate(barrier.procs) if p.pid == pid)
-                os.kill(pid, signal.SIGKILL)
-                return {"index": index, "pid": pid, "benchmarked_before_kill": note["done"],
-                        "of": note["total"], "after_s": time.monotonic() - released}
+        note = benchmarking_tuner(root)
+        if note is not None:
+            pid = int(note["pid"])
+            index = next(i for i, p in enumerate(barrier.procs) if p.pid == pid)
+            os.kill(pid, signal.SIGKILL)
+            return {"index": index, "pid": pid, "benchmarked_before_kill": note["done"],
+                    "of": note["total"], "after_s": time.monotonic() - released}
         time.sleep(0.05)  # the bench's monitor polls the note; the workers do not wait on it
     raise RuntimeError("no process reached the benchmark phase within 900 s")
 
