@@ -6,6 +6,7 @@ Triton's assemblers (counting wrappers, stress.triton_program.counting_assembler
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,7 @@ def test_inductor_in_8_processes_at_once_compiles_each_kernel_once(tmp_path: Pat
 def test_on_a_noexec_root_kernels_launch_and_the_next_process_compiles_nothing(tmp_path: Path) -> None:
     """On a noexec root plain Triton cannot load the launcher it built; kcache loads private copies."""
     with tmpfs(tmp_path / "noexec", size="256m", options="noexec") as mount:
+        assert os.statvfs(mount).f_flag & os.ST_NOEXEC  # the fault is real: nothing there may be mapped to run
         first = run_program("jit", program_env(tmp_path, mount / "root", tmp_path / "inductor-1", **MANAGER))
         runs = assembler_runs(tmp_path / "ptxas")
         second = run_program("jit", program_env(tmp_path, mount / "root", tmp_path / "inductor-2", **MANAGER))

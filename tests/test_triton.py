@@ -563,6 +563,7 @@ def test_a_bundle_carries_tritons_groups_and_the_importing_machine_compiles_noth
 
 def _rewritten(source: Path, target: Path, edit) -> None:
     """`target`: the tar `source` with each member's (name, bytes) passed through `edit`."""
+    import io
     import tarfile
 
     with tarfile.open(source) as tar_in, tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as tar_out:
@@ -570,7 +571,7 @@ def _rewritten(source: Path, target: Path, edit) -> None:
             name, data = edit(member.name, tar_in.extractfile(member).read())
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            tar_out.addfile(info, __import__("io").BytesIO(data))
+            tar_out.addfile(info, io.BytesIO(data))
 
 
 def test_a_bundle_whose_triton_file_was_changed_or_moved_under_another_key_is_refused_whole(
@@ -600,7 +601,7 @@ def test_a_bundle_whose_triton_file_was_changed_or_moved_under_another_key_is_re
             return name, sign("deploy-secret", signed_manifest["bytes"])
         return name.replace(key, other), data
 
-    for edit, expected in ((flip, "does not match the bundle manifest"), (move, "does not name this key")):
+    for edit, expected in ((flip, "does not match the bundle manifest"), (move, "names another key: an entry copied from another key")):
         changed = tmp_path / f"{edit.__name__}.bundle"
         _rewritten(bundle, changed, edit)
         refused = bundle_cli(tmp_path / edit.__name__, "import", str(changed))

@@ -7,7 +7,6 @@ kcache.tools.bundle_stager: processes, for large ones), so both check exactly th
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -18,8 +17,8 @@ from kcache.errors import CorruptEntry, KCacheError
 from kcache.store.components import KERNELS, META
 from kcache.store.entries import EntryStore, PublishBatch, check_bound_key
 from kcache.store.layout import TRITON  # the manifest's section and the members' folder of Triton's entries
-from kcache.store.manifest import MANIFEST_NAME
 from kcache.triton.store import META as TRITON_META
+from kcache.triton.store import bound_meta
 from kcache.triton.store import entry_key as triton_entry_key
 
 
@@ -42,19 +41,17 @@ def check_bound(key: str, meta: bytes, path: Path) -> None:
 
 
 def check_triton_bound(key: str, files: dict[str, bytes], path: Path) -> None:
-    """BundleError unless a Triton entry's kcache-triton.json names `key`, the Triton key that `key`
-    is the name of, and exactly the entry's files (kcache.triton.store's own checks on a read)."""
-    try:
-        meta = json.loads(files[TRITON_META])
-        listed = set(meta["files"])
-        lone = None if meta["group"] is not None or len(listed) != 1 else next(iter(listed))
-        bound = meta["key"] == key == triton_entry_key(meta["triton_key"], lone)
-        bound = bound and listed == set(files) - {TRITON_META, MANIFEST_NAME}
-    except (KeyError, ValueError, TypeError, AttributeError):
-        bound = False
-    if not bound:
-        raise BundleError(str(path), f"{TRITON}/{key}: its {TRITON_META} does not name this key and its files "
-                          "(an entry moved under another key, or not one of kcache's)")
+    """BundleError unless a Triton entry's kcache-triton.json names `key` and exactly the entry's files
+    (kcache.triton.store's check on a read), and `key` is the name of the Triton key it names."""
+    meta = bound_meta(files, key)
+    if not isinstance(meta, str):
+        listed = meta["files"]
+        lone = listed[0] if meta.get("group") is None and len(listed) == 1 else None
+        if isinstance(meta.get("triton_key"), str) and triton_entry_key(meta["triton_key"], lone) == key:
+            return
+        meta = f"{TRITON_META} names a Triton key whose entry is not {key[:16]}"
+    raise BundleError(str(path), f"{TRITON}/{key}: {meta} (an entry moved under another key, or not one of "
+                      "kcache's)")
 
 
 def read_exactly(fd: int, offset: int, size: int, path: Path, where: str) -> bytes:

@@ -42,7 +42,7 @@ from kcache.tools.bundle_manifest import (
     triton_arch,
 )
 from kcache.tools.interruption import Interrupted, signals_deferred
-from kcache.triton.key_fields import kernel_name
+from kcache.triton.store import kernel_name
 from kcache.triton.store import store_of as triton_store_of
 
 log = logging.getLogger("kcache")
@@ -148,9 +148,7 @@ def _triton_entries(root: Path, wanted: set[str] | None, allowed_archs: set[str]
         if not arch_allowed(arch, allowed_archs) or (since is not None and not float(meta.get("created", 0)) >= since):
             continue
         chosen[key] = files
-        group = meta.get("group")
-        listing[key] = {"kernel": kernel_name(group) if isinstance(group, str) else f"{meta.get('files')} (Triton)",
-                        "arch": arch,
+        listing[key] = {"kernel": kernel_name(str(meta.get("group") or (meta["files"] or ["?"])[0])), "arch": arch,
                         "files": {name: [len(data), hashlib.sha256(data).hexdigest()]
                                   for name, data in sorted(files.items())}}
     return chosen, listing

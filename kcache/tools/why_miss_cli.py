@@ -20,8 +20,8 @@ from kcache.store.components import KERNELS
 from kcache.store.layout import TRITON
 from kcache.tools.cli_format import human_age, short_key
 from kcache.triton.key_fields import stored_fields
+from kcache.triton.store import KERNEL_SUFFIX
 
-TRITON_SUFFIX = " (Triton)"  # kcache.triton.key_fields.kernel_name
 MIN_PREFIX = 4
 
 
@@ -39,7 +39,7 @@ def cmd_why_miss(args: argparse.Namespace, settings: Settings) -> tuple[Any, str
     root = settings.root
     record = _find(args, root)
     kernel = str(record.get("kernel", "?"))
-    triton = kernel.endswith(TRITON_SUFFIX)  # a Triton kernel's (kcache.triton): compared with Triton's groups
+    triton = kernel.endswith(KERNEL_SUFFIX)  # a Triton kernel's (kcache.triton): compared with Triton's groups
     explanation = miss_explain.explain(root, record["key"], kernel, record["fields"],
                                        stored_fields(root) if triton else None)
     stored = (root / (TRITON if triton else KERNELS) / record["key"]).is_dir()

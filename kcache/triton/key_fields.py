@@ -18,17 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from kcache.errors import CorruptEntry, UntrustedEntry
-from kcache.triton.store import META, store_of
+from kcache.triton.store import META, kernel_name, store_of
 
 # Metadata Triton computes from the compile rather than keys it by (or that names this compile).
 OUTPUT_FIELDS = frozenset({"hash", "name", "shared", "tmem_size", "global_scratch_size", "global_scratch_align",
                            "profile_scratch_size", "profile_scratch_align", "tensordesc_meta"})
-
-
-def kernel_name(group: str) -> str:
-    """How kcache names a Triton kernel (records, the JIT guard, bundles): `add_kernel (Triton)` for
-    the group `add_kernel.json`."""
-    return f"{group.rsplit('.', 1)[0]} (Triton)"
 
 
 def key_fields(group: str, files: dict[str, bytes]) -> dict[str, Any] | None:

@@ -30,7 +30,15 @@ from kcache.errors import CacheLockTimeout
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import is_entry_file_name
 from kcache.triton.runnable import runnable_path
-from kcache.triton.store import GroupStore, PrivateDirectory, TritonRoots, entry_key, private_directory, roots
+from kcache.triton.store import (
+    GroupStore,
+    PrivateDirectory,
+    TritonRoots,
+    entry_key,
+    kernel_name,
+    private_directory,
+    roots,
+)
 
 log = logging.getLogger("kcache")
 
@@ -209,13 +217,6 @@ def _recorder() -> Any:
     from kcache.cache import deployment
 
     return deployment.recorder()
-
-
-def kernel_name(group: str) -> str:
-    """How kcache names a Triton kernel (records, the JIT guard, bundles, why-miss)."""
-    from kcache.triton.key_fields import kernel_name as named
-
-    return named(group)
 
 
 def _listed(roots: tuple[Path, ...]) -> str:

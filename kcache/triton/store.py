@@ -32,11 +32,13 @@ from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.fsutil import make_dirs_at
 from kcache.store.last_use import note_use
 from kcache.store.locks import KeyLock
+from kcache.store.manifest import MANIFEST_NAME
 
 log = logging.getLogger("kcache")
 
 NAMESPACE = layout.TRITON  # <root>/triton: the entries, their .staging and .locks
 META = "kcache-triton.json"
+KERNEL_SUFFIX = " (Triton)"  # a Triton kernel's name, among TileLang's: `add_kernel (Triton)`
 MAX_FILE_BYTES = 1 << 30
 
 
@@ -97,6 +99,27 @@ def _remote(settings: Settings) -> Any:
     return open_remote_tiers(urls, f"{NAMESPACE}:v1", frozenset({META}), settings, exact=False, bound_meta=META)
 
 
+def kernel_name(group: str) -> str:
+    """How kcache names a Triton kernel (records, the JIT guard, bundles, why-miss): `add_kernel (Triton)`
+    for the group `add_kernel.json` (a single file: its name, `cuda_utils (Triton)`)."""
+    return f"{group.rsplit('.', 1)[0]}{KERNEL_SUFFIX}"
+
+
+def bound_meta(files: dict[str, bytes], key: str) -> dict[str, Any] | str:
+    """An entry's kcache-triton.json where it names `key` and exactly the entry's files (a manifest
+    among `files` aside), else why not: an entry copied from another key, or another writer's file
+    set. Triton takes the first `.json` of a group as its metadata, so an extra file is refused too."""
+    try:
+        meta = json.loads(files[META])
+    except (KeyError, ValueError):
+        return f"{META} is missing or not JSON"
+    if not isinstance(meta, dict) or meta.get("key") != key:
+        return f"{META} names another key: an entry copied from another key"
+    if not isinstance(meta.get("files"), list) or set(files) - {META, MANIFEST_NAME} != set(meta["files"]):
+        return f"its files are not the ones {META} lists"
+    return meta
+
+
 def store_of(root: Path) -> EntryStore:
     return EntryStore(root / NAMESPACE, "", frozenset({META}))
 
@@ -137,17 +160,13 @@ class GroupStore:
         return None
 
     def _mismatch(self, files: dict[str, bytes], key: str, group: str | None, file_name: str | None) -> str:
-        try:
-            meta = json.loads(files[META])
-        except ValueError:
-            return f"{META} is not JSON"
-        if not isinstance(meta, dict) or meta.get("key") != key or meta.get("triton_key") != self.triton_key:
+        meta = bound_meta(files, key)
+        if isinstance(meta, str):
+            return meta
+        if meta.get("triton_key") != self.triton_key:
             return f"{META} names another key: an entry copied from another key"
         if meta.get("group") != group:
             return f"{META} names the group {meta.get('group')!r}, not {group!r}"
-        if not isinstance(meta.get("files"), list) or set(files) - {META} != set(meta["files"]):
-            # Exactly the group's files: Triton takes the first `.json` of a group as its metadata.
-            return f"its files are not the ones {META} lists"
         if file_name is not None and file_name not in files:
             return f"it lacks {file_name}"
         if group is not None and group not in files:
