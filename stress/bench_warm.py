@@ -62,19 +62,21 @@ def child(mode: str, root: str, count: int, bundle: str) -> None:
 
 
 def _populate(work: Path, count: int, env: dict[str, str]) -> None:
-    """Both caches hold every kernel: kcache's root compiled by 2 threads, TileLang's by 2 processes."""
+    """Both caches hold every kernel: each filled by half the machine's cores (at least 2), kcache's by
+    threads through its compile workers, TileLang's by processes."""
+    share = max(2, (os.cpu_count() or 2) // 2)
     code = ("import sys, tilelang; from stress.bench_warm import funcs; from stress.kernels import CPU_TARGET\n"
-            "for f in funcs(int(sys.argv[1]))[int(sys.argv[2])::2]:\n"
+            "for f in funcs(int(sys.argv[1]))[int(sys.argv[2])::int(sys.argv[3])]:\n"
             "    tilelang.compile(f, out_idx=[2], target=CPU_TARGET, execution_backend='tvm_ffi')\n")
     tilelang_env = {**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")}
-    fillers = [subprocess.Popen([sys.executable, "-c", code, str(count), str(half)], env=tilelang_env, cwd=str(PROJECT))
-               for half in (0, 1)]
+    fillers = [subprocess.Popen([sys.executable, "-c", code, str(count), str(part), str(share)], env=tilelang_env,
+                                cwd=str(PROJECT)) for part in range(share)]
     import kcache
 
     from .kernels import CPU_TARGET
 
     cache = kcache.KernelCache(work / "kcache")
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(share) as pool:
         list(pool.map(lambda f: cache.get_or_compile(f, CPU_TARGET, out_idx=[2]), funcs(count)))
     if any(filler.wait() != 0 for filler in fillers):
         raise RuntimeError("filling TileLang's cache failed")

@@ -26,7 +26,7 @@ from kcache.cache.request import KernelRequest
 from kcache.config import Settings, jit_guard_setting, remote_urls, warn_unknown_settings
 from kcache.errors import KCacheError, TileLangMissing, UnwritableCache
 from kcache.keys import ENTRY_FORMAT, canonical_json
-from kcache.maintenance.gc import GcReport, collect_garbage, gc_is_due
+from kcache.maintenance.gc_stamp import gc_is_due
 from kcache.maintenance.stats import CacheStats, stats_file
 from kcache.store import access
 from kcache.store.components import KERNELS
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kcache.cache.compiling import CompileStep
     from kcache.cache.single_flight import SingleFlight
     from kcache.compile.pool.process_pool import CompilePool
+    from kcache.maintenance.gc import GcReport
     from kcache.tiers.remote_chain import RemoteTiers
 
 log = logging.getLogger("kcache")
@@ -171,6 +172,8 @@ class KernelCache:
     def gc(self) -> GcReport:
         """Remove stale staging (everywhere under the root), idle lock files and the trash; fold dead
         processes' stats; evict down to KCACHE_MAX_SIZE and KCACHE_MAX_AGE."""
+        from kcache.maintenance.gc import collect_garbage  # loaded when a gc runs: a hit never needs it
+
         report = collect_garbage(self.root, self.settings.staging_ttl_s,
                                  self.settings.max_size_bytes, self.settings.max_age_s)
         if report.evicted:

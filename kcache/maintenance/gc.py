@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kcache.maintenance.eviction import empty_trash, evict
+from kcache.maintenance.gc_stamp import gc_is_due  # noqa: F401 - re-exported
 from kcache.maintenance.stats import fold_dead
-from kcache.store import access, dirfd, layout, sharing
+from kcache.store import access, dirfd, layout
 from kcache.store.locks import remove_idle_lock_files
 
 log = logging.getLogger("kcache")
@@ -150,25 +151,3 @@ def remove_old_items(root_fd: int, directory: str, age_s: float, what: str) -> i
     finally:
         os.close(directory_fd)
     return removed
-
-
-def gc_is_due(root: Path, interval_s: float) -> bool:
-    """Rate limit for the gc run at open: at most once per interval per root (`.gc-stamp`'s mtime).
-    The stamp is shared by every user of a group root, so it follows group mode."""
-    with dirfd.subdir(root) as root_fd:
-        assert root_fd is not None
-        try:
-            if time.time() - os.stat(layout.GC_STAMP, dir_fd=root_fd, follow_symlinks=False).st_mtime < interval_s:
-                return False
-        except FileNotFoundError:
-            pass
-        exact = sharing.file_mode(sharing.SHARED_FILE_MODE)
-        fd = os.open(layout.GC_STAMP, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     sharing.SHARED_FILE_MODE if exact is not None else 0o644, dir_fd=root_fd)
-        try:
-            if exact is not None and os.fstat(fd).st_uid == os.geteuid():
-                sharing.fix_mode(fd, exact)
-            os.utime(fd)
-        finally:
-            os.close(fd)
-    return True

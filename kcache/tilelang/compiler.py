@@ -37,6 +37,7 @@ from tvm.tirx import PrimFunc
 from kcache.errors import CompileError
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
 from kcache.store.fsutil import empty_staging, ensure_dir, write_durable
+from kcache.tilelang import host_link
 from kcache.tilelang.context import CompileContext, applied
 from kcache.tilelang.device_arch import check_on_first_call
 from kcache.tilelang.identity import kernel_name
@@ -196,7 +197,7 @@ def linked_library(adapter: Any) -> bytes:
     """The kernel's host library, linked into a private temporary directory and read back."""
     with tempfile.TemporaryDirectory(prefix="kcache-link-") as private:
         path = os.path.join(private, LIBRARY)
-        adapter.get_exportable_executable().export_library(path)
+        adapter.get_exportable_executable().export_library(path, fcompile=host_link.fcompile())
         with open(path, "rb") as linked:
             return linked.read()
 

@@ -3,7 +3,8 @@
 A process that imported TileLang before its first miss, with no warm service on the machine, would
 otherwise wait for the service to start and its template to import TileLang again: on the H100, a
 herd of 32 such processes took 2.63x one compile. A fork of the caller has TileLang imported
-already, so the job starts at once; the service starts beside it for the compiles that follow.
+already, so the job starts at once; the service is started once the job is done, for the compiles
+that follow (started beside the fork, its own imports slowed the fork's nvcc by up to 30% on an H100).
 
 The fork is a compile worker like the service's (`worker.serve_forked`): the same job code, run
 on the caller's own objects in memory (nothing is pickled into it, so nothing can arrive changed),

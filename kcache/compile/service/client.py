@@ -119,7 +119,7 @@ class ServicePool(JobRunner):
     def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
             output: JobOutput | None = None, calls: Any = None) -> Any:
         """`submit(...).result()`; or, while the service is not warm and this process may (`caller_fork`),
-        the job in a fork of this process, from memory, with the service started beside it for later
+        the job in a fork of this process, from memory, with the service started after it for later
         jobs. The job's calls to this process (`calls`) are answered in this thread either way."""
         slot = self._caller_fork_slot()
         if slot is None:
@@ -131,6 +131,8 @@ class ServicePool(JobRunner):
                 return caller_fork.run_in_fork(fn, args, label, limit, self._forked, calls)
             except caller_fork.ForkUnavailable as err:  # the job did not run
                 self._warn("fork", f"could not compile in a fork of this process ({err}); using the compile service")
+            finally:
+                self._reach_service_later()
         return super().run(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls)
 
     def _caller_fork_slot(self) -> CompileSlot | None:
@@ -155,9 +157,13 @@ class ServicePool(JobRunner):
             return None
 
     def _forked(self) -> None:
-        """A job runs in a fork of this process: count it, and reach or start the service in the
-        background, for the jobs after this one."""
+        """A job runs in a fork of this process."""
         self.caller_forks += 1
+
+    def _reach_service_later(self) -> None:
+        """After a job in a fork of this process: reach or start the service in the background, for
+        the jobs after this one. Not while the fork compiles: a service starting beside it (its
+        interpreter and template importing TileLang) slowed the fork's nvcc by up to 30% on an H100."""
         if self._conn is None:
             threading.Thread(target=self._connection, name=caller_fork.SERVICE_START_THREAD, daemon=True).start()
 

@@ -1,0 +1,141 @@
+"""Where a fresh process's disk hit spends its time: a diagnostic beside `python -m stress.bench --only
+disk` and `--only warm`, not a goal (issue 39's breakdown).
+
+    python -m stress.hit_phases [--repeats 10] [--json out.json]
+
+One kernel (the bench's add) is compiled into a kcache root and into TileLang's own cache; then fresh
+processes, kcache's and TileLang's taking turns, each import, open and ask for it once. Each step is
+timed by wrapping its function in the sampled process:
+- outside the call: `import tilelang`, `import kcache`, opening the `KernelCache`;
+- kcache's call: the request (target, options, the key: the PrimFunc's TVMScript and its sha256),
+  the entry's read (trust on each descriptor, the manifest, every file's size and sha256), the ELF
+  check, the memfd copy and `dlopen`, TileLang's wrapper (the rest of the load), and the rest;
+- TileLang's call: its key, its load from disk, and the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .cold_phases import _timed
+
+LOG_ENV = "KCACHE_PHASES_LOG"
+
+
+def _instrument_kcache() -> None:
+    import kcache.tilelang.identity as identity
+    import kcache.tilelang.loader as loader
+    from kcache.cache.request import KernelRequest
+    from kcache.store import exec_copy
+    from kcache.store.entries import EntryStore
+    from kcache.tilelang import backend
+
+    _timed(KernelRequest, "build", "request and key")
+    _timed(identity, "key_fields", "key: its fields (TVMScript of the PrimFunc)")
+    _timed(EntryStore, "read", "read and verify (trust, manifest, sha256)")
+    _timed(backend, "load_kernel", "load (ELF, memfd, dlopen, wrapper)")
+    _timed(loader, "require_loadable", "load: ELF check")
+    _timed(exec_copy, "_from_memfd", "load: memfd copy and dlopen")
+    _timed(loader, "_load_descriptor_path", "load: dlopen")
+
+
+def _instrument_tilelang() -> None:
+    from tilelang.cache.kernel_cache import KernelCache
+
+    _timed(KernelCache, "_generate_key", "key (TileLang)")
+    _timed(KernelCache, "_load_kernel_from_disk", "load from disk (TileLang)")
+
+
+def child(which: str, root: str) -> None:
+    from .cold_phases import _event
+
+    clock = time.time
+    start = clock()
+    import tilelang
+
+    _event("import tilelang", start, clock())
+    from .kernels import CPU_TARGET, pool
+
+    func = pool(1)[0].build()
+    if which == "tilelang":
+        _instrument_tilelang()
+        start = clock()
+        tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
+        _event("call", start, clock())
+        return
+    start = clock()
+    import kcache
+
+    _event("import kcache", start, clock())
+    start = clock()
+    cache = kcache.KernelCache(root)
+    _event("open KernelCache", start, clock())
+    _instrument_kcache()
+    start = clock()
+    cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
+    _event("call", start, clock())
+    if cache.stats()["disk_hits"] != 1:
+        raise SystemExit("not a disk hit")
+
+
+def _sample(which: str, root: Path, env: dict[str, str]) -> dict[str, float]:
+    log = Path(env[LOG_ENV])
+    log.write_text("")
+    done = subprocess.run([sys.executable, "-m", "stress.hit_phases", "--child", which, str(root)],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"{which} sample failed: {done.stderr[-2000:]}")
+    out: dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        out[event["what"]] = out.get(event["what"], 0.0) + event["end"] - event["start"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stress.hit_phases")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--child", nargs=2, metavar=("WHICH", "ROOT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(*args.child)
+        return
+    from .bench import bytecode_as_installed
+
+    work = Path(tempfile.mkdtemp(prefix="kcache-hit-phases-"))
+    root = work / "kcache"
+    env = {**bytecode_as_installed(), LOG_ENV: str(work / "events.jsonl"),
+           "TILELANG_CACHE_DIR": str(work / "tilelang"), "KCACHE_COMPILE_ISOLATION": "inprocess"}
+    for which in ("kcache", "tilelang"):  # the misses that fill both caches
+        subprocess.run([sys.executable, "-m", "stress.hit_phases", "--child", which, str(root)],
+                       env={**os.environ, **env}, capture_output=True, timeout=600)
+    samples: dict[str, list[dict[str, float]]] = {"kcache": [], "tilelang": []}
+    for _ in range(args.repeats):
+        for which in samples:
+            samples[which].append(_sample(which, root, env))
+    report: dict[str, dict[str, float]] = {}
+    for which, runs in samples.items():
+        print(f"\n{which}: medians of {len(runs)} fresh processes, ms")
+        report[which] = {}
+        for what in runs[0]:
+            value = statistics.median(run.get(what, 0.0) for run in runs) * 1000
+            report[which][what] = round(value, 3)
+            print(f"  {value:9.3f}  {what}")
+    ratio = report["kcache"]["call"] / report["tilelang"]["call"]
+    print(f"\nthe call, kcache / TileLang: {ratio:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"repeats": args.repeats, "ms": report, "call_ratio": round(ratio, 4)},
+                                        indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

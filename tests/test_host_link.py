@@ -1,0 +1,77 @@
+"""kcache's link of a kernel's host library (kcache/tilelang/host_link.py): the library TVM's own
+`create_shared` links, byte for byte, with the C sources compiled at once; TVM's error text kept."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tilelang", reason="the host link needs TileLang (and its TVM)")
+
+from tilelang.jit import JITKernel  # noqa: E402
+from tvm.contrib import cc as tvm_cc  # noqa: E402
+
+from kcache.tilelang import host_link  # noqa: E402
+from stress.kernels import CPU_TARGET, matmul, pool  # noqa: E402
+
+# A compiler that proves its compiles overlap: each `-c` run marks its start, then waits (bounded)
+# until two have started; run one after the other, the first would time out and fail the link.
+OVERLAP_CC = """#!/bin/sh
+case " $* " in
+  *" -c "*)
+    : > "{marks}/$$"
+    tries=0
+    while [ "$(ls "{marks}" | wc -l)" -lt 2 ]; do
+      tries=$((tries + 1))
+      [ $tries -gt 2000 ] && {{ echo "the other source's compile never started" >&2; exit 3; }}
+      sleep 0.01
+    done ;;
+esac
+exec "{real}" "$@"
+"""
+
+
+def _executable(kernel_func: object) -> object:
+    kernel = JITKernel(kernel_func, out_idx=[2], execution_backend="tvm_ffi", target=CPU_TARGET)
+    return kernel.adapter.get_exportable_executable()
+
+
+@pytest.mark.parametrize("which", ["add", "matmul"])
+def test_the_library_is_the_one_tvm_links(tmp_path: Path, which: str) -> None:
+    func = pool(1)[0].build() if which == "add" else matmul(256, 256, 256, 64, 64, 32)
+    executable = _executable(func)
+    out = tmp_path / "out"
+    workspace = out / "work"  # one workspace: the sources' names are in the objects' symbols
+    workspace.mkdir(parents=True)
+    executable.export_library(str(out / "tvm.so"), workspace_dir=str(workspace))
+    sources = sorted(p.name for p in workspace.iterdir())
+    assert sources == ["devc.c", "lib0.c"], sources  # what the parallel compile is for
+    executable.export_library(str(out / "kcache.so"), workspace_dir=str(workspace), fcompile=host_link.fcompile())
+    assert (out / "kcache.so").read_bytes() == (out / "tvm.so").read_bytes()
+    assert sorted(os.listdir(out)) == ["kcache.so", "tvm.so", "work"]  # no object left behind
+
+
+def test_the_sources_compile_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    wrapper = tmp_path / "cc"
+    wrapper.write_text(OVERLAP_CC.format(marks=marks, real=tvm_cc.get_cc()))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    _executable(pool(1)[0].build()).export_library(str(tmp_path / "k.so"), fcompile=host_link.fcompile())
+    assert len(os.listdir(marks)) == 2
+    assert (tmp_path / "k.so").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_a_compile_error_reads_as_tvms(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.c", tmp_path / "bad.c"
+    good.write_text("int good(void) { return 1; }\n")
+    bad.write_text("int bad(void) { return nope; }\n")
+    with pytest.raises(RuntimeError) as raised:
+        host_link.create_shared(str(tmp_path / "k.so"), [str(good), str(bad)])
+    text = str(raised.value)
+    assert text.startswith("Compilation error:\n") and "nope" in text
+    assert "Command line: " in text and str(bad) in text
+    assert not list(tmp_path.glob("*.o")) and not (tmp_path / "k.so").exists()
