@@ -64,6 +64,12 @@ def _timed(owner: Any, attribute: str, what: str) -> None:
     setattr(owner, attribute, wrapper)
 
 
+def timed_steps(steps: list[tuple[Any, str, str]]) -> None:
+    """Wrap each (owner, attribute, what) so that its calls log `what` with their start and end."""
+    for owner, attribute, what in steps:
+        _timed(owner, attribute, what)
+
+
 def _instrument() -> None:
     """Wrap the steps of a compile in this process (and so in any fork of it)."""
     from tilelang.cache.kernel_cache import KernelCache as TileLangCache
@@ -75,16 +81,18 @@ def _instrument() -> None:
     from kcache.store.entries import EntryStore
     from kcache.tiers.disk import DiskTier
 
-    _timed(JITKernel, "_compile_artifact", "tilelang: lower and codegen (nvcc inside)")
-    _timed(JITKernel, "_create_adapter_from_artifact", "tilelang: adapter")
-    _timed(TileLangCache, "_save_kernel_to_disk", "tilelang: its cache's save (g++ link inside)")
-    _timed(transfer, "pack", "kcache caller: transfer.pack")
-    _timed(CompileStep, "_before_compile", "kcache caller: miss log and guard")
-    _timed(EntryStore, "publish", "kcache caller: publish (waits for the worker)")
-    _timed(DiskTier, "load", "kcache caller: load the published entry")
-    _timed(compiler, "compile_kernel", "kcache worker: compile_kernel")
-    _timed(compiler, "write_entry", "kcache worker: write_entry (g++ link inside)")
-    _timed(os, "fsync", "fsync")
+    timed_steps([
+        (JITKernel, "_compile_artifact", "tilelang: lower and codegen (nvcc inside)"),
+        (JITKernel, "_create_adapter_from_artifact", "tilelang: adapter"),
+        (TileLangCache, "_save_kernel_to_disk", "tilelang: its cache's save (g++ link inside)"),
+        (transfer, "pack", "kcache caller: transfer.pack"),
+        (CompileStep, "_before_compile", "kcache caller: miss log and guard"),
+        (EntryStore, "publish", "kcache caller: publish (waits for the worker)"),
+        (DiskTier, "load", "kcache caller: load the published entry"),
+        (compiler, "compile_kernel", "kcache worker: compile_kernel"),
+        (compiler, "write_entry", "kcache worker: write_entry (g++ link inside)"),
+        (os, "fsync", "fsync"),
+    ])
 
 
 def child(lane: str, kernel: str, root: str) -> None:
@@ -109,25 +117,15 @@ def child(lane: str, kernel: str, root: str) -> None:
 
 def _tools(work: Path, log: Path) -> dict[str, str]:
     """The wrappers' environment: a CUDA_HOME whose nvcc logs, and g++ first on PATH."""
-    from .nvcc_counter import real_cuda_home
+    from .nvcc_counter import shadow_cuda_home
 
-    real = real_cuda_home()
-    home = work / "cuda-home"
-    (home / "bin").mkdir(parents=True)
-    for item in real.iterdir():
-        if item.name != "bin":
-            (home / item.name).symlink_to(item)
-    for tool in (real / "bin").iterdir():
-        if tool.name != "nvcc":
-            (home / "bin" / tool.name).symlink_to(tool)
-    wrappers = {home / "bin" / "nvcc": (real / "bin" / "nvcc", "nvcc")}
+    home = shadow_cuda_home(work / "cuda-home", _TOOL.format(real="{real}", name="nvcc", log=log))
     gxx = shutil.which("g++")
     if gxx:
-        wrappers[work / "bin" / "g++"] = (Path(gxx).resolve(), "g++")
-    for path, (target, name) in wrappers.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_TOOL.format(real=target, name=name, log=log))
-        path.chmod(0o755)
+        wrapper = work / "bin" / "g++"
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        wrapper.write_text(_TOOL.format(real=Path(gxx).resolve(), name="g++", log=log))
+        wrapper.chmod(0o755)
     return {"CUDA_HOME": str(home), "CUDA_PATH": str(home), "PATH": f"{work / 'bin'}:{os.environ['PATH']}"}
 
 

@@ -25,33 +25,34 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cold_phases import _timed
+from .cold_phases import timed_steps
 
 LOG_ENV = "KCACHE_PHASES_LOG"
 
 
 def _instrument_kcache() -> None:
-    import kcache.tilelang.identity as identity
     import kcache.tilelang.loader as loader
     from kcache.cache.request import KernelRequest
     from kcache.store import exec_copy
     from kcache.store.entries import EntryStore
     from kcache.tilelang import backend
 
-    _timed(KernelRequest, "build", "request and key")
-    _timed(identity, "key_fields", "key: its fields (TVMScript of the PrimFunc)")
-    _timed(EntryStore, "read", "read and verify (trust, manifest, sha256)")
-    _timed(backend, "load_kernel", "load (ELF, memfd, dlopen, wrapper)")
-    _timed(loader, "require_loadable", "load: ELF check")
-    _timed(exec_copy, "_from_memfd", "load: memfd copy and dlopen")
-    _timed(loader, "_load_descriptor_path", "load: dlopen")
+    timed_steps([
+        (KernelRequest, "build", "request and key"),
+        (backend, "key_fields", "key: its fields (TVMScript of the PrimFunc)"),
+        (EntryStore, "read", "read and verify (trust, manifest, sha256)"),
+        (backend, "load_kernel", "load (ELF, memfd, dlopen, wrapper)"),
+        (loader, "require_loadable", "load: ELF check"),
+        (exec_copy, "_from_memfd", "load: memfd copy and dlopen"),
+        (loader, "_load_descriptor_path", "load: dlopen"),
+    ])
 
 
 def _instrument_tilelang() -> None:
     from tilelang.cache.kernel_cache import KernelCache
 
-    _timed(KernelCache, "_generate_key", "key (TileLang)")
-    _timed(KernelCache, "_load_kernel_from_disk", "load from disk (TileLang)")
+    timed_steps([(KernelCache, "_generate_key", "key (TileLang)"),
+                 (KernelCache, "_load_kernel_from_disk", "load from disk (TileLang)")])
 
 
 def child(which: str, root: str) -> None:

@@ -30,21 +30,28 @@ def real_cuda_home() -> Path:
     raise FileNotFoundError("no CUDA toolkit found: set CUDA_HOME or put nvcc on PATH")
 
 
+def shadow_cuda_home(home: Path, nvcc_script: str) -> Path:
+    """A CUDA home at `home` that is the real one (symlinks) but for `bin/nvcc`, which is
+    `nvcc_script` with `{real}` standing for the real nvcc: how a test or a bench watches, counts or
+    stalls nvcc in every process that compiles, TileLang finding it through CUDA_HOME."""
+    real = real_cuda_home()
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    for item in real.iterdir():
+        if item.name != "bin" and not (home / item.name).exists():
+            (home / item.name).symlink_to(item)
+    for tool in (real / "bin").iterdir():
+        if tool.name != "nvcc" and not (home / "bin" / tool.name).exists():
+            (home / "bin" / tool.name).symlink_to(tool)
+    wrapper = home / "bin" / "nvcc"
+    wrapper.write_text(nvcc_script.replace("{real}", str(real / "bin" / "nvcc")))
+    wrapper.chmod(0o755)
+    return home
+
+
 class NvccCounter:
     def __init__(self, workdir: Path) -> None:
-        real = real_cuda_home()
-        self.home = workdir / "cuda-home"
         self.log = workdir / "nvcc-calls.log"
-        (self.home / "bin").mkdir(parents=True, exist_ok=True)
-        for item in real.iterdir():
-            if item.name != "bin" and not (self.home / item.name).exists():
-                (self.home / item.name).symlink_to(item)
-        for tool in (real / "bin").iterdir():
-            if tool.name != "nvcc" and not (self.home / "bin" / tool.name).exists():
-                (self.home / "bin" / tool.name).symlink_to(tool)
-        wrapper = self.home / "bin" / "nvcc"
-        wrapper.write_text(_WRAPPER.format(log=self.log, real=real / "bin" / "nvcc"))
-        wrapper.chmod(0o755)
+        self.home = shadow_cuda_home(workdir / "cuda-home", _WRAPPER.replace("{log}", str(self.log)))
         self.log.touch()
 
     def env(self) -> dict[str, str]:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from stress.gpu import gpu_missing, gpu_target
-from stress.nvcc_counter import real_cuda_home
+from stress.nvcc_counter import shadow_cuda_home
 from stress.service_runtime import stop_services
 
 # Also run by the GPU check (`-m gpu`), where it uses the device's arch and runs the kernels; on a CPU
@@ -211,18 +211,8 @@ def test_the_callers_nvcc_timeout_applies_when_set_after_the_first_compile(tmp_p
     """The pool's worker started without TILELANG_COMPILE_TIMEOUT_SECONDS; the caller sets it (3 s)
     later, and nvcc then never returns: TileLang's "timed out" error, as a CompileError, within
     seconds, not the worker's own (absent) limit."""
-    real = real_cuda_home()
-    home = tmp_path / "cuda-home"
-    (home / "bin").mkdir(parents=True)
-    for item in real.iterdir():
-        if item.name != "bin":
-            (home / item.name).symlink_to(item)
-    for tool in (real / "bin").iterdir():
-        if tool.name != "nvcc":
-            (home / "bin" / tool.name).symlink_to(tool)
     marker = tmp_path / "hang"
-    (home / "bin" / "nvcc").write_text(HANGING_NVCC.format(marker=marker, real=real / "bin" / "nvcc"))
-    (home / "bin" / "nvcc").chmod(0o755)
+    home = shadow_cuda_home(tmp_path / "cuda-home", HANGING_NVCC.replace("{marker}", str(marker)))
     extra = {"CUDA_HOME": str(home), "CUDA_PATH": str(home), "FIDELITY_NVCC_HANG_MARKER": str(marker)}
     (row,) = run_driver("timeout", tmp_path / "root", tmp_path / "timeout.jsonl", "sm_90a", extra)
     assert marker.exists()  # the fault was armed
