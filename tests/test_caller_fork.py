@@ -74,7 +74,7 @@ def test_until_the_service_is_warm_a_job_runs_in_a_fork_of_the_caller_and_then_i
     try:
         assert pool.run(pool_jobs.parent_pid) == os.getpid()  # its parent: this process, not a template
         assert pool.caller_forks == 1
-        assert pool.ping()  # the service, started beside the fork, listens (and still imports)
+        assert pool.ping()  # the service, started once the fork was done, listens (and still imports)
         served = service_connection.request(pool.name, ("status",))
         assert served["warm"] is False and served["jobs"] == 0
         assert not children_left()  # the fork was reaped before the job's value came back

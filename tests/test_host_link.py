@@ -16,18 +16,16 @@ from tvm.contrib import cc as tvm_cc  # noqa: E402
 from kcache.tilelang import host_link  # noqa: E402
 from stress.kernels import CPU_TARGET, matmul, pool  # noqa: E402
 
-# A compiler that proves its compiles overlap: each `-c` run marks its start, then waits (bounded)
-# until two have started; run one after the other, the first would time out and fail the link.
+# A compiler that proves its compiles overlap: the first `-c` run to start waits (at most 20 s) on a
+# FIFO for the second one's word; run one after the other, the first would time out and fail the link.
 OVERLAP_CC = """#!/bin/sh
 case " $* " in
   *" -c "*)
-    : > "{marks}/$$"
-    tries=0
-    while [ "$(ls "{marks}" | wc -l)" -lt 2 ]; do
-      tries=$((tries + 1))
-      [ $tries -gt 2000 ] && {{ echo "the other source's compile never started" >&2; exit 3; }}
-      sleep 0.01
-    done ;;
+    if mkdir "{marks}/first" 2>/dev/null; then
+      timeout 20 cat "{fifo}" > "{marks}/met" || {{ echo "the other source's compile never started" >&2; exit 3; }}
+    else
+      echo met | timeout 20 tee "{fifo}" > /dev/null || exit 3
+    fi ;;
 esac
 exec "{real}" "$@"
 """
@@ -56,12 +54,14 @@ def test_the_library_is_the_one_tvm_links(tmp_path: Path, which: str) -> None:
 def test_the_sources_compile_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
     wrapper = tmp_path / "cc"
-    wrapper.write_text(OVERLAP_CC.format(marks=marks, real=tvm_cc.get_cc()))
+    wrapper.write_text(OVERLAP_CC.format(marks=marks, fifo=fifo, real=tvm_cc.get_cc()))
     wrapper.chmod(0o755)
     monkeypatch.setenv("CXX", str(wrapper))
     _executable(pool(1)[0].build()).export_library(str(tmp_path / "k.so"), fcompile=host_link.fcompile())
-    assert len(os.listdir(marks)) == 2
+    assert (marks / "met").read_text() == "met\n"  # the first compile heard from the second while it waited
     assert (tmp_path / "k.so").read_bytes()[:4] == b"\x7fELF"
 
 

@@ -127,12 +127,14 @@ class ServicePool(JobRunner):
         label = name or getattr(fn, "__qualname__", None) or repr(fn)
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
         with slot:
+            forks_before = self.caller_forks
             try:
                 return caller_fork.run_in_fork(fn, args, label, limit, self._forked, calls)
             except caller_fork.ForkUnavailable as err:  # the job did not run
                 self._warn("fork", f"could not compile in a fork of this process ({err}); using the compile service")
             finally:
-                self._reach_service_later()
+                if self.caller_forks != forks_before:  # the job ran in a fork, however it ended
+                    self._reach_service_later()
         return super().run(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls)
 
     def _caller_fork_slot(self) -> CompileSlot | None:
