@@ -42,7 +42,7 @@ exit $rc
 """
 
 
-def _event(what: str, start: float, end: float) -> None:
+def log_event(what: str, start: float, end: float) -> None:
     line = json.dumps({"pid": os.getpid(), "what": what, "start": start, "end": end}) + "\n"
     fd = os.open(os.environ[LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
@@ -59,7 +59,7 @@ def _timed(owner: Any, attribute: str, what: str) -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            _event(what, start, time.time())
+            log_event(what, start, time.time())
 
     setattr(owner, attribute, wrapper)
 
@@ -112,7 +112,7 @@ def child(lane: str, kernel: str, root: str) -> None:
         tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
     else:
         cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
-    _event("call", started, time.time())
+    log_event("call", started, time.time())
 
 
 def _tools(work: Path, log: Path) -> dict[str, str]:

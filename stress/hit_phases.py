@@ -56,13 +56,13 @@ def _instrument_tilelang() -> None:
 
 
 def child(which: str, root: str) -> None:
-    from .cold_phases import _event
+    from .cold_phases import log_event
 
     clock = time.time
     start = clock()
     import tilelang
 
-    _event("import tilelang", start, clock())
+    log_event("import tilelang", start, clock())
     from .kernels import CPU_TARGET, pool
 
     func = pool(1)[0].build()
@@ -70,19 +70,19 @@ def child(which: str, root: str) -> None:
         _instrument_tilelang()
         start = clock()
         tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
-        _event("call", start, clock())
+        log_event("call", start, clock())
         return
     start = clock()
     import kcache
 
-    _event("import kcache", start, clock())
+    log_event("import kcache", start, clock())
     start = clock()
     cache = kcache.KernelCache(root)
-    _event("open KernelCache", start, clock())
+    log_event("open KernelCache", start, clock())
     _instrument_kcache()
     start = clock()
     cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
-    _event("call", start, clock())
+    log_event("call", start, clock())
     if cache.stats()["disk_hits"] != 1:
         raise SystemExit("not a disk hit")
 
