@@ -73,6 +73,13 @@ def parent_pid() -> int:
     return os.getppid()
 
 
+def call_back(name: str) -> object:
+    """Call the caller's function `name` from the job, in the caller's process."""
+    from kcache.compile.workers.worker import call_caller
+
+    return call_caller(name, ())
+
+
 def write_output(directory: str, fifo: str, runs: str, started: str | None = None) -> int:
     """A job with an output: tells its pid (into the FIFO `started`, if given), waits for the test (the
     FIFO `fifo`), counts its run in the file `runs`, writes two files into `directory` (what a compile
