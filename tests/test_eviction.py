@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import kcache
-from kcache.maintenance.eviction import LAST_USE_RESOLUTION_S, evict, note_use, scan_entries
+from kcache.maintenance.eviction import evict, scan_entries
 from kcache.maintenance.stats import COUNTERS, read_persisted
+from kcache.store.last_use import LAST_USE_RESOLUTION_S, note_use
 from kcache.store.manifest import verify_entry
 from stress import synthetic
 

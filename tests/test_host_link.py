@@ -75,3 +75,24 @@ def test_a_compile_error_reads_as_tvms(tmp_path: Path) -> None:
     assert text.startswith("Compilation error:\n") and "nope" in text
     assert "Command line: " in text and str(bad) in text
     assert not list(tmp_path.glob("*.o")) and not (tmp_path / "k.so").exists()
+
+
+def _my_children_named(comm: str) -> list[str]:
+    """This process's children called `comm`, live or not yet reaped (a zombie keeps its name)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                head, _, tail = stat.read().rpartition(")")
+        except OSError:  # gone meanwhile
+            continue
+        if head.partition("(")[2] == comm and int(tail.split()[1]) == os.getpid():
+            found.append(pid)
+    return found
+
+
+def test_a_compiler_that_cannot_start_leaves_none_running(tmp_path: Path) -> None:
+    """The first compile started, the second cannot: the first is killed and reaped, not left behind."""
+    with pytest.raises(FileNotFoundError):
+        host_link._run_all([["sleep", "600"], [str(tmp_path / "no-such-compiler"), "-c", "x.c"]])
+    assert _my_children_named("sleep") == []

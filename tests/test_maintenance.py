@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from kcache.config import Settings
-from kcache.maintenance.gc import collect_garbage, gc_is_due, staging_is_stale
+from kcache.maintenance.gc import collect_garbage, staging_is_stale
+from kcache.maintenance.gc_stamp import gc_is_due
 from kcache.store.access import create_root
 from kcache.store.layout import StagingName, this_host
 

@@ -627,3 +627,15 @@ def test_why_miss_names_the_field_of_tritons_key_that_changed(tmp_path: Path, pt
     text = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), "why-miss", explained["key"][:12]],
                           capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=120)
     assert "differs in 1 field" in text.stdout and "num_warps: stored 4, yours 8" in text.stdout, text.stdout
+
+
+@pytest.mark.parametrize("listed", [[{"a": 1}], "add.json", None, ["add.json", "other.cubin"]])
+def test_an_entry_whose_record_lists_other_files_or_garbage_is_refused_not_a_crash(listed: object) -> None:
+    """kcache-triton.json's file list, checked on a read and on a bundle's import: a list of other
+    names, or of what is no name at all (unhashable), is a refusal with its reason, never an exception."""
+    from kcache.triton.store import META, bound_meta
+
+    files = {META: json.dumps({"key": "k" * 64, "files": listed}).encode(), "add.json": b"{}"}
+    assert bound_meta(files, "k" * 64) == f"its files are not the ones {META} lists"
+    files[META] = json.dumps({"key": "k" * 64, "files": ["add.json"]}).encode()
+    assert isinstance(bound_meta(files, "k" * 64), dict)  # the same entry, its list right: accepted

@@ -27,7 +27,6 @@ from kcache.maintenance.stats import MAX_STATS_FILE_BYTES, stats_directory
 from kcache.store import dirfd, layout
 from kcache.store.components import KERNELS
 from kcache.store.fsutil import make_dir_at, read_regular_at, replace_file_at
-from kcache.store.last_use import LAST_USE_RESOLUTION_S, note_use  # noqa: F401 - re-exported
 
 log = logging.getLogger("kcache")
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kcache.maintenance.eviction import empty_trash, evict
-from kcache.maintenance.gc_stamp import gc_is_due  # noqa: F401 - re-exported
 from kcache.maintenance.stats import fold_dead
 from kcache.store import access, dirfd, layout
 from kcache.store.locks import remove_idle_lock_files

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 
 from tvm.contrib import cc as tvm_cc
@@ -39,7 +40,7 @@ def create_shared(output: str, objects: Sequence[str], options: Sequence[str] | 
     """`tvm.contrib.cc.create_shared`'s signature and result."""
     compiler = cc or tvm_cc.get_cc()
     sources = [objects] if isinstance(objects, str) else list(objects)
-    if (kwargs or not tvm_cc._is_linux_like() or compiler is None or os.path.basename(compiler) == "nvcc"
+    if (kwargs or not sys.platform.startswith("linux") or compiler is None or os.path.basename(compiler) == "nvcc"
             or len(sources) < 2 or not all(source.endswith(_SOURCES) for source in sources)):
         tvm_cc.create_shared(output, objects, options, cc, **kwargs)
         return
@@ -58,14 +59,22 @@ def create_shared(output: str, objects: Sequence[str], options: Sequence[str] | 
 
 
 def _run_all(commands: list[list[str]]) -> None:
-    """Start every command, wait for all; the first failure raises as TVM's compile error does."""
-    running = [(command, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-               for command in commands]
-    failure = None
-    for command, process in running:
-        out, _ = process.communicate()  # every process is waited for, whatever failed before it
-        if process.returncode != 0 and failure is None:
-            failure = RuntimeError("Compilation error:\n" + out.decode(errors="replace")
-                                   + "\nCommand line: " + " ".join(command))
-    if failure is not None:
-        raise failure
+    """Start every command, wait for all; the first failure raises as TVM's compile error does. Whatever
+    stops the wait (a start that fails, a Ctrl-C) kills and reaps the compilers still running."""
+    running: list[tuple[list[str], subprocess.Popen[bytes]]] = []
+    try:
+        for command in commands:
+            running.append((command, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+        failure = None
+        for command, process in running:
+            out, _ = process.communicate()  # every process is waited for, whatever failed before it
+            if process.returncode != 0 and failure is None:
+                failure = RuntimeError("Compilation error:\n" + out.decode(errors="replace")
+                                       + "\nCommand line: " + " ".join(command))
+        if failure is not None:
+            raise failure
+    finally:
+        for _command, process in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait()

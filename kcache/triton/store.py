@@ -114,7 +114,9 @@ def bound_meta(files: dict[str, bytes], key: str) -> dict[str, Any] | str:
         return f"{META} is missing or not JSON"
     if not isinstance(meta, dict) or meta.get("key") != key:
         return f"{META} names another key: an entry copied from another key"
-    if not isinstance(meta.get("files"), list) or set(files) - {META, MANIFEST_NAME} != set(meta["files"]):
+    listed = meta.get("files")
+    if (not isinstance(listed, list) or not all(isinstance(name, str) for name in listed)
+            or set(files) - {META, MANIFEST_NAME} != set(listed)):
         return f"its files are not the ones {META} lists"
     return meta
 
