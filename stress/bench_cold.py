@@ -6,9 +6,10 @@ the kernel is usable, on an empty cache:
 - `pool`: kcache with its per-process pool (the worker's start and TileLang import included);
 - `server, running`: kcache with the compile service already running and warm;
 - `server, cold`: kcache with no service running; the cache opens after `import tilelang`: the
-  compile runs in a fork of the process (`caller_fork`) while the service starts beside it;
-- `server, cold, cache opened first`: the same, but the program opens the cache before it imports
-  TileLang, so that the service's start overlaps that import.
+  compile runs in a fork of the process (`caller_fork`), and the service starts once it is done;
+- `server, cold, cache opened first`: the program opens the cache before it imports TileLang, so
+  that the service's start overlaps that import; the compile runs in the service if its template
+  is ready by then, else in a fork of the process.
 The modes alternate sample by sample, so that drift in the machine hits them alike. Medians.
 """
 
@@ -96,8 +97,8 @@ def _stop(connection: Any, name: str) -> None:
         os.close(fd)
 
 
-def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
-    """(mode, kernel) -> the median seconds of `repeats` fresh processes."""
+def measure(repeats: int, env: dict[str, str], modes: tuple[str, ...] = MODES) -> dict[tuple[str, str], list[float]]:
+    """(mode, kernel) -> the seconds of `repeats` fresh processes, in the order measured."""
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-cold-"))
     runtime = Path(tempfile.mkdtemp(prefix="kb-", dir="/tmp"))  # the run's own services
     env = {**env, "XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "600"}
@@ -105,11 +106,11 @@ def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
     from kcache.compile.pool.process_pool import TILELANG_PRELOAD
     from kcache.compile.service import client as service_client  # the pool; `client` is the connection
 
-    samples: dict[tuple[str, str], list[float]] = {(m, k): [] for m in MODES for k in KERNELS}
+    samples: dict[tuple[str, str], list[float]] = {(m, k): [] for m in modes for k in KERNELS}
     try:
         for _ in range(repeats):
             for kernel in KERNELS:
-                for mode in MODES:
+                for mode in modes:
                     if mode.startswith("server, cold"):
                         _stop(client, name)
                     elif mode == "server, running":
@@ -120,10 +121,8 @@ def measure(repeats: int, env: dict[str, str]) -> dict[tuple[str, str], float]:
     finally:
         stop_services(runtime)  # every service this run started, whatever its name
         shutil.rmtree(work, ignore_errors=True)
-    medians: dict[tuple[str, str], float] = {}
-    for key, values in samples.items():
-        medians[key] = sorted(values)[len(values) // 2]
-    return medians
+    return samples
+
 
 def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
     """How long a crashed worker takes to be replaced, median of `repeats` crashes: in the compile

@@ -5,7 +5,8 @@
 
 Each sample is a fresh process, as in the bench's cold scenario, on an empty cache: TileLang alone,
 kcache compiling in-process, kcache with its compile service running (a worker forked from the
-service's template), and kcache with no service running (a fork of the caller). Every event carries
+service's template), kcache with no service running (a fork of the caller), and the same with the
+cache opened before `import tilelang` (the service starting beside that import). Every event carries
 the machine's wall clock, which all processes share:
 - the external tools: nvcc and the host compiler (g++) run through logging wrappers, a CUDA_HOME and
   a PATH of their own, in every lane, the service's workers included;
@@ -17,6 +18,7 @@ The report gives, per lane, each event's median start (from the call) and durati
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -29,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 LOG_ENV = "KCACHE_PHASES_LOG"
-LANES = ("tilelang", "kcache, in-process", "kcache, service running", "kcache, no service (fork)")
+LANES = ("tilelang", "kcache, in-process", "kcache, service running", "kcache, no service (fork)",
+         "kcache, no service, cache opened first")
 
 _TOOL = """#!/bin/sh
 s=$(date +%s.%N)
@@ -70,17 +73,41 @@ def timed_steps(steps: list[tuple[Any, str, str]]) -> None:
         _timed(owner, attribute, what)
 
 
+def _note_service_warm() -> None:
+    """Log the moment this process learns that its compile service has a worker ready (`_warm` set),
+    or, when it knew that already, the moment of this call."""
+    from kcache.compile.service.client import ServicePool
+
+    def read(pool: Any) -> bool:
+        return pool.__dict__.get("_warm_seen", False)
+
+    def write(pool: Any, value: bool) -> None:
+        if value and not read(pool):
+            now = time.time()
+            log_event("kcache caller: the service is warm", now, now)
+        pool.__dict__["_warm_seen"] = value
+
+    for pool in [obj for obj in gc.get_objects() if isinstance(obj, ServicePool)]:
+        pool.__dict__["_warm_seen"] = pool.__dict__.pop("_warm", False)
+        if pool.__dict__["_warm_seen"]:
+            now = time.time()
+            log_event("kcache caller: the service is warm (before the instrumentation)", now, now)
+    ServicePool._warm = property(read, write)
+
+
 def _instrument() -> None:
     """Wrap the steps of a compile in this process (and so in any fork of it)."""
     from tilelang.cache.kernel_cache import KernelCache as TileLangCache
     from tilelang.jit.kernel import JITKernel
 
     import kcache.tilelang.compiler as compiler
+    import kcache.tilelang.toolchain as toolchain
     import kcache.tilelang.transfer as transfer
     from kcache.cache.compiling import CompileStep
     from kcache.store.entries import EntryStore
     from kcache.tiers.disk import DiskTier
 
+    _note_service_warm()
     timed_steps([
         (JITKernel, "_compile_artifact", "tilelang: lower and codegen (nvcc inside)"),
         (JITKernel, "_create_adapter_from_artifact", "tilelang: adapter"),
@@ -89,6 +116,7 @@ def _instrument() -> None:
         (CompileStep, "_before_compile", "kcache caller: miss log and guard"),
         (EntryStore, "publish", "kcache caller: publish (waits for the worker)"),
         (DiskTier, "load", "kcache caller: load the published entry"),
+        (toolchain, "identify_once", "kcache caller: identify the toolchain (or wait for its memo)"),
         (compiler, "compile_kernel", "kcache worker: compile_kernel"),
         (compiler, "write_entry", "kcache worker: write_entry (g++ link inside)"),
         (os, "fsync", "fsync"),
@@ -96,13 +124,17 @@ def _instrument() -> None:
 
 
 def child(lane: str, kernel: str, root: str) -> None:
+    cache = None
+    if lane.endswith("opened first"):
+        import kcache
+
+        cache = kcache.KernelCache(root)  # starts the service in the background
     import tilelang
 
     from .kernels import CPU_TARGET, matmul, pool
 
     func = pool(1)[0].build() if kernel == "add" else matmul(1024, 1024, 1024, 128, 128, 32)
-    cache = None
-    if lane != "tilelang":
+    if lane != "tilelang" and cache is None:
         import kcache
 
         cache = kcache.KernelCache(root)
@@ -149,8 +181,8 @@ def _phases(events: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
     caller = call["pid"]
     out: dict[str, list[float]] = {}
     for e in events:
-        if e["what"] == "call" or e["end"] < call["start"]:
-            continue
+        if e["what"] == "call" or (e["end"] < call["start"] and "service is warm" not in e["what"]):
+            continue  # (the service warm before the call stays: its start is then negative)
         what = e["what"] if e["what"] != "fsync" else ("fsync, caller" if e["pid"] == caller else "fsync, worker")
         if what.startswith("kcache worker") and e["pid"] == caller:
             what = what.replace("kcache worker", "kcache in the caller")
@@ -188,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for _ in range(args.repeats):
             for lane in LANES:
-                if lane.endswith("(fork)"):
+                if "no service" in lane:
                     _stop(connection, name)
                 elif lane.endswith("running"):
                     service = service_client.ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)

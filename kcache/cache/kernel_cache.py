@@ -122,6 +122,7 @@ class KernelCache:
         instead of following it. Never blocks, never raises; nothing in the other modes."""
         if not self._serves_through_service:
             return
+        from kcache.compile.fork.caller_fork import SERVICE_WARM_THREAD
         from kcache.compile.pool.process_pool import (
             TILELANG_PRELOAD,  # the TileLang backend's preload, without importing it
         )
@@ -130,7 +131,7 @@ class KernelCache:
         service = shared_service_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
                                       TILELANG_PRELOAD, self.settings.server_idle_s)
         identify_in = None if self.readonly or self._toolchain is not None else str(self.root)
-        threading.Thread(target=_warm_service, args=(service, count, identify_in), name="kcache-service-warm",
+        threading.Thread(target=_warm_service, args=(service, count, identify_in), name=SERVICE_WARM_THREAD,
                          daemon=True).start()
 
     # ------------------------------------------------------------ public

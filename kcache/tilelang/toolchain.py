@@ -24,19 +24,21 @@ process that cannot take the lock, or waits past TOOLCHAIN_LOCK_WAIT_S, hashes o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import platform
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kcache.errors import CacheLockTimeout
 from kcache.keys import ENTRY_FORMAT
 from kcache.store import layout, sharing
 from kcache.store.dirfd import open_root
-from kcache.store.fsutil import make_dir, make_dirs_at, read_nofollow, replace_file_at, sha256_hex
+from kcache.store.fsutil import make_dir, make_dirs_at, replace_file_at
 from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
@@ -44,6 +46,7 @@ log = logging.getLogger("kcache")
 # A hash takes a fraction of a second: a holder this slow is stuck, and hashing beside it is cheaper
 # than waiting on.
 TOOLCHAIN_LOCK_WAIT_S = 60.0
+HASH_CHUNK_BYTES = 1 << 20
 MemoReader = Callable[[Path, str], "dict[str, object] | None"]
 
 
@@ -85,16 +88,35 @@ def _nvcc_version(compiler: Path) -> str:
     return " | ".join(lines[-2:]) if done.returncode == 0 and lines else f"unavailable (exit {done.returncode})"
 
 
+def _file_sha256(path: Path) -> str:
+    """A library's sha256, streamed through one buffer from a descriptor that refuses a link: a whole
+    read of the 72 MB libtvm_compiler.so cost more than its hash (0.09 s against 0.06 s, CPU machine)."""
+    digest = hashlib.sha256()
+    buffer = bytearray(HASH_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), "rb", buffering=0) as file:
+        while read := file.readinto(buffer):
+            digest.update(view[:read])  # hashlib releases the GIL for a chunk this size
+    return digest.hexdigest()
+
+
 def _compute(libraries: list[Path], compiler: Path) -> dict[str, object]:
+    """The libraries hashed and nvcc asked its version at once, each in a thread: the hash releases the
+    GIL, so the time is the largest library's (about 0.07 s on the CPU machine, against 0.22 s one after
+    the other with whole reads). A cache opened before `import tilelang`, on a fresh root, pays it in
+    its first call."""
     import tilelang
 
-    return {
-        "entry_format": ENTRY_FORMAT,
-        "tilelang": tilelang.__version__,
-        "tilelang_libs": {p.name: sha256_hex(read_nofollow(p)) for p in libraries},
-        "nvcc": _nvcc_version(compiler),
-        "machine": platform.machine(),
-    }
+    with ThreadPoolExecutor(max_workers=len(libraries) + 1, thread_name_prefix="kcache-toolchain") as threads:
+        nvcc = threads.submit(_nvcc_version, compiler)
+        hashes = {p.name: threads.submit(_file_sha256, p) for p in libraries}
+        return {
+            "entry_format": ENTRY_FORMAT,
+            "tilelang": tilelang.__version__,
+            "tilelang_libs": {name: future.result() for name, future in hashes.items()},
+            "nvcc": nvcc.result(),
+            "machine": platform.machine(),
+        }
 
 
 def _persist(root: Path, name: str, fingerprint: dict[str, object]) -> None:

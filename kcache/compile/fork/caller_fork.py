@@ -17,9 +17,10 @@ returns, so nothing the child inherited (the key lock's descriptor, say) outlive
 When (`unsafe_reason`), else the job goes to the service:
 - the job's modules (the pool's preload: TileLang) are imported here, or the fork saves nothing
   (nor with no preload at all);
-- no Python thread runs but the caller's and the service client's own (its reader and its
-  starter, which hold no lock a job takes): a lock another thread holds at the fork stays locked in
-  the child forever. Native threads are not copied and hold nothing the compile takes: the job touches
+- no Python thread runs but the caller's, the service client's own (its reader and its starter)
+  and the cache's warm-up of the service (`KernelCache.warm_compiles`: it reaches the service as the
+  starter does, sends to it, and waits for its job's future), none of which holds a lock a job
+  takes: a lock another thread holds at the fork stays locked in the child forever. Native threads are not copied and hold nothing the compile takes: the job touches
   neither CUDA (the tvm_ffi backend, kcache's only one, loads nothing at compile time) nor BLAS,
   whose library (OpenBLAS) shuts its threads down around a fork itself;
 - `KCACHE_CALLER_FORK` is not 0;
@@ -44,12 +45,16 @@ from kcache.compile.workers.worker import job_outcome, serve_forked
 from kcache.compile.workers.worker_process import STDERR_TAIL_LINES, CallsOfCaller, Child, ReapedChild, WorkerProcess
 from kcache.errors import CompilerCrashed, CompileTimeout, WorkerStartFailed
 
-# The compile service client's threads (`service.client`), the only ones a fork may leave behind: the
-# reader blocks reading its socket, the starter starts the service (a subprocess, a flock, a pipe); a
-# job in the fork takes none of the locks they hold (the client's own, the start lock's flock).
+# The compile service client's threads (`service.client`) and the cache's warm-up of it, the only ones
+# a fork may leave behind: the reader blocks reading its socket, the starter starts the service (a
+# subprocess, a flock, a pipe), the warm-up reaches it as the starter does, sends, and waits on a
+# future; a job in the fork takes none of the locks they hold (the client's own, the start lock's flock).
+# A cache opened before `import tilelang` has its warm-up waiting for the service's template: had
+# the thread kept the first compile out of a fork, that compile would have waited for the template.
 SERVICE_READER_THREAD = "kcache-service-reader"
 SERVICE_START_THREAD = "kcache-service-start"
-KCACHE_THREADS = frozenset({SERVICE_READER_THREAD, SERVICE_START_THREAD})
+SERVICE_WARM_THREAD = "kcache-service-warm"
+KCACHE_THREADS = frozenset({SERVICE_READER_THREAD, SERVICE_START_THREAD, SERVICE_WARM_THREAD})
 # How long the fork gets to answer that it is ready (it imports nothing: a fork is milliseconds).
 READY_TIMEOUT_S = 30.0
 # How much of a crashed fork's output is read: its traceback holds every frame of the caller's stack.
