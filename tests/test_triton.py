@@ -493,6 +493,7 @@ def test_a_corrupt_group_found_under_the_keys_lock_is_moved_aside_without_waitin
     the lock already held (a second flock on it, by the same process, would wait KCACHE_LOCK_TIMEOUT)."""
     import time
 
+    from kcache.triton import roots as triton_roots
     from kcache.triton import store as triton_store
 
     root = tmp_path / "root"
@@ -503,9 +504,9 @@ def test_a_corrupt_group_found_under_the_keys_lock_is_moved_aside_without_waitin
     cubin.write_bytes(b"\0" + cubin.read_bytes()[1:])
     monkeypatch.setenv("KCACHE_DIR", str(root))
     monkeypatch.setenv("KCACHE_LOCK_TIMEOUT", "30")
-    monkeypatch.setattr(triton_store, "_roots", {})
+    monkeypatch.setattr(triton_roots, "_roots", {})
     meta = json.loads((root / "triton" / entry / "kcache-triton.json").read_text())
-    groups = triton_store.GroupStore(meta["triton_key"], triton_store.roots())
+    groups = triton_store.GroupStore(meta["triton_key"], triton_roots.roots())
     with groups.lock(entry) as lock:
         assert lock.acquire(1.0) == 0.0
         started = time.monotonic()
@@ -639,3 +640,26 @@ def test_an_entry_whose_record_lists_other_files_or_garbage_is_refused_not_a_cra
     assert bound_meta(files, "k" * 64) == f"its files are not the ones {META} lists"
     files[META] = json.dumps({"key": "k" * 64, "files": ["add.json"]}).encode()
     assert isinstance(bound_meta(files, "k" * 64), dict)  # the same entry, its list right: accepted
+
+
+def test_the_roots_settings_read_without_settings_are_settings_own_and_a_bad_one_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Triton hit reads its roots' settings from the environment without `Settings` (whose dataclass
+    costs about 3 ms of import): the same values as `Settings.from_env()`, and a bad value of one it
+    reads, or of a process-wide one, fails the manager's open with the variable's name, as there."""
+    from kcache.config import Settings
+    from kcache.triton.roots import RootSettings
+
+    monkeypatch.setenv("KCACHE_DIR", str(tmp_path / "root"))
+    for name, value in (("KCACHE_LOCK_TIMEOUT", "15min"), ("KCACHE_READONLY", "yes"),
+                        ("KCACHE_ON_UNWRITABLE", "readonly"), ("KCACHE_REMOTE_LEASE", "45s"),
+                        ("KCACHE_REMOTE", "redis://localhost:6379/0")):
+        monkeypatch.setenv(name, value)
+    read = RootSettings.from_env()
+    assert read == RootSettings.of(Settings.from_env())
+    assert read == (tmp_path / "root", "readonly", True, 900.0, "redis://localhost:6379/0", 45.0)
+    for name, value in (("KCACHE_LOCK_TIMEOUT", "soon"), ("KCACHE_UMASK", "999"), ("KCACHE_REMOTE", "ftp://x")):
+        with monkeypatch.context() as bad:
+            bad.setenv(name, value)
+            with pytest.raises(ValueError, match=name):
+                RootSettings.from_env()

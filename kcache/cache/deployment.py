@@ -22,8 +22,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from kcache.config import JIT_GUARD_MODES, jit_guard_setting
 from kcache.errors import KCacheError
+from kcache.setting_values import JIT_GUARD_MODES, jit_guard_setting
 from kcache.store import owned_files
 
 log = logging.getLogger("kcache")

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
-from kcache.config import Settings, jit_guard_setting, remote_urls, warn_unknown_settings
+from kcache.config import Settings, warn_unknown_settings
 from kcache.errors import KCacheError, TileLangMissing, UnwritableCache
 from kcache.keys import ENTRY_FORMAT, canonical_json
 from kcache.maintenance.gc_stamp import gc_is_due
 from kcache.maintenance.stats import CacheStats, stats_file
+from kcache.setting_values import jit_guard_setting, remote_urls
 from kcache.store import access
 from kcache.store.components import KERNELS
 from kcache.store.entries import EntryStore

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from kcache.compile.protocol import PROTOCOL_FDS_ENV
 from kcache.compile.workers.worker import PARENT_ENV
-from kcache.config import DROPIN_ENV
 from kcache.errors import CompilePoolError
+from kcache.setting_values import DROPIN_ENV
 
 
 def start_interpreter(module: str, protocol: tuple[int, int], log: int, env: dict[str, str],

@@ -13,8 +13,8 @@ from typing import Any
 from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
-from kcache.config import _parse_flag
 from kcache.dropin import autotuner_results, routing, state
+from kcache.setting_values import _parse_flag
 from kcache.tilelang.installed import require_tilelang
 
 log = logging.getLogger("kcache")

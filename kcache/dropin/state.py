@@ -7,7 +7,7 @@ from typing import Any
 
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
-from kcache.config import DROPIN_ENV
+from kcache.setting_values import DROPIN_ENV
 
 ENV = DROPIN_ENV
 

@@ -29,16 +29,9 @@ from triton.runtime.cache import FileCacheManager
 from kcache.errors import CacheLockTimeout
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import is_entry_file_name
+from kcache.triton.roots import TritonRoots, roots
 from kcache.triton.runnable import runnable_path
-from kcache.triton.store import (
-    GroupStore,
-    PrivateDirectory,
-    TritonRoots,
-    entry_key,
-    kernel_name,
-    private_directory,
-    roots,
-)
+from kcache.triton.store import GroupStore, PrivateDirectory, entry_key, kernel_name, private_directory
 
 log = logging.getLogger("kcache")
 

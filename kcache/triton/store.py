@@ -19,24 +19,21 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from kcache.config import Settings, remote_urls
 from kcache.errors import CacheLockTimeout, CorruptEntry, UntrustedEntry
-from kcache.store import access, dirfd, layout
+from kcache.store import dirfd, layout
 from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.fsutil import make_dirs_at
 from kcache.store.last_use import note_use
 from kcache.store.locks import KeyLock
 from kcache.store.manifest import MANIFEST_NAME
+from kcache.triton.roots import META, NAMESPACE, TritonRoots
 
 log = logging.getLogger("kcache")
 
-NAMESPACE = layout.TRITON  # <root>/triton: the entries, their .staging and .locks
-META = "kcache-triton.json"
 KERNEL_SUFFIX = " (Triton)"  # a Triton kernel's name, among TileLang's: `add_kernel (Triton)`
 MAX_FILE_BYTES = 1 << 30
 
@@ -50,52 +47,6 @@ def entry_key(triton_key: str, lone_file: str | None = None) -> str:
     except (binascii.Error, ValueError):
         key = hashlib.sha256(triton_key.encode()).hexdigest()
     return key if lone_file is None else hashlib.sha256(f"{key}/{lone_file}".encode()).hexdigest()
-
-
-class TritonRoots(NamedTuple):
-    """Where Triton's entries are written (None: nowhere) and read, in order (access.plan's answer).
-    (A NamedTuple: a dataclass costs about 1 ms at import, on a fresh process's first Triton hit.)"""
-
-    write: Path | None
-    reads: tuple[Path, ...]
-    lock_timeout_s: float
-    remote: Any = None  # RemoteTiers of KCACHE_REMOTE (Redis, S3), or None
-    lease_s: float = 30.0
-
-
-_roots: dict[Path, TritonRoots] = {}
-_roots_lock = threading.Lock()
-
-
-def roots(settings: Settings | None = None) -> TritonRoots:
-    """The roots of this process's settings, decided once per root (a foreign-owned root: its hits are
-    read, new groups go to the per-user fallback, with one warning; KCACHE_READONLY: nothing written)."""
-    settings = settings or Settings.from_env()
-    with _roots_lock:
-        found = _roots.get(settings.root)
-        if found is None:
-            try:
-                plan = access.plan(settings.root, settings.on_unwritable, settings.readonly)
-                found = TritonRoots(plan.write_root, plan.read_roots, settings.lock_timeout_s,
-                                    _remote(settings) if plan.write_root is not None else None,
-                                    settings.remote_lease_s)
-            except OSError as err:
-                log.warning("kcache: cannot use the cache root %s for Triton (%s): Triton's kernels are compiled "
-                            "without saving them. Set KCACHE_DIR to a usable directory.", settings.root, err)
-                found = TritonRoots(None, (), settings.lock_timeout_s)
-            _roots[settings.root] = found
-        return found
-
-
-def _remote(settings: Settings) -> Any:
-    """The remote tiers of KCACHE_REMOTE for Triton's entries. Their namespace needs no toolchain
-    fingerprint: Triton's key holds its version and the hash of its compiler's sources."""
-    urls = remote_urls(settings.remote_url)
-    if not urls:
-        return None
-    from kcache.tiers.remote_chain import open_remote_tiers
-
-    return open_remote_tiers(urls, f"{NAMESPACE}:v1", frozenset({META}), settings, exact=False, bound_meta=META)
 
 
 def kernel_name(group: str) -> str:

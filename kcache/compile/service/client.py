@@ -33,8 +33,8 @@ from kcache.compile.service import address
 from kcache.compile.service.connection import START_TIMEOUT_S, connect, connect_or_start, request
 from kcache.compile.workers.worker import current_umask
 from kcache.compile.workers.worker_process import answer_call
-from kcache.config import caller_fork_setting
 from kcache.errors import CompileAborted
+from kcache.setting_values import caller_fork_setting
 
 log = logging.getLogger("kcache")
 

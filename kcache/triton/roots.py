@@ -1,0 +1,99 @@
+"""Where Triton's entries go: the roots of this process's settings, decided once per root.
+
+Read from the environment without `kcache.config.Settings` (`RootSettings.from_env`): that frozen
+dataclass costs about 3 ms of import, on a fresh process's first Triton hit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from kcache import setting_values as values
+from kcache.store import access, layout
+
+if TYPE_CHECKING:
+    from kcache.config import Settings
+
+log = logging.getLogger("kcache")
+
+NAMESPACE = layout.TRITON  # <root>/triton: the entries, their .staging and .locks
+META = "kcache-triton.json"
+
+
+class TritonRoots(NamedTuple):
+    """Where Triton's entries are written (None: nowhere) and read, in order (access.plan's answer).
+    (A NamedTuple: a dataclass costs about 1 ms at import, on a fresh process's first Triton hit.)"""
+
+    write: Path | None
+    reads: tuple[Path, ...]
+    lock_timeout_s: float
+    remote: Any = None  # RemoteTiers of KCACHE_REMOTE (Redis, S3), or None
+    lease_s: float = 30.0
+
+
+_roots: dict[Path, TritonRoots] = {}
+_roots_lock = threading.Lock()
+
+
+class RootSettings(NamedTuple):
+    """The settings that decide Triton's roots: those of a `Settings`, or read from the environment
+    without one (`from_env`)."""
+
+    root: Path
+    on_unwritable: str
+    readonly: bool
+    lock_timeout_s: float
+    remote_url: str | None
+    remote_lease_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> RootSettings:
+        return cls(settings.root, settings.on_unwritable, settings.readonly, settings.lock_timeout_s,
+                   settings.remote_url, settings.remote_lease_s)
+
+    @classmethod
+    def from_env(cls) -> RootSettings:
+        """As `Settings.from_env()` reads them, the process-wide settings checked as there too."""
+        remote_url = os.environ.get("KCACHE_REMOTE") or None
+        values.check_process_settings(remote_url)
+        return cls(values.default_root(), values._env_choice("KCACHE_ON_UNWRITABLE", values.UNWRITABLE_POLICIES),
+                   values._env_parsed("KCACHE_READONLY", values._parse_flag, False),
+                   values._env_seconds("KCACHE_LOCK_TIMEOUT", values.DEFAULT_LOCK_TIMEOUT_S), remote_url,
+                   values._env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0)
+
+
+def roots(settings: Settings | None = None) -> TritonRoots:
+    """The roots of this process's settings, decided once per root (a foreign-owned root: its hits are
+    read, new groups go to the per-user fallback, with one warning; KCACHE_READONLY: nothing written)."""
+    chosen = RootSettings.from_env() if settings is None else RootSettings.of(settings)
+    with _roots_lock:
+        found = _roots.get(chosen.root)
+        if found is None:
+            try:
+                plan = access.plan(chosen.root, chosen.on_unwritable, chosen.readonly)
+                found = TritonRoots(plan.write_root, plan.read_roots, chosen.lock_timeout_s,
+                                    _remote(chosen.remote_url, settings) if plan.write_root is not None else None,
+                                    chosen.remote_lease_s)
+            except OSError as err:
+                log.warning("kcache: cannot use the cache root %s for Triton (%s): Triton's kernels are compiled "
+                            "without saving them. Set KCACHE_DIR to a usable directory.", chosen.root, err)
+                found = TritonRoots(None, (), chosen.lock_timeout_s)
+            _roots[chosen.root] = found
+        return found
+
+
+def _remote(remote_url: str | None, settings: Settings | None) -> Any:
+    """The remote tiers of KCACHE_REMOTE for Triton's entries. Their namespace needs no toolchain
+    fingerprint: Triton's key holds its version and the hash of its compiler's sources."""
+    urls = values.remote_urls(remote_url)
+    if not urls:
+        return None
+    from kcache.config import Settings  # the tiers' secret and limits: only where a remote tier is set
+    from kcache.tiers.remote_chain import open_remote_tiers
+
+    return open_remote_tiers(urls, f"{NAMESPACE}:v1", frozenset({META}), settings or Settings.from_env(),
+                             exact=False, bound_meta=META)
