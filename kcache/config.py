@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kcache.setting_values import (  # Settings' defaults and readers; the rest of the names are kcache's API here too
+from kcache.setting_values import (  # Settings' defaults and the readers of its fields
     DEFAULT_COMPILE_TIMEOUT_S,
     DEFAULT_GC_INTERVAL_S,
     DEFAULT_LOCK_TIMEOUT_S,
@@ -18,15 +18,15 @@ from kcache.setting_values import (  # Settings' defaults and readers; the rest 
     DEFAULT_TUNE_WAIT_S,
     ISOLATION_MODES,
     UNWRITABLE_POLICIES,
-    _env_choice,
-    _env_count,
-    _env_parsed,
-    _env_seconds,
-    _parse_flag,
     check_process_settings,
     compile_memory_budget,
     default_root,
+    env_choice,
+    env_count,
+    env_parsed,
+    env_seconds,
     parse_age,
+    parse_flag,
     parse_size,
 )
 
@@ -100,24 +100,24 @@ class Settings:
     def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
         return cls(
             root=Path(root).expanduser() if root is not None else default_root(),
-            lock_timeout_s=_env_seconds("KCACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S),
-            tune_wait_s=_env_seconds("KCACHE_TUNE_WAIT", DEFAULT_TUNE_WAIT_S),
-            staging_ttl_s=_env_seconds("KCACHE_STAGING_TTL", DEFAULT_STAGING_TTL_S),
-            gc_interval_s=_env_seconds("KCACHE_GC_INTERVAL", DEFAULT_GC_INTERVAL_S),
-            compile_isolation=_env_choice("KCACHE_COMPILE_ISOLATION", ISOLATION_MODES),
-            compile_workers=_env_count("KCACHE_COMPILE_WORKERS"),
-            compile_timeout_s=_env_seconds("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S) or None,
-            server_idle_s=_env_seconds("KCACHE_SERVER_IDLE", 600.0) or 600.0,
+            lock_timeout_s=env_seconds("KCACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S),
+            tune_wait_s=env_seconds("KCACHE_TUNE_WAIT", DEFAULT_TUNE_WAIT_S),
+            staging_ttl_s=env_seconds("KCACHE_STAGING_TTL", DEFAULT_STAGING_TTL_S),
+            gc_interval_s=env_seconds("KCACHE_GC_INTERVAL", DEFAULT_GC_INTERVAL_S),
+            compile_isolation=env_choice("KCACHE_COMPILE_ISOLATION", ISOLATION_MODES),
+            compile_workers=env_count("KCACHE_COMPILE_WORKERS"),
+            compile_timeout_s=env_seconds("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S) or None,
+            server_idle_s=env_seconds("KCACHE_SERVER_IDLE", 600.0) or 600.0,
             compile_memory_bytes=compile_memory_budget(),
-            max_size_bytes=_env_parsed("KCACHE_MAX_SIZE", parse_size, DEFAULT_MAX_SIZE),
-            max_age_s=_env_parsed("KCACHE_MAX_AGE", parse_age, None),
+            max_size_bytes=env_parsed("KCACHE_MAX_SIZE", parse_size, DEFAULT_MAX_SIZE),
+            max_age_s=env_parsed("KCACHE_MAX_AGE", parse_age, None),
             remote_url=os.environ.get("KCACHE_REMOTE") or None,
             remote_secret=os.environ.get("KCACHE_REMOTE_SECRET") or None,
-            remote_ttl_s=_env_parsed("KCACHE_REMOTE_TTL", parse_age, None),
-            remote_max_entry_bytes=_env_parsed("KCACHE_REMOTE_MAX_ENTRY", parse_size, 64 << 20) or (64 << 20),
-            remote_lease_s=_env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0,
-            readonly=_env_parsed("KCACHE_READONLY", _parse_flag, False),
-            on_unwritable=_env_choice("KCACHE_ON_UNWRITABLE", UNWRITABLE_POLICIES),
+            remote_ttl_s=env_parsed("KCACHE_REMOTE_TTL", parse_age, None),
+            remote_max_entry_bytes=env_parsed("KCACHE_REMOTE_MAX_ENTRY", parse_size, 64 << 20) or (64 << 20),
+            remote_lease_s=env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0,
+            readonly=env_parsed("KCACHE_READONLY", parse_flag, False),
+            on_unwritable=env_choice("KCACHE_ON_UNWRITABLE", UNWRITABLE_POLICIES),
         )._checked()
 
     def _checked(self) -> Settings:

@@ -60,15 +60,15 @@ def _parse_count(text: str) -> int:
     return value
 
 
-def _parse_flag(text: str) -> bool:
+def parse_flag(text: str) -> bool:
     value = text.strip().lower()
     if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         raise ValueError("not a flag (use 1 or 0)")
     return value in ("1", "true", "yes", "on")
 
 
-def _env_seconds(name: str, default: float) -> float:
-    seconds: float = _env_parsed(name, parse_duration, default)
+def env_seconds(name: str, default: float) -> float:
+    seconds: float = env_parsed(name, parse_duration, default)
     return seconds
 
 
@@ -89,13 +89,13 @@ def remote_urls(value: str | None) -> list[str]:
 def caller_fork_setting() -> bool:
     """KCACHE_CALLER_FORK (default on): while the compile service is not warm, a process that imported
     TileLang compiles in a fork of itself (kcache.compile.fork.caller_fork)."""
-    enabled: bool = _env_parsed("KCACHE_CALLER_FORK", _parse_flag, True)
+    enabled: bool = env_parsed("KCACHE_CALLER_FORK", parse_flag, True)
     return enabled
 
 
 def jit_guard_setting() -> str:
     """KCACHE_JIT_GUARD, checked: one of JIT_GUARD_MODES."""
-    return _env_choice("KCACHE_JIT_GUARD", JIT_GUARD_MODES)
+    return env_choice("KCACHE_JIT_GUARD", JIT_GUARD_MODES)
 
 
 def _number_and_unit(text: str, units: dict[str, int], what: str) -> float:
@@ -125,7 +125,7 @@ def parse_memory(text: str) -> int | None:
 def compile_memory_budget() -> int | None:
     """KCACHE_COMPILE_MEMORY, default half of this machine's memory: the compile service starts no
     more workers than fit (docs/operations.md)."""
-    budget: int | None = _env_parsed("KCACHE_COMPILE_MEMORY", parse_memory, int(_total_memory() * DEFAULT_COMPILE_MEMORY_SHARE))
+    budget: int | None = env_parsed("KCACHE_COMPILE_MEMORY", parse_memory, int(_total_memory() * DEFAULT_COMPILE_MEMORY_SHARE))
     return budget
 
 
@@ -140,7 +140,7 @@ def parse_age(text: str) -> float | None:
     return parse_duration(text)
 
 
-def _env_parsed(name: str, parse: Any, default: Any) -> Any:
+def env_parsed(name: str, parse: Any, default: Any) -> Any:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -150,7 +150,7 @@ def _env_parsed(name: str, parse: Any, default: Any) -> Any:
         raise ValueError(f"{name}={raw!r}: {err}") from None
 
 
-def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+def env_choice(name: str, choices: tuple[str, ...]) -> str:
     raw = os.environ.get(name, "").strip().lower()
     if not raw:
         return choices[0]
@@ -159,8 +159,8 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-def _env_count(name: str) -> int | None:
-    count: int | None = _env_parsed(name, _parse_count, None)
+def env_count(name: str) -> int | None:
+    count: int | None = env_parsed(name, _parse_count, None)
     return count
 
 

@@ -14,7 +14,7 @@ from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
 from kcache.dropin import autotuner_results, routing, state
-from kcache.setting_values import _parse_flag
+from kcache.setting_values import parse_flag
 from kcache.tilelang.installed import require_tilelang
 
 log = logging.getLogger("kcache")
@@ -84,7 +84,7 @@ def install_from_environment() -> None:
     (a process that never imports TileLang, such as the `kcache` CLI, never pays for it)."""
     raw = os.environ.get(state.ENV, "").strip()
     try:
-        wanted = bool(raw) and _parse_flag(raw)
+        wanted = bool(raw) and parse_flag(raw)
     except ValueError as err:
         raise ValueError(f"{state.ENV}={raw!r}: {err}") from None
     if not wanted:

@@ -60,10 +60,10 @@ class RootSettings(NamedTuple):
         """As `Settings.from_env()` reads them, the process-wide settings checked as there too."""
         remote_url = os.environ.get("KCACHE_REMOTE") or None
         values.check_process_settings(remote_url)
-        return cls(values.default_root(), values._env_choice("KCACHE_ON_UNWRITABLE", values.UNWRITABLE_POLICIES),
-                   values._env_parsed("KCACHE_READONLY", values._parse_flag, False),
-                   values._env_seconds("KCACHE_LOCK_TIMEOUT", values.DEFAULT_LOCK_TIMEOUT_S), remote_url,
-                   values._env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0)
+        return cls(values.default_root(), values.env_choice("KCACHE_ON_UNWRITABLE", values.UNWRITABLE_POLICIES),
+                   values.env_parsed("KCACHE_READONLY", values.parse_flag, False),
+                   values.env_seconds("KCACHE_LOCK_TIMEOUT", values.DEFAULT_LOCK_TIMEOUT_S), remote_url,
+                   values.env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0)
 
 
 def roots(settings: Settings | None = None) -> TritonRoots:

@@ -17,12 +17,13 @@ returns, so nothing the child inherited (the key lock's descriptor, say) outlive
 When (`unsafe_reason`), else the job goes to the service:
 - the job's modules (the pool's preload: TileLang) are imported here, or the fork saves nothing
   (nor with no preload at all);
-- no Python thread runs but the caller's, the service client's own (its reader and its starter)
-  and the cache's warm-up of the service (`KernelCache.warm_compiles`: it reaches the service as the
+- no Python thread runs but the caller's, the service client's own (its reader and its starter) and
+  the cache's warm-up of the service (`KernelCache.warm_compiles`: it reaches the service as the
   starter does, sends to it, and waits for its job's future), none of which holds a lock a job
-  takes: a lock another thread holds at the fork stays locked in the child forever. Native threads are not copied and hold nothing the compile takes: the job touches
-  neither CUDA (the tvm_ffi backend, kcache's only one, loads nothing at compile time) nor BLAS,
-  whose library (OpenBLAS) shuts its threads down around a fork itself;
+  takes: a lock another thread holds at the fork stays locked in the child forever. Native threads
+  are not copied and hold nothing the compile takes: the job touches neither CUDA (the tvm_ffi
+  backend, kcache's only one, loads nothing at compile time) nor BLAS, whose library (OpenBLAS)
+  shuts its threads down around a fork itself;
 - `KCACHE_CALLER_FORK` is not 0;
 - a compile slot is free (`compile_slots`): the machine-wide bound holds for these compiles too.
 """
