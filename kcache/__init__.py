@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from kcache.cache.deployment import UnexpectedCompile, guard, record
     from kcache.cache.kernel_cache import KernelCache
     from kcache.compile.pool.process_pool import CompilePool, Job, JobResult
-    from kcache.config import Settings, default_root
+    from kcache.config import Settings
     from kcache.dropin import install, is_installed, uninstall
+    from kcache.setting_values import default_root
     from kcache.tools.bundle import export_bundle, import_bundle
     from kcache.tools.bundle_entries import BundleError
     from kcache.tools.doctor import doctor
@@ -54,7 +55,7 @@ _PUBLIC = {
     "default_cache": "kcache.cache.default",
     "get_or_compile": "kcache.cache.default",
     "Settings": "kcache.config",
-    "default_root": "kcache.config",
+    "default_root": "kcache.setting_values",
     "CompilePool": "kcache.compile.pool.process_pool",
     "Job": "kcache.compile.pool.process_pool",
     "JobResult": "kcache.compile.pool.process_pool",

@@ -228,7 +228,7 @@ def test_a_compile_that_crashes_or_hangs_raises_and_the_next_call_works(
 
 
 def test_the_compile_memory_budget_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kcache.config import compile_memory_budget
+    from kcache.setting_values import compile_memory_budget
 
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     monkeypatch.delenv("KCACHE_COMPILE_MEMORY", raising=False)

@@ -358,7 +358,7 @@ def test_the_default_root_is_where_platformdirs_puts_the_users_cache(xdg: str | 
     same directory platformdirs names, whatever XDG_CACHE_HOME holds."""
     import platformdirs
 
-    from kcache.config import default_root
+    from kcache.setting_values import default_root
     from kcache.store.user_dirs import user_cache_dir
 
     monkeypatch.delenv("KCACHE_DIR", raising=False)

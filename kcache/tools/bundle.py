@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kcache.config import default_root
+from kcache.setting_values import default_root
 from kcache.store.access import create_root
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore, PublishOutcome

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kcache.config import default_root
 from kcache.errors import CorruptEntry
+from kcache.setting_values import default_root
 from kcache.store import sharing
 from kcache.store.components import COMPONENTS, KERNELS, META
 from kcache.store.entries import EntryStore

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kcache.config import Settings, parse_age, parse_size, warn_unknown_settings
+from kcache.config import Settings, warn_unknown_settings
 from kcache.errors import CorruptEntry, KCacheError
 from kcache.maintenance.eviction import evict, evict_entry, scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
+from kcache.setting_values import parse_age, parse_size
 from kcache.store import layout
 from kcache.store.components import META
 from kcache.store.elf import require_loadable

@@ -11,13 +11,12 @@ from pathlib import Path
 from kcache.config import (
     SETTING_NAMES,
     Settings,
-    default_root,
     describe_unknown_settings,
     unknown_settings,
 )
 from kcache.maintenance.eviction import scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
-from kcache.setting_values import remote_urls
+from kcache.setting_values import default_root, remote_urls
 from kcache.store import access, exec_copy, layout, sharing
 from kcache.store.components import KERNELS
 from kcache.store.trust import untrusted_reason

@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     identity = os.stat(path)
 
     from kcache.compile.compile_slots import CompileSlots
-    from kcache.config import compile_memory_budget
+    from kcache.setting_values import compile_memory_budget
 
     server = Server(listener, pool, args.idle, compile_memory_budget(), CompileSlots(args.name, args.workers))
     threading.Thread(target=server.warm_up, daemon=True).start()  # overlaps the first client's imports
