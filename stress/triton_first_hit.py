@@ -1,0 +1,81 @@
+"""What kcache adds to a fresh process's first Triton hit, timed inside the process: a diagnostic
+beside `python -m stress.bench --only triton` (whose p50s spread over tens of milliseconds), not a goal.
+
+    python -m stress.triton_first_hit [--repeats 5] [--kernel matmul]
+
+One fresh process compiles the kernel into an empty root (the miss); then each of `--repeats` fresh
+processes imports Triton, then `kcache.triton.manager` (timed), and compiles the kernel again with
+its managers' construction and `get_group` calls timed. Prints the medians in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def child(kernel: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from stress.triton_program import KERNELS
+
+    started = time.perf_counter()
+    import kcache.triton.manager as manager
+
+    timings: dict[str, Any] = {"import_ms": (time.perf_counter() - started) * 1000, "init_ms": [], "get_group_ms": []}
+
+    def timed(name: str, original: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            begun = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timings[name].append((time.perf_counter() - begun) * 1000)
+        return wrapper
+
+    manager.CacheManager.__init__ = timed("init_ms", manager.CacheManager.__init__)
+    manager.CacheManager.get_group = timed("get_group_ms", manager.CacheManager.get_group)
+    fn, signature, constants = KERNELS[kernel]
+    begun = time.perf_counter()
+    triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    timings["compile_ms"] = (time.perf_counter() - begun) * 1000
+    print("result " + json.dumps(timings), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stress.triton_first_hit")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--kernel", default="matmul")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child)
+        return
+    with tempfile.TemporaryDirectory(prefix="kcache-triton-first-") as root:
+        env = {**os.environ, "TRITON_CACHE_MANAGER": "kcache.triton:CacheManager", "KCACHE_DIR": root}
+        runs = []
+        for _ in range(args.repeats + 1):  # the first one compiles: the miss
+            done = subprocess.run([sys.executable, "-m", "stress.triton_first_hit", "--child", args.kernel],
+                                  env=env, capture_output=True, text=True, timeout=600)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+            if done.returncode != 0 or not lines:
+                raise SystemExit(f"stress.triton_first_hit: a process failed: {done.stderr[-2000:]}")
+            runs.append(json.loads(lines[-1][len("result "):]))
+    hits = runs[1:]
+    for what in ("import_ms", "init_ms", "get_group_ms", "compile_ms"):
+        values = [sum(run[what]) if isinstance(run[what], list) else run[what] for run in hits]
+        print(f"{what[:-3]:<10} median {statistics.median(values):8.2f} ms  "
+              f"(range {min(values):.2f}-{max(values):.2f}, {len(values)} fresh processes)")
+
+
+if __name__ == "__main__":
+    main()
