@@ -1,6 +1,6 @@
 """The values of the KCACHE_* variables: their defaults, their syntax (sizes, durations, flags), and
 readers of single settings. Apart from `kcache.config`'s `Settings`, whose frozen dataclass costs
-about 3 ms of import: a fresh process's Triton hit (`kcache.triton.store.roots`) reads its few
+about 3 ms of import: a fresh process's Triton hit (`kcache.triton.roots`) reads its few
 settings here."""
 
 from __future__ import annotations
