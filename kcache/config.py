@@ -14,10 +14,10 @@ from kcache.setting_values import (  # Settings' defaults and the readers of its
     DEFAULT_GC_INTERVAL_S,
     DEFAULT_LOCK_TIMEOUT_S,
     DEFAULT_MAX_SIZE,
+    DEFAULT_REMOTE_LEASE_S,
     DEFAULT_STAGING_TTL_S,
     DEFAULT_TUNE_WAIT_S,
     ISOLATION_MODES,
-    UNWRITABLE_POLICIES,
     check_process_settings,
     compile_memory_budget,
     default_root,
@@ -25,9 +25,13 @@ from kcache.setting_values import (  # Settings' defaults and the readers of its
     env_count,
     env_parsed,
     env_seconds,
+    lock_timeout_setting,
+    on_unwritable_setting,
     parse_age,
-    parse_flag,
     parse_size,
+    readonly_setting,
+    remote_lease_setting,
+    remote_url_setting,
 )
 
 log = logging.getLogger("kcache")
@@ -89,7 +93,7 @@ class Settings:
     # Entries bigger than this are not uploaded.
     remote_max_entry_bytes: int = 64 << 20
     # A node's compile lease lapses this long after its holder stops renewing it (dies).
-    remote_lease_s: float = 30.0
+    remote_lease_s: float = DEFAULT_REMOTE_LEASE_S
     # Serve hits only; compile misses privately; write nothing under the root.
     readonly: bool = False
     # What a cache whose root this process cannot write does: "fallback" (read it, write a per-user
@@ -100,7 +104,7 @@ class Settings:
     def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
         return cls(
             root=Path(root).expanduser() if root is not None else default_root(),
-            lock_timeout_s=env_seconds("KCACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S),
+            lock_timeout_s=lock_timeout_setting(),
             tune_wait_s=env_seconds("KCACHE_TUNE_WAIT", DEFAULT_TUNE_WAIT_S),
             staging_ttl_s=env_seconds("KCACHE_STAGING_TTL", DEFAULT_STAGING_TTL_S),
             gc_interval_s=env_seconds("KCACHE_GC_INTERVAL", DEFAULT_GC_INTERVAL_S),
@@ -111,13 +115,13 @@ class Settings:
             compile_memory_bytes=compile_memory_budget(),
             max_size_bytes=env_parsed("KCACHE_MAX_SIZE", parse_size, DEFAULT_MAX_SIZE),
             max_age_s=env_parsed("KCACHE_MAX_AGE", parse_age, None),
-            remote_url=os.environ.get("KCACHE_REMOTE") or None,
+            remote_url=remote_url_setting(),
             remote_secret=os.environ.get("KCACHE_REMOTE_SECRET") or None,
             remote_ttl_s=env_parsed("KCACHE_REMOTE_TTL", parse_age, None),
             remote_max_entry_bytes=env_parsed("KCACHE_REMOTE_MAX_ENTRY", parse_size, 64 << 20) or (64 << 20),
-            remote_lease_s=env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0,
-            readonly=env_parsed("KCACHE_READONLY", parse_flag, False),
-            on_unwritable=env_choice("KCACHE_ON_UNWRITABLE", UNWRITABLE_POLICIES),
+            remote_lease_s=remote_lease_setting(),
+            readonly=readonly_setting(),
+            on_unwritable=on_unwritable_setting(),
         )._checked()
 
     def _checked(self) -> Settings:

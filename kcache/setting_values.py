@@ -25,6 +25,7 @@ DROPIN_ENV = "KCACHE_TILELANG"  # `import kcache` installs the drop-in into Tile
 JIT_GUARD_MODES = ("off", "warn", "error")  # KCACHE_JIT_GUARD (kcache.cache.deployment); off by default
 UNWRITABLE_POLICIES = ("fallback", "readonly", "error")
 DEFAULT_MAX_SIZE = 10 << 30
+DEFAULT_REMOTE_LEASE_S = 30.0
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
                "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
 _EXAMPLES = {"size": "10G, 512MiB, 1.5GB, 0 for no limit", "duration": "30d, 12h, 15min, 90s, 1w, 3600"}
@@ -162,6 +163,30 @@ def env_choice(name: str, choices: tuple[str, ...]) -> str:
 def env_count(name: str) -> int | None:
     count: int | None = env_parsed(name, _parse_count, None)
     return count
+
+
+# The settings that decide where entries go, read alike by `Settings.from_env` and by a Triton hit
+# (`kcache.triton.roots`), which reads them without `Settings`.
+
+def lock_timeout_setting() -> float:
+    return env_seconds("KCACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S)
+
+
+def remote_url_setting() -> str | None:
+    return os.environ.get("KCACHE_REMOTE") or None
+
+
+def remote_lease_setting() -> float:
+    return env_seconds("KCACHE_REMOTE_LEASE", DEFAULT_REMOTE_LEASE_S) or DEFAULT_REMOTE_LEASE_S
+
+
+def readonly_setting() -> bool:
+    readonly: bool = env_parsed("KCACHE_READONLY", parse_flag, False)
+    return readonly
+
+
+def on_unwritable_setting() -> str:
+    return env_choice("KCACHE_ON_UNWRITABLE", UNWRITABLE_POLICIES)
 
 
 def check_process_settings(remote_url: str | None) -> None:

@@ -122,12 +122,14 @@ def plain_outputs(corpus: dict, tmp_path_factory: pytest.TempPathFactory) -> dic
         if not wanted:
             break
         names = ",".join(sorted(wanted))
-        runs = {work / f"plain-{attempt}.jsonl": subprocess.Popen(
-                    [sys.executable, str(DRIVER), "tilelang", str(work / f"root-{attempt}"), str(work / f"plain-{attempt}.jsonl"),
-                     corpus["arch"], names], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                    env={**os.environ, **HASH_SEED, "KCACHE_CORPUS_REPEATS": str(PLAIN_REPEATS)})
-                for attempt in range(first, min(first + at_once, PLAIN_RETRIES))}
+        runs: dict[Path, subprocess.Popen[str]] = {}
         try:
+            for attempt in range(first, min(first + at_once, PLAIN_RETRIES)):
+                out = work / f"plain-{attempt}.jsonl"
+                runs[out] = subprocess.Popen(
+                    [sys.executable, str(DRIVER), "tilelang", str(work / f"root-{attempt}"), str(out), corpus["arch"],
+                     names], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                    env={**os.environ, **HASH_SEED, "KCACHE_CORPUS_REPEATS": str(PLAIN_REPEATS)})
             for out, process in runs.items():
                 _, stderr = process.communicate(timeout=1800)
                 assert process.returncode == 0, stderr[-3000:]

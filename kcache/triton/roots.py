@@ -7,7 +7,6 @@ dataclass costs about 3 ms of import, on a fresh process's first Triton hit.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -32,7 +31,7 @@ class TritonRoots(NamedTuple):
     reads: tuple[Path, ...]
     lock_timeout_s: float
     remote: Any = None  # RemoteTiers of KCACHE_REMOTE (Redis, S3), or None
-    lease_s: float = 30.0
+    lease_s: float = values.DEFAULT_REMOTE_LEASE_S
 
 
 _roots: dict[Path, TritonRoots] = {}
@@ -58,12 +57,10 @@ class RootSettings(NamedTuple):
     @classmethod
     def from_env(cls) -> RootSettings:
         """As `Settings.from_env()` reads them, the process-wide settings checked as there too."""
-        remote_url = os.environ.get("KCACHE_REMOTE") or None
+        remote_url = values.remote_url_setting()
         values.check_process_settings(remote_url)
-        return cls(values.default_root(), values.env_choice("KCACHE_ON_UNWRITABLE", values.UNWRITABLE_POLICIES),
-                   values.env_parsed("KCACHE_READONLY", values.parse_flag, False),
-                   values.env_seconds("KCACHE_LOCK_TIMEOUT", values.DEFAULT_LOCK_TIMEOUT_S), remote_url,
-                   values.env_seconds("KCACHE_REMOTE_LEASE", 30.0) or 30.0)
+        return cls(values.default_root(), values.on_unwritable_setting(), values.readonly_setting(),
+                   values.lock_timeout_setting(), remote_url, values.remote_lease_setting())
 
 
 def roots(settings: Settings | None = None) -> TritonRoots:
