@@ -59,6 +59,7 @@ from typing import Any
 
 from kcache.tools.interruption import Interrupted, ignore_further_signals
 
+from .bench_cold import MODES as COLD_MODES
 from .bench_herd import bench_herd
 from .bench_needs import unavailable
 from .bench_rows import BACKENDS, format_value, get_seconds, percentile, row, run_workers
@@ -245,10 +246,13 @@ def memory_worker(work: Path, calls: int = 2000) -> None:
     print("result " + json.dumps(out), flush=True)
 
 
-def bench_cold_rows(repeats: int, env: dict[str, str], with_pool: bool = True) -> list[dict[str, Any]]:
+def bench_cold_rows(repeats: int, env: dict[str, str], with_pool: bool = True,
+                    only_modes: list[str] | None = None) -> list[dict[str, Any]]:
     from .bench_cold import KERNELS, MODES, measure, replacement_seconds
 
     modes = MODES if with_pool else tuple(mode for mode in MODES if mode != "pool")
+    if only_modes:  # TileLang's, and these: more rounds of the lanes in question within one call
+        modes = (MODES[0], *(mode for mode in modes[1:] if mode in only_modes))
     samples = measure(repeats, env, modes)
     replaced = replacement_seconds(repeats, env)
     rows = []
@@ -284,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-repeats", type=int, default=5, help="fresh processes per mode (cold scenario)")
     p.add_argument("--cold-without-pool", action="store_true",
                    help="leave out the per-process pool's mode, which no goal reads (cold scenario)")
+    p.add_argument("--cold-mode", action="append", choices=COLD_MODES[1:],
+                   help="run only TileLang's mode and this one (repeatable; cold scenario)")
     p.add_argument("--many-procs", type=int, default=8, help="processes (many scenario)")
     p.add_argument("--many-configs", type=int, default=16, help="configs each process compiles (many scenario)")
     p.add_argument("--warm-kernels", type=int, default=200, help="kernels on disk (warm scenario)")
@@ -309,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "remote": lambda: bench_remote(16, env),
         "cli": lambda: bench_cli(work, args.cli_entries, 5, env),
         "compile": lambda: bench_compile(args.sequential, args.parallel, args.compile_workers, env),
-        "cold": lambda: bench_cold_rows(args.cold_repeats, env, not args.cold_without_pool),
+        "cold": lambda: bench_cold_rows(args.cold_repeats, env, not args.cold_without_pool, args.cold_mode),
         "many": lambda: bench_many(args.many_procs, args.many_configs, env),
         "triton": lambda: bench_triton(work / "triton", args.repeats, args.procs, env),
         "warm": lambda: bench_warm(work / "warm", args.warm_kernels, args.warm_repeats, env),
