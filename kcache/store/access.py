@@ -22,7 +22,6 @@ import pwd
 import stat
 import threading
 from pathlib import Path
-from typing import NamedTuple
 
 from kcache.errors import UnwritableCache
 from kcache.store import dirfd, layout, sharing
@@ -42,12 +41,16 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-class RootPlan(NamedTuple):
-    """Where a cache writes (None: nowhere), and where it looks for hits, in order. (A NamedTuple: a
-    dataclass costs about 1 ms at import, on every fresh process's hit path.)"""
+class RootPlan:
+    """Where a cache writes (None: nowhere), and where it looks for hits, in order. (A class with
+    slots: a dataclass costs about 1 ms at import and a NamedTuple about 0.1 ms, on every fresh
+    process's hit path.)"""
 
-    write_root: Path | None
-    read_roots: tuple[Path, ...]
+    __slots__ = ("write_root", "read_roots")
+
+    def __init__(self, write_root: Path | None, read_roots: tuple[Path, ...]) -> None:
+        self.write_root = write_root
+        self.read_roots = read_roots
 
 
 def create_root(root: Path) -> None:

@@ -21,17 +21,18 @@ import sys
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triton.runtime.cache import CacheManager as TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
 from kcache.errors import CacheLockTimeout
-from kcache.store.locks import KeyLock
 from kcache.store.manifest import is_entry_file_name
 from kcache.triton.roots import TritonRoots, roots
-from kcache.triton.runnable import runnable_path
 from kcache.triton.store import GroupStore, PrivateDirectory, entry_key, kernel_name, private_directory
+
+if TYPE_CHECKING:
+    from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
 
@@ -81,7 +82,7 @@ class CacheManager(TritonCacheManager):
             lone = self._groups.find(self._groups.key, _group_of(filename), filename)
         if lone is None:  # another node's, from the remote tiers
             lone = self._groups.fetch(entry_key(self.key, filename), None, filename)
-        return None if lone is None else runnable_path(lone[filename])
+        return None if lone is None else _runnable_path(lone[filename])
 
     # ------------------------------------------------------------------ writes
 
@@ -94,10 +95,10 @@ class CacheManager(TritonCacheManager):
         if not self._in_group:
             published = self._groups.publish(entry_key(self.key, filename), None, {filename: payload})
             if published is not None:
-                return runnable_path(published / filename)
+                return _runnable_path(published / filename)
         path = self._held.write_private(filename, payload, self._groups.where)
         self._staged[filename] = path
-        return runnable_path(path) if not self._in_group else str(path)
+        return _runnable_path(path) if not self._in_group else str(path)
 
     def put_group(self, filename: str, group: dict[str, str]) -> str | None:
         if self._triton_own is not None:
@@ -210,6 +211,14 @@ def _recorder() -> Any:
     from kcache.cache import deployment
 
     return deployment.recorder()
+
+
+def _runnable_path(path: Path) -> str:
+    """kcache.triton.runnable's answer, loaded where a single file is asked for or put (Triton's
+    launcher and driver modules): a compile's hit loads neither it nor its noexec checks."""
+    from kcache.triton.runnable import runnable_path
+
+    return runnable_path(path)
 
 
 def _listed(roots: tuple[Path, ...]) -> str:

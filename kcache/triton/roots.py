@@ -1,7 +1,9 @@
 """Where Triton's entries go: the roots of this process's settings, decided once per root.
 
 Read from the environment without `kcache.config.Settings` (`RootSettings.from_env`): that frozen
-dataclass costs about 3 ms of import, on a fresh process's first Triton hit.
+dataclass costs about 3 ms of import, on a fresh process's first Triton hit. For the same reason the
+two records here are plain classes with slots: a NamedTuple's class is built by `exec` of generated
+source, about 0.1-0.25 ms each at import.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from kcache import setting_values as values
 from kcache.store import access, layout
@@ -23,31 +25,48 @@ NAMESPACE = layout.TRITON  # <root>/triton: the entries, their .staging and .loc
 META = "kcache-triton.json"
 
 
-class TritonRoots(NamedTuple):
-    """Where Triton's entries are written (None: nowhere) and read, in order (access.plan's answer).
-    (A NamedTuple: a dataclass costs about 1 ms at import, on a fresh process's first Triton hit.)"""
+class TritonRoots:
+    """Where Triton's entries are written (None: nowhere) and read, in order (access.plan's answer)."""
 
-    write: Path | None
-    reads: tuple[Path, ...]
-    lock_timeout_s: float
-    remote: Any = None  # RemoteTiers of KCACHE_REMOTE (Redis, S3), or None
-    lease_s: float = values.DEFAULT_REMOTE_LEASE_S
+    __slots__ = ("write", "reads", "lock_timeout_s", "remote", "lease_s")
+
+    def __init__(self, write: Path | None, reads: tuple[Path, ...], lock_timeout_s: float, remote: Any = None,
+                 lease_s: float = values.DEFAULT_REMOTE_LEASE_S) -> None:
+        self.write = write
+        self.reads = reads
+        self.lock_timeout_s = lock_timeout_s
+        self.remote = remote  # RemoteTiers of KCACHE_REMOTE (Redis, S3), or None
+        self.lease_s = lease_s
 
 
 _roots: dict[Path, TritonRoots] = {}
 _roots_lock = threading.Lock()
 
 
-class RootSettings(NamedTuple):
+class RootSettings:
     """The settings that decide Triton's roots: those of a `Settings`, or read from the environment
-    without one (`from_env`)."""
+    without one (`from_env`). Equal when every setting is."""
 
-    root: Path
-    on_unwritable: str
-    readonly: bool
-    lock_timeout_s: float
-    remote_url: str | None
-    remote_lease_s: float
+    __slots__ = ("root", "on_unwritable", "readonly", "lock_timeout_s", "remote_url", "remote_lease_s")
+
+    def __init__(self, root: Path, on_unwritable: str, readonly: bool, lock_timeout_s: float,
+                 remote_url: str | None, remote_lease_s: float) -> None:
+        self.root = root
+        self.on_unwritable = on_unwritable
+        self.readonly = readonly
+        self.lock_timeout_s = lock_timeout_s
+        self.remote_url = remote_url
+        self.remote_lease_s = remote_lease_s
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RootSettings and all(getattr(self, name) == getattr(other, name)
+                                                   for name in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, name) for name in self.__slots__))
+
+    def __repr__(self) -> str:
+        return "RootSettings(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__) + ")"
 
     @classmethod
     def of(cls, settings: Settings) -> RootSettings:

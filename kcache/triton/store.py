@@ -21,16 +21,18 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcache.errors import CacheLockTimeout, CorruptEntry, UntrustedEntry
 from kcache.store import dirfd, layout
 from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.fsutil import make_dirs_at
 from kcache.store.last_use import note_use
-from kcache.store.locks import KeyLock
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.triton.roots import META, NAMESPACE, TritonRoots
+
+if TYPE_CHECKING:
+    from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
 
@@ -160,6 +162,8 @@ class GroupStore:
     # ------------------------------------------------------------------ writes
 
     def lock(self, key: str) -> KeyLock:
+        from kcache.store.locks import KeyLock  # a miss's (or a corrupt entry's): a hit takes no lock
+
         assert self.where.write is not None
         return KeyLock(self.where.write / NAMESPACE / layout.LOCKS / f"{key}.lock", key)
 
