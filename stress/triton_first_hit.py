@@ -1,11 +1,15 @@
 """What kcache adds to a fresh process's first Triton hit, timed inside the process: a diagnostic
 beside `python -m stress.bench --only triton` (whose p50s spread over tens of milliseconds), not a goal.
 
-    python -m stress.triton_first_hit [--repeats 5] [--kernel matmul]
+    python -m stress.triton_first_hit [--repeats 5] [--kernel matmul] [--against DIR]
 
 One fresh process compiles the kernel into an empty root (the miss); then each of `--repeats` fresh
 processes imports Triton, then `kcache.triton.manager` (timed), and compiles the kernel again with
 its managers' construction and `get_group` calls timed. Prints the medians in milliseconds.
+
+`--against DIR`: DIR holds another version's `kcache` and `stress` (a checkout of an earlier commit,
+say): its processes and this tree's take turns on the same root, and the median of the turns'
+differences in the three steps' sum is printed too.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -55,27 +60,50 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stress.triton_first_hit")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--kernel", default="matmul")
+    parser.add_argument("--against", type=Path, help="another version's tree (kcache/ and stress/): taking turns")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(args.child)
         return
+    trees = {"this tree": Path(__file__).resolve().parent.parent}
+    if args.against is not None:
+        trees["--against"] = args.against.resolve()
     with tempfile.TemporaryDirectory(prefix="kcache-triton-first-") as root:
         env = {**os.environ, "TRITON_CACHE_MANAGER": "kcache.triton:CacheManager", "KCACHE_DIR": root}
-        runs = []
-        for _ in range(args.repeats + 1):  # the first one compiles: the miss
-            done = subprocess.run([sys.executable, "-m", "stress.triton_first_hit", "--child", args.kernel],
-                                  env=env, capture_output=True, text=True, timeout=600)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
-            if done.returncode != 0 or not lines:
-                raise SystemExit(f"stress.triton_first_hit: a process failed: {done.stderr[-2000:]}")
-            runs.append(json.loads(lines[-1][len("result "):]))
-    hits = runs[1:]
-    for what in ("import_ms", "init_ms", "get_group_ms", "compile_ms"):
-        values = [sum(run[what]) if isinstance(run[what], list) else run[what] for run in hits]
-        print(f"{what[:-3]:<10} median {statistics.median(values):8.2f} ms  "
-              f"(range {min(values):.2f}-{max(values):.2f}, {len(values)} fresh processes)")
+        _hit(trees["this tree"], args.kernel, env)  # the miss
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        for _ in range(args.repeats):  # taking turns: a drift of the machine weighs on both
+            for name, tree in trees.items():
+                runs[name].append(_hit(tree, args.kernel, env))
+    totals = {}
+    for name, hits in runs.items():
+        if len(trees) > 1:
+            print(f"{name} ({trees[name]}):")
+        for what in ("import_ms", "init_ms", "get_group_ms", "compile_ms"):
+            values = [_ms(run, what) for run in hits]
+            print(f"{what[:-3]:<10} median {statistics.median(values):8.2f} ms  "
+                  f"(range {min(values):.2f}-{max(values):.2f}, {len(values)} fresh processes)")
+        totals[name] = [sum(_ms(run, what) for what in ("import_ms", "init_ms", "get_group_ms")) for run in hits]
+    if len(trees) > 1:
+        paired = statistics.median(a - b for a, b in zip(totals["this tree"], totals["--against"]))
+        print(f"import + init + get_group, this tree minus --against: median of the turns' differences {paired:+.2f} ms")
 
+
+def _hit(tree: Path, kernel: str, env: dict[str, str]) -> dict[str, Any]:
+    """One fresh process of `tree`'s kcache (its directory first on sys.path, as `-m` puts it)."""
+    done = subprocess.run([sys.executable, "-m", "stress.triton_first_hit", "--child", kernel], cwd=str(tree),
+                          env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"stress.triton_first_hit: a process of {tree} failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[-1][len("result "):])
+    return result
+
+
+def _ms(run: dict[str, Any], what: str) -> float:
+    value = run[what]
+    return float(sum(value)) if isinstance(value, list) else float(value)
 
 if __name__ == "__main__":
     main()
