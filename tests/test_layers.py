@@ -205,7 +205,7 @@ def test_import_kcache_loads_the_facade_and_its_errors_only() -> None:
 # The miss path: loaded by the first miss, never by a hit.
 MISS_PATH = ("kcache.cache.single_flight", "kcache.cache.compiling", "kcache.compile", "kcache.tilelang.compiler",
              "kcache.tilelang.toolchain", "kcache.tiers.remote_chain", "kcache.tiers.redis_tier",
-             "kcache.tiers.s3_tier")
+             "kcache.tiers.s3_tier", "kcache.store.publish_batch")
 
 
 @pytest.mark.tilelang

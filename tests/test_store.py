@@ -11,11 +11,13 @@ import pytest
 
 from kcache.errors import CorruptEntry, PublishError
 from kcache.maintenance.gc import collect_garbage
-from kcache.store import entries
-from kcache.store.entries import BATCH_STEPS, PUBLISH_STEPS, EntryStore, PublishOutcome
+from kcache.store import publish_batch
+from kcache.store.entries import PUBLISH_STEPS, EntryStore, PublishOutcome
 from kcache.store.fsutil import fsync_tree_at, sha256_hex, sync_filesystem, write_durable
 from kcache.store.layout import StagingName
 from kcache.store.manifest import MANIFEST_NAME, build_manifest
+from kcache.store.publish_batch import BATCH_STEPS
+from kcache.store.publish_batch import publish_batch as batch_of
 
 from .faults import fill_filesystem, needs_root, readonly_bind, tmpfs
 from .helpers import expect_line, snapshot, spawn
@@ -209,7 +211,7 @@ def test_a_batch_publishes_every_entry_with_the_stores_own_manifest(cache_root: 
     store = make_store(cache_root)
     first = next(iter(BATCH))
     store.publish(first, filler(BATCH[first]))  # already there: the batch loses that race
-    with store.publish_batch() as batch:
+    with batch_of(store) as batch:
         for key, files in BATCH.items():
             batch.stage(key, {**files, MANIFEST_NAME: b"not copied"},
                         {name: sha256_hex(data) for name, data in files.items()})
@@ -239,10 +241,10 @@ def test_without_syncfs_a_batch_fsyncs_every_staged_entry(cache_root: Path, monk
         synced.append(name)
         fsync_tree_at(dir_fd, name)
 
-    monkeypatch.setattr(entries, "sync_filesystem", lambda fd: False)
-    monkeypatch.setattr(entries, "fsync_tree_at", record)
+    monkeypatch.setattr(publish_batch, "sync_filesystem", lambda fd: False)
+    monkeypatch.setattr(publish_batch, "fsync_tree_at", record)
     store = make_store(cache_root)
-    with store.publish_batch() as batch:
+    with batch_of(store) as batch:
         for key, files in BATCH.items():
             batch.stage(key, files)
         assert set(batch.publish().values()) == {PublishOutcome.PUBLISHED}
@@ -254,7 +256,7 @@ def test_a_batch_with_one_bad_entry_publishes_none_and_leaves_no_staging(cache_r
     store = make_store(cache_root)
     keys = list(BATCH)
     with pytest.raises(CorruptEntry, match="does not match its sha256") as caught:
-        with store.publish_batch() as batch:
+        with batch_of(store) as batch:
             for key in keys[:2]:
                 batch.stage(key, BATCH[key])
             wrong = {name: sha256_hex(data) for name, data in BATCH[keys[2]].items()}
@@ -267,7 +269,7 @@ def test_a_batch_with_one_bad_entry_publishes_none_and_leaves_no_staging(cache_r
 def test_a_batch_whose_failed_stage_was_caught_is_never_published(cache_root: Path) -> None:
     store = make_store(cache_root)
     keys = list(BATCH)
-    with store.publish_batch() as batch:
+    with batch_of(store) as batch:
         batch.stage(keys[0], BATCH[keys[0]])
         with pytest.raises(Exception, match="lacks required component"):
             batch.stage(keys[1], {"kernel.so": b"x"})
@@ -288,7 +290,7 @@ def test_a_crash_anywhere_before_the_renames_publishes_nothing(cache_root: Path,
 
     store.fault_hook = crash_at
     with pytest.raises(Crash):
-        with store.publish_batch() as batch:
+        with batch_of(store) as batch:
             for key, files in BATCH.items():
                 batch.stage(key, files)
             batch.publish()
@@ -300,13 +302,14 @@ BATCH_WRITER = """
 import os, sys
 from pathlib import Path
 from kcache.store.entries import EntryStore
+from kcache.store.publish_batch import publish_batch
 store = EntryStore(Path(os.environ["BATCH_ROOT"]), "kernels", frozenset({"kernel.so", "params.json"}))
 def stop(step):
     if step == "synced":
         print("synced", flush=True)
         sys.stdin.readline()
 store.fault_hook = stop
-with store.publish_batch() as batch:
+with publish_batch(store) as batch:
     for index in range(3):
         batch.stage(f"{index:02x}" * 32, {"kernel.so": os.urandom(2000), "params.json": b"{}"})
     batch.publish()
@@ -334,7 +337,7 @@ def test_a_link_swapped_in_during_a_batch_is_never_written_or_renamed_through(tm
     store = make_store(root)
     keys = list(BATCH)
     before = snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns
-    with store.publish_batch() as batch:
+    with batch_of(store) as batch:
         batch.stage(keys[0], BATCH[keys[0]])
         os.rename(root / swapped, root / f"{swapped}.moved")
         os.symlink(elsewhere, root / swapped)

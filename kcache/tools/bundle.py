@@ -21,7 +21,7 @@ small cap, the manifest and signature against theirs, an entry's file against th
 gives it, so memory stays bounded whatever the archive claims. Each entry is verified and staged in
 a worker thread (or a stager process) as soon as it is read, and only once the whole bundle is
 verified and staged are the entries renamed into place, in one batch of the store's protocol
-(`EntryStore.publish_batch`: one syncfs, then the renames), so a reader, a second importer or a
+(`publish_batch`: one syncfs, then the renames), so a reader, a second importer or a
 crash never sees half an entry, and a refused bundle leaves nothing. Unsigned bundles import only
 when asked (`allow_unsigned`), since whoever wrote one is trusted with code.
 
@@ -49,6 +49,7 @@ from kcache.setting_values import default_root
 from kcache.store.access import create_root
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore, PublishOutcome
+from kcache.store.publish_batch import publish_batch
 from kcache.tilelang.installed import require_tilelang
 from kcache.tools.bundle_coverage import bundle_keys, missing_coverage, read_key_list, read_key_records
 from kcache.tools.bundle_entries import TRITON, BundleError, EntryFate, EntryImport
@@ -113,7 +114,7 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     None: no check) is refused, naming the fields that differ.
 
     The file is opened once and read once: each entry, as soon as its files are read, is verified and
-    staged in a worker thread (`EntryStore.publish_batch`); the staged entries are renamed into place
+    staged in a worker thread (`publish_batch`); the staged entries are renamed into place
     only once the whole bundle is verified and staged, and are all removed when anything is refused
     (or the import is interrupted: under kcache.tools.interruption, a signal that arrives during the
     renames waits for the last one, and `Interrupted.done` then says what was imported).
@@ -154,11 +155,11 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         create_root(root)  # not the staging's mkdir: a root is private, and marked as kcache's
         store = EntryStore(root, KERNELS, COMPONENTS, bind_key=True)
         with contextlib.ExitStack() as batches:
-            batch = batches.enter_context(store.publish_batch())
+            batch = batches.enter_context(publish_batch(store))
             triton_job = None
             if triton_entries:
                 triton_store = triton_store_of(root)
-                triton_job = EntryImport(triton_store, batches.enter_context(triton_store.publish_batch()),
+                triton_job = EntryImport(triton_store, batches.enter_context(publish_batch(triton_store)),
                                          allowed_archs, path, TRITON)
             staging_started = time.perf_counter()
             fates, triton_fates = _verify_and_stage_all(reader, entries, EntryImport(store, batch, allowed_archs, path),

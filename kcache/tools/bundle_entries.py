@@ -15,8 +15,9 @@ from typing import Any
 
 from kcache.errors import CorruptEntry, KCacheError
 from kcache.store.components import KERNELS, META
-from kcache.store.entries import EntryStore, PublishBatch, check_bound_key
+from kcache.store.entries import EntryStore, check_bound_key
 from kcache.store.layout import TRITON  # the manifest's section and the members' folder of Triton's entries
+from kcache.store.publish_batch import PublishBatch
 from kcache.triton.store import META as TRITON_META
 from kcache.triton.store import bound_meta
 from kcache.triton.store import entry_key as triton_entry_key

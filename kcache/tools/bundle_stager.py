@@ -36,6 +36,7 @@ from typing import IO, Any
 from kcache.compile.interpreter import internal_environment, python_command
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore
+from kcache.store.publish_batch import publish_batch
 from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport, read_exactly
 
 # A bundle of at least this many entries and bytes is staged in processes: below it, starting them
@@ -186,7 +187,7 @@ def main() -> int:
             raise BundleError(str(path), f"descriptor {fd} is not the bundle the importer opened")
         store = EntryStore(Path(header["root"]), KERNELS, COMPONENTS, bind_key=True)
         archs = set(header["archs"]) if header["archs"] is not None else None
-        with store.publish_batch() as batch:
+        with publish_batch(store) as batch:
             job = EntryImport(store, batch, archs, path)
             for line in sys.stdin:
                 request = json.loads(line)
