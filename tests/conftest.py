@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from . import background
 from .leftovers import Scratch, processes_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +24,10 @@ if str(ROOT) not in sys.path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped, with the reason, where none is visible)")
     config.addinivalue_line("markers", "tilelang: compiles real TileLang kernels (slow: seconds each)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    background.order(items)  # the tests whose drivers run beside the others go last (tests/background.py)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,6 +47,15 @@ def _session_runtime() -> Iterator[None]:
         else:
             os.environ[name] = value
     stop_services(directory, wait=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_drivers(_session_runtime: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The slow differential drivers this session's tests wait on, started now at the lowest priority
+    (tests/background.py); whatever of theirs is still running at the end is stopped."""
+    background.start_wanted(tmp_path_factory)
+    yield
+    background.stop_all()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,8 @@ import pytest
 
 from stress.gpu import gpu_missing, gpu_target
 from stress.service_runtime import stop_services
+
+from .background import LOW_PRIORITY, Started, take
 
 pytestmark = [pytest.mark.tilelang, pytest.mark.gpu]  # on a CPU machine it compiles for sm_90a
 
@@ -36,8 +39,8 @@ REQUIRED_FEATURES = {"swizzle", "custom_layout", "fragment", "pipelined", "tma",
 def start(mode: str, work: Path, arch: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     out = work / f"{mode}.jsonl"
     with open(out.with_suffix(".stderr"), "wb") as stderr:  # a file: a pipe read later could fill and block it
-        process = subprocess.Popen([sys.executable, str(DRIVER), mode, str(work / f"{mode}-root"), str(out), arch],
-                                   env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr)
+        process = subprocess.Popen([*LOW_PRIORITY, sys.executable, str(DRIVER), mode, str(work / f"{mode}-root"),
+                                    str(out), arch], env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr)
     return process, out
 
 
@@ -49,24 +52,36 @@ def finish(started: tuple[subprocess.Popen[bytes], Path]) -> list[dict[str, Any]
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    work = tmp_path_factory.mktemp("corpus")
+def start_corpus(work: Path) -> Started:
+    """Plain TileLang's driver and one per lane, at once (tests/background.py starts them as the session
+    starts, beside the other tests)."""
     arch = gpu_target()["arch"] if gpu_missing() is None else "sm_90a"
     runtime = Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
     no_service = Path(tempfile.mkdtemp(prefix="kc-" + "x" * 120, dir="/tmp"))  # too long for a socket: no service
     env = {"tilelang": {}, "inprocess": {}, "pool": {},
            "server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "300", "KCACHE_CALLER_FORK": "0"},
            "fork": {"XDG_RUNTIME_DIR": str(no_service), "KCACHE_CALLER_FORK": "1"}}
-    env = {mode: {**HASH_SEED, **settings} for mode, settings in env.items()}
+    # Started before any test's own environment is set up: nothing of the developer's caches.
+    private = {**HASH_SEED, "TILELANG_CACHE_DIR": str(work / "tilelang-cache")}
+    drivers = {mode: start(mode, work, arch, {**private, **env[mode]}) for mode in ("tilelang", *MODES)}
+    return Started(drivers, {"arch": arch}, [lambda: stop_services(runtime, wait=False),
+                                             lambda: shutil.rmtree(no_service, ignore_errors=True)])
+
+
+BACKGROUND = {"corpus": start_corpus}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    started = take("corpus", start_corpus, tmp_path_factory)
     try:
-        started = {mode: start(mode, work, arch, env[mode]) for mode in ("tilelang", *MODES)}
-        runs = {mode: finish(process) for mode, process in started.items()}
+        runs = {mode: finish(driver) for mode, driver in started.drivers.items()}
         if os.environ.get("KCACHE_CORPUS_RESULTS"):  # the GPU check keeps every row (.ci/gpu-check)
-            Path(os.environ["KCACHE_CORPUS_RESULTS"]).write_text(json.dumps({"arch": arch, "runs": runs}, indent=1))
-        yield {"runs": runs, "arch": arch}
+            Path(os.environ["KCACHE_CORPUS_RESULTS"]).write_text(
+                json.dumps({"arch": started.facts["arch"], "runs": runs}, indent=1))
+        yield {"runs": runs, "arch": started.facts["arch"]}
     finally:
-        stop_services(runtime, wait=False)
+        started.stop()
 
 
 def kernels(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,8 @@ import pytest
 from stress.gpu import gpu_missing, gpu_target
 from stress.nvcc_counter import shadow_cuda_home
 from stress.service_runtime import stop_services
+
+from .background import LOW_PRIORITY, Started, take
 
 # Also run by the GPU check (`-m gpu`), where it uses the device's arch and runs the kernels; on a CPU
 # machine it runs too, with sm_90a, comparing everything but results.
@@ -47,7 +50,7 @@ def start_driver(mode: str, root: Path, out: Path, arch: str,
     env = {**os.environ, **(extra_env or {})}
     env.pop("TILELANG_DEFAULT_TARGET", None)  # the table sets it where a step asks for it
     with open(out.with_suffix(".stderr"), "wb") as stderr:  # a file: a pipe read later could fill and block it
-        return subprocess.Popen([sys.executable, str(DRIVER), mode, str(root), str(out), arch], env=env,
+        return subprocess.Popen([*LOW_PRIORITY, sys.executable, str(DRIVER), mode, str(root), str(out), arch], env=env,
                                 stdout=subprocess.DEVNULL, stderr=stderr), out
 
 
@@ -69,32 +72,46 @@ def run_driver(mode: str, root: Path, out: Path, arch: str, extra_env: dict[str,
 MODES = ("inprocess", "pool", "server", "fork")
 
 
-@pytest.fixture(scope="module")
-def table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    work = tmp_path_factory.mktemp("fidelity")
+def start_table(work: Path) -> Started:
+    """The four tables' first runs, at once (tests/background.py starts them as the session starts,
+    beside the other tests)."""
     arch = gpu_target()["arch"] if gpu_missing() is None else "sm_90a"
     # The server mode's compile service: started by the first run's first miss (in its environment as
-    # it was then: no context set up), reused by the second run, stopped at the end.
+    # it was then: no context set up), reused by the second run, stopped at the end. The second run may
+    # come many minutes after the first (at the session's end): the service's idle exit waits longer.
     runtime = Path(tempfile.mkdtemp(prefix="kf-", dir="/tmp"))
     # `server`: every compile in the service. `fork`: every compile in a fork of the driver, which
     # finds no service to reach (its runtime directory's path is too long for a socket's), so the
     # service never gets warm.
     no_service = Path(tempfile.mkdtemp(prefix="kf-" + "x" * 120, dir="/tmp"))
-    mode_env = {"server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "120", "KCACHE_CALLER_FORK": "0"},
+    mode_env = {"server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "3600", "KCACHE_CALLER_FORK": "0"},
                 "fork": {"XDG_RUNTIME_DIR": str(no_service), "KCACHE_CALLER_FORK": "1"}}
+    # Started before any test's own environment is set up: nothing of the developer's caches.
+    private = {"TILELANG_CACHE_DIR": str(work / "tilelang-cache")}
+    mode_env = {mode: {**private, **mode_env.get(mode, {})} for mode in ("tilelang", *MODES)}
+    drivers = {mode: start_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch, mode_env[mode])
+               for mode in ("tilelang", *MODES)}
+    return Started(drivers, {"arch": arch, "runtime": runtime, "mode_env": mode_env, "work": work},
+                   [lambda: stop_services(runtime, wait=False), lambda: shutil.rmtree(no_service, ignore_errors=True)])
+
+
+BACKGROUND = {"table": start_table}
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    started = take("table", start_table, tmp_path_factory)
+    arch, work, mode_env = started.facts["arch"], started.facts["work"], started.facts["mode_env"]
     # The four tables at once, then the three second runs at once (their roots are independent; each
     # run is its own process): the same work as one after another, in about half the time on 2 cores.
     try:
-        first = {"tilelang": start_driver("tilelang", work / "tilelang-root", work / "tilelang.jsonl", arch)}
-        for mode in MODES:
-            first[mode] = start_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch, mode_env.get(mode))
-        runs = {name: finish_driver(started) for name, started in first.items()}
+        runs = {name: finish_driver(driver) for name, driver in started.drivers.items()}
         again = {f"{mode}-again": start_driver(mode, work / f"{mode}-root", work / f"{mode}-again.jsonl", arch,
-                                               mode_env.get(mode)) for mode in MODES}
-        runs.update({name: finish_driver(started) for name, started in again.items()})
-        yield {"runs": runs, "arch": arch, "runtime": runtime}
+                                               mode_env[mode]) for mode in MODES}
+        runs.update({name: finish_driver(driver) for name, driver in again.items()})
+        yield {"runs": runs, "arch": arch, "runtime": started.facts["runtime"]}
     finally:
-        stop_services(runtime, wait=False)
+        started.stop()
 
 
 def test_the_server_mode_compiled_in_the_service_and_the_fork_mode_in_forks(table: dict) -> None:

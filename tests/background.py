@@ -1,0 +1,88 @@
+"""Slow differential drivers that run beside the rest of the suite (wired in tests/conftest.py).
+
+The corpus and the fidelity table compile every kernel in fresh processes of plain TileLang and of
+each kcache lane: about 17 CPU-minutes on CI's two cores, nearly all of it TileLang and nvcc. The
+rest of the suite runs one test at a time and mostly waits on the processes it starts, so a core is
+idle much of the time. A test module whose fixture waits on such drivers names a starter:
+
+    BACKGROUND = {"corpus": start_corpus}   # fixture name -> starter(work directory) -> Started
+
+When the session collects a test that uses the fixture, the starter runs as the session starts, at
+the lowest CPU priority (nice 19: the other tests get a contended core almost whole), and the
+module's tests run last, when the fixture takes what was started (`take`). The same processes do the
+same work, only sooner: nothing is compared earlier, skipped or shared between lanes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Children inherit the priority: the drivers' compile services, workers, forks and nvcc.
+LOW_PRIORITY = ["nice", "-n", "19"] if shutil.which("nice") else []
+
+
+@dataclass
+class Started:
+    """What a starter started: its drivers (name -> the process and its output file), what the test
+    needs to know of them, and what stops whatever they left running (compile services)."""
+
+    drivers: dict[str, tuple[subprocess.Popen[bytes], Path]]
+    facts: dict[str, Any] = field(default_factory=dict)
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """Kill the drivers still running (a failed or interrupted session) and run the cleanups."""
+        for process, _out in self.drivers.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for cleanup in self.cleanups:
+            with contextlib.suppress(Exception):
+                cleanup()
+
+
+Starter = Callable[[Path], Started]
+_wanted: dict[str, Starter] = {}
+_started: dict[str, Started] = {}
+
+
+def order(items: list[pytest.Item]) -> None:
+    """Move the tests that use a background fixture to the end (in place, otherwise in their order)
+    and note which starters this session needs."""
+    late = []
+    for item in items:
+        starters: dict[str, Starter] = getattr(getattr(item, "module", None), "BACKGROUND", {})
+        used = [name for name in starters if name in getattr(item, "fixturenames", ())]
+        for name in used:
+            _wanted[name] = starters[name]
+        if used:
+            late.append(item)
+    items[:] = [item for item in items if item not in late] + late
+
+
+def start_wanted(tmp_path_factory: pytest.TempPathFactory) -> None:
+    for name, starter in _wanted.items():
+        if name not in _started:
+            _started[name] = starter(tmp_path_factory.mktemp(f"background-{name}"))
+
+
+def take(name: str, starter: Starter, tmp_path_factory: pytest.TempPathFactory) -> Started:
+    """The drivers started for `name` at the session's start, or started now (a session that did not
+    collect through conftest's hook, or a second use)."""
+    started = _started.pop(name, None)
+    return started if started is not None else starter(tmp_path_factory.mktemp(name))
+
+
+def stop_all(names: Iterable[str] | None = None) -> None:
+    for name in list(names if names is not None else _started):
+        started = _started.pop(name, None)
+        if started is not None:
+            started.stop()
