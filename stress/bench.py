@@ -248,11 +248,11 @@ def memory_worker(work: Path, calls: int = 2000) -> None:
 
 def bench_cold_rows(repeats: int, env: dict[str, str], with_pool: bool = True,
                     only_modes: list[str] | None = None) -> list[dict[str, Any]]:
-    from .bench_cold import KERNELS, MODES, measure, replacement_seconds
+    from .bench_cold import KERNELS, measure, replacement_seconds
 
-    modes = MODES if with_pool else tuple(mode for mode in MODES if mode != "pool")
+    modes = COLD_MODES if with_pool else tuple(mode for mode in COLD_MODES if mode != "pool")
     if only_modes:  # TileLang's, and these: more rounds of the lanes in question within one call
-        modes = (MODES[0], *(mode for mode in modes[1:] if mode in only_modes))
+        modes = (COLD_MODES[0], *(mode for mode in modes[1:] if mode in only_modes))
     samples = measure(repeats, env, modes)
     replaced = replacement_seconds(repeats, env)
     rows = []

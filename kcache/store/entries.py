@@ -149,31 +149,31 @@ class EntryStore:
         """
         self.check_name(key)
         with contextlib.ExitStack() as held:
-            staging_root_fd, entries_fd = self._open_publish_dirs(held)
+            staging_root_fd, entries_fd = self.open_publish_dirs(held)
             name = staging_name(key)
             staging = self.staging_dir / name
             with publish_errors(staging, "creating the staging directory"):
-                staging_fd = self._make_staging(staging_root_fd, name)
+                staging_fd = self.make_staging(staging_root_fd, name)
             held.callback(os.close, staging_fd)
             try:
                 with publish_errors(staging, "writing the staged entry"):
-                    self._step("staging_created")
+                    self.reach_step("staging_created")
                     fill(staging)
-                    self._step("components_written")
+                    self.reach_step("components_written")
                     self._write_manifest(staging_fd, staging)
-                    self._step("manifest_written")
+                    self.reach_step("manifest_written")
                     verify_entry_at(staging_fd, staging, self.required, exact=self.bind_key)
                     os.fsync(staging_fd)
-                    self._step("verified")
+                    self.reach_step("verified")
             except BaseException:
                 dirfd.remove_tree_at(staging_root_fd, name, "cleaning up a failed publish")
                 raise
-            outcome = self._rename_into_place(staging_root_fd, entries_fd, name, key)
+            outcome = self.rename_into_place(staging_root_fd, entries_fd, name, key)
             if outcome is PublishOutcome.PUBLISHED:
-                self._fsync_entries_dir(entries_fd, str(self.entry_path(key)))
+                self.fsync_entries_dir(entries_fd, str(self.entry_path(key)))
             return outcome
 
-    def _open_publish_dirs(self, held: contextlib.ExitStack) -> tuple[int, int]:
+    def open_publish_dirs(self, held: contextlib.ExitStack) -> tuple[int, int]:
         """Descriptors of `.staging` and the entries directory, each made if missing and opened with
         O_NOFOLLOW from the root's descriptor, closed by `held`: a publish holds them from its first
         staging directory to its last rename, and never resolves their paths again."""
@@ -190,12 +190,12 @@ class EntryStore:
         return staging_root_fd, entries_fd
 
     @staticmethod
-    def _make_staging(staging_root_fd: int, name: str) -> int:
+    def make_staging(staging_root_fd: int, name: str) -> int:
         """Make staging directory `name` in the held `.staging`; its descriptor (O_NOFOLLOW)."""
         make_dir_at(staging_root_fd, name)
         return os.open(name, dirfd.DIR_FLAGS, dir_fd=staging_root_fd)
 
-    def _rename_into_place(self, staging_root_fd: int, entries_fd: int, name: str, key: str) -> PublishOutcome:
+    def rename_into_place(self, staging_root_fd: int, entries_fd: int, name: str, key: str) -> PublishOutcome:
         """The publishing rename, between held descriptors. A rename race (the key is already there)
         is LOST_RACE; either way a staging directory that was not renamed is removed."""
         target = self.entry_path(key)
@@ -207,10 +207,11 @@ class EntryStore:
                 log.debug("kcache: lost the publish race for %s", target)
                 return PublishOutcome.LOST_RACE
             raise PublishError(str(target), err, "publishing") from err
-        self._step("renamed")
+        self.reach_step("renamed")
         return PublishOutcome.PUBLISHED
 
-    def _fsync_entries_dir(self, entries_fd: int, what: str) -> None:
+    def fsync_entries_dir(self, entries_fd: int, what: str) -> None:
+        """After a publishing rename: the entries directory to disk (a failure is a warning)."""
         try:
             os.fsync(entries_fd)
         except OSError as err:
@@ -262,19 +263,21 @@ class EntryStore:
             return []
 
     def _write_manifest(self, staging_fd: int, staging: Path) -> None:
-        self._check_required(staging, os.listdir(staging_fd))
+        self.check_required(staging, os.listdir(staging_fd))
         try:
             manifest = build_manifest_at(staging_fd, staging)
         except ValueError as err:
             raise CorruptEntry(str(staging), str(err)) from err
         write_durable_at(staging_fd, MANIFEST_NAME, manifest)
 
-    def _check_required(self, staging: Path, names: Iterable[str]) -> None:
+    def check_required(self, staging: Path, names: Iterable[str]) -> None:
+        """A staged entry holds every component the store requires, or nothing is published."""
         missing = self.required - set(names)
         if missing:
             raise KCacheError(f"{staging}: the entry lacks required component(s) {sorted(missing)}; nothing was published")
 
-    def _step(self, name: str) -> None:
+    def reach_step(self, name: str) -> None:
+        """A publish reached step `name`: the fault hook's point (tests kill or fail a publish there)."""
         if self.fault_hook is not None:
             self.fault_hook(name)
 

@@ -34,7 +34,7 @@ def publish_batch(store: EntryStore) -> Iterator[PublishBatch]:
     reached, so a failed batch publishes nothing. The caller must have stopped every thread that
     stages into the batch before the block ends."""
     with contextlib.ExitStack() as held:
-        staging_root_fd, entries_fd = store._open_publish_dirs(held)
+        staging_root_fd, entries_fd = store.open_publish_dirs(held)
         batch = PublishBatch(store, staging_root_fd, entries_fd)
         try:
             yield batch
@@ -86,23 +86,23 @@ class PublishBatch:
             bad = sorted(n for n in components if not is_entry_file_name(n))
             if bad:
                 raise KCacheError(f"{staging}: {bad} cannot name files of an entry; nothing was published")
-            store._check_required(staging, components)
+            store.check_required(staging, components)
             if store.bind_key:
                 check_bound_key(str(staging), components, key)
             manifest = format_manifest({n: (len(data), digests[n] if digests is not None else sha256_hex(data))
                                         for n, data in components.items()})
             with publish_errors(staging, "creating the staging directory"):
-                staging_fd = store._make_staging(self._staging_root_fd, name)
+                staging_fd = store.make_staging(self._staging_root_fd, name)
             try:
                 with publish_errors(staging, "writing the staged entry"):
-                    store._step("staging_created")
+                    store.reach_step("staging_created")
                     for component, data in components.items():
                         write_new_at(staging_fd, component, data, durable=False)
-                    store._step("components_written")
+                    store.reach_step("components_written")
                     write_new_at(staging_fd, MANIFEST_NAME, manifest, durable=False)
-                    store._step("manifest_written")
+                    store.reach_step("manifest_written")
                     verify_entry_at(staging_fd, staging, store.required, exact=store.bind_key)
-                    store._step("verified")
+                    store.reach_step("verified")
             finally:
                 os.close(staging_fd)
         except BaseException:
@@ -125,19 +125,19 @@ class PublishBatch:
             staged = list(self._staged.items())
         if not staged:
             return {}  # nothing to sync: a syncfs would wait for other programs' writes for nothing
-        store._step("staged_all")
+        store.reach_step("staged_all")
         with publish_errors(store.staging_dir, "syncing the staged entries"):
             if not sync_filesystem(self._staging_root_fd):
                 for _key, name in staged:
                     fsync_tree_at(self._staging_root_fd, name)
-        store._step("synced")
+        store.reach_step("synced")
         outcomes: dict[str, PublishOutcome] = {}
         for key, name in staged:
-            outcomes[key] = store._rename_into_place(self._staging_root_fd, self._entries_fd, name, key)
+            outcomes[key] = store.rename_into_place(self._staging_root_fd, self._entries_fd, name, key)
             with self._lock:
                 del self._staged[key]  # renamed, or removed after a lost race
         if PublishOutcome.PUBLISHED in outcomes.values():
-            store._fsync_entries_dir(self._entries_fd, f"{len(outcomes)} entries")
+            store.fsync_entries_dir(self._entries_fd, f"{len(outcomes)} entries")
         return outcomes
 
     def release(self, key: str) -> str:
