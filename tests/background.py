@@ -52,6 +52,13 @@ class Started:
 Starter = Callable[[Path], Started]
 _wanted: dict[str, Starter] = {}
 _started: dict[str, Started] = {}
+_driver_pids: set[int] = set()  # every driver started at the session's start, running or not
+
+
+def driver_pids() -> set[int]:
+    """The background drivers' pids: children of this process that a test of its own children must
+    leave alone (never wait on any child: that would reap a driver and lose its exit status)."""
+    return set(_driver_pids)
 
 
 def order(items: list[pytest.Item]) -> None:
@@ -72,6 +79,7 @@ def start_wanted(tmp_path_factory: pytest.TempPathFactory) -> None:
     for name, starter in _wanted.items():
         if name not in _started:
             _started[name] = starter(tmp_path_factory.mktemp(f"background-{name}"))
+            _driver_pids.update(process.pid for process, _out in _started[name].drivers.values())
 
 
 def take(name: str, starter: Starter, tmp_path_factory: pytest.TempPathFactory) -> Started:
