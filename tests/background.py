@@ -8,25 +8,71 @@ idle much of the time. A test module whose fixture waits on such drivers names a
     BACKGROUND = {"corpus": start_corpus}   # fixture name -> starter(work directory) -> Started
 
 When the session collects a test that uses the fixture, the starter runs as the session starts, at
-the lowest CPU priority (nice 19: the other tests get a contended core almost whole), and the
-module's tests run last, when the fixture takes what was started (`take`). The same processes do the
-same work, only sooner: nothing is compared earlier, skipped or shared between lanes.
+the lowest CPU priority (`low_priority`), and the module's tests run last, when the fixture takes
+what was started (`take`). The same processes do the same work, only sooner: nothing is compared
+earlier, skipped or shared between lanes.
+
+The lowest priority: nice 19, and, where this user may make one (root, cgroup v1's cpu controller,
+as on CI), a cpu cgroup of the least share. nice alone is not enough with the kernel's autogroups
+(`/proc/sys/kernel/sched_autogroup_enabled`): a compile service calls setsid(), and a new session is
+a new autogroup that competes with the tests' as an equal, whatever its nice. A cgroup holds every
+descendant, sessions included; whatever still runs in it at the end goes back to its parent group,
+and the group is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# Children inherit the priority: the drivers' compile services, workers, forks and nvcc.
-LOW_PRIORITY = ["nice", "-n", "19"] if shutil.which("nice") else []
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, where it is mounted
+_cgroup: list[Path | None] = []  # made once, on the first use
+
+
+def low_priority() -> list[str]:
+    """The prefix of a driver's command that runs it, and all it starts, at the lowest priority."""
+    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
+    if not _cgroup:
+        _cgroup.append(_make_cgroup())
+    group = _cgroup[0]
+    if group is None:
+        return nice
+    # The shell joins the group, then becomes the driver: nothing starts before it has joined. A
+    # failed join leaves the driver at nice 19 only (a priority, not a condition of the test).
+    return ["sh", "-c", f'echo $$ > {group}/cgroup.procs 2>/dev/null; exec "$@"', "sh", *nice]
+
+
+def _make_cgroup() -> Path | None:
+    if not (CPU_CGROUPS / "cpu.shares").exists():
+        return None
+    group = CPU_CGROUPS / f"kcache-tests-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cpu.shares").write_text("2")  # the least share: the tests' groups have 1024 each
+    except OSError:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        return None
+    return group
+
+
+def _remove_cgroup() -> None:
+    group = _cgroup.pop() if _cgroup else None
+    if group is None:
+        return
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (group.parent / "cgroup.procs").write_text(pid)
+        group.rmdir()
 
 
 @dataclass
@@ -89,8 +135,8 @@ def take(name: str, starter: Starter, tmp_path_factory: pytest.TempPathFactory) 
     return started if started is not None else starter(tmp_path_factory.mktemp(name))
 
 
-def stop_all(names: Iterable[str] | None = None) -> None:
-    for name in list(names if names is not None else _started):
-        started = _started.pop(name, None)
-        if started is not None:
-            started.stop()
+def stop_all() -> None:
+    """At the session's end: stop whatever was started and not taken, and remove the cgroup."""
+    for name in list(_started):
+        _started.pop(name).stop()
+    _remove_cgroup()

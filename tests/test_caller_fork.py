@@ -304,3 +304,27 @@ def wait_for_exit(pidfd: int, timeout_s: float) -> bool:
     from kcache.compile.protocol import readable_within
 
     return readable_within(pidfd, timeout_s)
+
+
+def test_a_cache_opened_after_the_fork_setting_or_runtime_directory_changed_gets_a_pool_of_the_new_values(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ServicePool reads KCACHE_CALLER_FORK and XDG_RUNTIME_DIR when it is made. The process's shared
+    pool made under other values must not serve a cache opened under these: with the fork turned off
+    since, a job would still run in a fork of the caller (in the suite, a test's own service was
+    bypassed that way, and its fault never fired)."""
+    saved = dict(client._shared)
+    monkeypatch.delenv("KCACHE_CALLER_FORK", raising=False)
+    try:
+        forking = client.shared_service_pool(2, 30.0, (), 60.0)
+        assert forking.caller_fork and client.shared_service_pool(2, 30.0, (), 60.0) is forking
+        monkeypatch.setenv("KCACHE_CALLER_FORK", "0")
+        not_forking = client.shared_service_pool(2, 30.0, (), 60.0)
+        assert not_forking is not forking and not not_forking.caller_fork
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+        elsewhere = client.shared_service_pool(2, 30.0, (), 60.0)
+        assert elsewhere is not not_forking and client.shared_service_pool(2, 30.0, (), 60.0) is elsewhere
+    finally:
+        for made in set(client._shared.values()) - set(saved.values()):
+            made.close()
+        client._shared.clear()
+        client._shared.update(saved)

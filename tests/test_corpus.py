@@ -23,7 +23,7 @@ import pytest
 from stress.gpu import gpu_missing, gpu_target
 from stress.service_runtime import stop_services
 
-from .background import LOW_PRIORITY, Started, take
+from .background import Started, low_priority, take
 
 pytestmark = [pytest.mark.tilelang, pytest.mark.gpu]  # on a CPU machine it compiles for sm_90a
 
@@ -39,7 +39,7 @@ REQUIRED_FEATURES = {"swizzle", "custom_layout", "fragment", "pipelined", "tma",
 def start(mode: str, work: Path, arch: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     out = work / f"{mode}.jsonl"
     with open(out.with_suffix(".stderr"), "wb") as stderr:  # a file: a pipe read later could fill and block it
-        process = subprocess.Popen([*LOW_PRIORITY, sys.executable, str(DRIVER), mode, str(work / f"{mode}-root"),
+        process = subprocess.Popen([*low_priority(), sys.executable, str(DRIVER), mode, str(work / f"{mode}-root"),
                                     str(out), arch], env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr)
     return process, out
 

@@ -29,7 +29,7 @@ from stress.gpu import gpu_missing, gpu_target
 from stress.nvcc_counter import shadow_cuda_home
 from stress.service_runtime import stop_services
 
-from .background import LOW_PRIORITY, Started, take
+from .background import Started, low_priority, take
 
 # Also run by the GPU check (`-m gpu`), where it uses the device's arch and runs the kernels; on a CPU
 # machine it runs too, with sm_90a, comparing everything but results.
@@ -50,7 +50,7 @@ def start_driver(mode: str, root: Path, out: Path, arch: str,
     env = {**os.environ, **(extra_env or {})}
     env.pop("TILELANG_DEFAULT_TARGET", None)  # the table sets it where a step asks for it
     with open(out.with_suffix(".stderr"), "wb") as stderr:  # a file: a pipe read later could fill and block it
-        return subprocess.Popen([*LOW_PRIORITY, sys.executable, str(DRIVER), mode, str(root), str(out), arch], env=env,
+        return subprocess.Popen([*low_priority(), sys.executable, str(DRIVER), mode, str(root), str(out), arch], env=env,
                                 stdout=subprocess.DEVNULL, stderr=stderr), out
 
 

@@ -352,11 +352,13 @@ _shared_lock = threading.Lock()
 
 def shared_service_pool(workers: int | None, timeout_s: float | None, preload: Iterable[str],
                         idle_s: float) -> ServicePool:
-    """The process's ServicePool for these settings; its fallback is the process's shared pool."""
+    """The process's ServicePool for these settings; its fallback is the process's shared pool. A cache
+    opened after KCACHE_CALLER_FORK or XDG_RUNTIME_DIR changed gets a pool of the new values, as it
+    gets every other setting's new value: a pool reads both once, when it is made."""
     from kcache.compile.pool.process_pool import shared_pool
 
     preload = tuple(preload)
-    key = (workers, timeout_s, preload, idle_s, os.getpid())
+    key = (workers, timeout_s, preload, idle_s, caller_fork_setting(), os.environ.get("XDG_RUNTIME_DIR"), os.getpid())
     with _shared_lock:
         found = _shared.get(key)
         if found is None:
