@@ -8,14 +8,14 @@ idle much of the time. A test module whose fixture waits on such drivers names a
     BACKGROUND = {"corpus": start_corpus}   # fixture name -> starter(work directory) -> Started
 
 When the session collects a test that uses the fixture, the starter runs as the session starts, at
-the lowest CPU priority (`low_priority`), and the module's tests run last, when the fixture takes
+a low CPU priority (`low_priority`), and the module's tests run last, when the fixture takes
 what was started (`take`). The same processes do the same work, only sooner: nothing is compared
 earlier, skipped or shared between lanes.
 
-The lowest priority: nice 19, and, where this user may make one (root, cgroup v1's cpu controller,
-as on CI), a cpu cgroup of the least share. nice alone is not enough with the kernel's autogroups
-(`/proc/sys/kernel/sched_autogroup_enabled`): a compile service calls setsid(), and a new session is
-a new autogroup that competes with the tests' as an equal, whatever its nice. A cgroup holds every
+The priority: nice 19, and, where this user may make one (root, cgroup v1's cpu controller, as on
+CI), a cpu cgroup of a small share (`CPU_SHARE`). nice alone is not enough with the kernel's
+autogroups (`/proc/sys/kernel/sched_autogroup_enabled`): a compile service calls setsid(), and a new
+session is a new autogroup that competes with the tests' as an equal, whatever its nice. A cgroup holds every
 descendant, sessions included; whatever still runs in it at the end goes back to its parent group,
 and the group is removed.
 """
@@ -34,11 +34,16 @@ from typing import Any
 import pytest
 
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, where it is mounted
+# Against the 1024 of each of the tests' groups: about a tenth of a core while the tests keep both
+# cores busy, so that they barely notice it, and still enough that no driver starves past a time
+# limit of its own (a fork of the caller has 30 s to start; a compile 600 s) and turns up as a
+# lane's failure. The least share (2) leaves them next to nothing for as long as the tests are busy.
+CPU_SHARE = 128
 _cgroup: list[Path | None] = []  # made once, on the first use
 
 
 def low_priority() -> list[str]:
-    """The prefix of a driver's command that runs it, and all it starts, at the lowest priority."""
+    """The prefix of a driver's command that runs it, and all it starts, at a low priority."""
     nice = ["nice", "-n", "19"] if shutil.which("nice") else []
     if not _cgroup:
         _cgroup.append(_make_cgroup())
@@ -56,7 +61,7 @@ def _make_cgroup() -> Path | None:
     group = CPU_CGROUPS / f"kcache-tests-{os.getpid()}"
     try:
         group.mkdir()
-        (group / "cpu.shares").write_text("2")  # the least share: the tests' groups have 1024 each
+        (group / "cpu.shares").write_text(str(CPU_SHARE))
     except OSError:
         with contextlib.suppress(OSError):
             group.rmdir()

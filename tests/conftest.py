@@ -51,7 +51,7 @@ def _session_runtime() -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _background_drivers(_session_runtime: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The slow differential drivers this session's tests wait on, started now at the lowest priority
+    """The slow differential drivers this session's tests wait on, started now at a low priority
     (tests/background.py); whatever of theirs is still running at the end is stopped."""
     background.start_wanted(tmp_path_factory)
     yield

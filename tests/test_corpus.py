@@ -59,9 +59,11 @@ def start_corpus(work: Path) -> Started:
     runtime = Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
     no_service = Path(tempfile.mkdtemp(prefix="kc-" + "x" * 120, dir="/tmp"))  # too long for a socket: no service
     env = {"tilelang": {}, "inprocess": {}, "pool": {},
-           "server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "300", "KCACHE_CALLER_FORK": "0"},
+           "server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "3600", "KCACHE_CALLER_FORK": "0"},
            "fork": {"XDG_RUNTIME_DIR": str(no_service), "KCACHE_CALLER_FORK": "1"}}
-    # Started before any test's own environment is set up: nothing of the developer's caches.
+    # Started before any test's own environment is set up: nothing of the developer's caches. The
+    # service must not idle out while the other tests hold the CPU: its job count is checked; the
+    # fixture stops it.
     private = {**HASH_SEED, "TILELANG_CACHE_DIR": str(work / "tilelang-cache")}
     drivers = {mode: start(mode, work, arch, {**private, **env[mode]}) for mode in ("tilelang", *MODES)}
     return Started(drivers, {"arch": arch}, [lambda: stop_services(runtime, wait=False),
