@@ -45,13 +45,15 @@ SAME_KEY = [
      "default_target_env_beats_scope"},
     {"postproc_a", "postproc_a_again"},
 ]
-def start_driver(mode: str, root: Path, out: Path, arch: str,
-                 extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+def start_driver(mode: str, root: Path, out: Path, arch: str, extra_env: dict[str, str] | None = None, *,
+                 background: bool = False) -> tuple[subprocess.Popen[bytes], Path]:
+    """`background`: at the low priority of the drivers that run beside other tests (tests/background.py);
+    a driver that a test waits on at once runs as the test does."""
     env = {**os.environ, **(extra_env or {})}
     env.pop("TILELANG_DEFAULT_TARGET", None)  # the table sets it where a step asks for it
+    command = [*(low_priority() if background else []), sys.executable, str(DRIVER), mode, str(root), str(out), arch]
     with open(out.with_suffix(".stderr"), "wb") as stderr:  # a file: a pipe read later could fill and block it
-        return subprocess.Popen([*low_priority(), sys.executable, str(DRIVER), mode, str(root), str(out), arch], env=env,
-                                stdout=subprocess.DEVNULL, stderr=stderr), out
+        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr), out
 
 
 def finish_driver(started: tuple[subprocess.Popen[bytes], Path]) -> list[dict]:
@@ -89,8 +91,8 @@ def start_table(work: Path) -> Started:
     # Started before any test's own environment is set up: nothing of the developer's caches.
     private = {"TILELANG_CACHE_DIR": str(work / "tilelang-cache")}
     mode_env = {mode: {**private, **mode_env.get(mode, {})} for mode in ("tilelang", *MODES)}
-    drivers = {mode: start_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch, mode_env[mode])
-               for mode in ("tilelang", *MODES)}
+    drivers = {mode: start_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch, mode_env[mode],
+                                  background=True) for mode in ("tilelang", *MODES)}
     return Started(drivers, {"arch": arch, "runtime": runtime, "mode_env": mode_env, "work": work},
                    [lambda: stop_services(runtime, wait=False), lambda: shutil.rmtree(no_service, ignore_errors=True)])
 
