@@ -23,10 +23,14 @@ and the group is removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,7 @@ CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, where it
 # limit of its own (a fork of the caller has 30 s to start; a compile 600 s) and turns up as a
 # lane's failure. The least share (2) leaves them next to nothing for as long as the tests are busy.
 CPU_SHARE = 128
+CGROUP_REMOVE_S = 10.0
 _cgroup: list[Path | None] = []  # made once, on the first use
 
 
@@ -70,14 +75,48 @@ def _make_cgroup() -> Path | None:
 
 
 def _remove_cgroup() -> None:
+    """Move what still runs in the group to its parent, then remove it. A process that is exiting (a
+    pool worker following its driver, by PR_SET_PDEATHSIG) cannot be moved and keeps the group busy
+    for a moment: retried, backing off, for at most CGROUP_REMOVE_S; after that, one warning."""
     group = _cgroup.pop() if _cgroup else None
     if group is None:
         return
-    with contextlib.suppress(OSError):
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (group.parent / "cgroup.procs").write_text(pid)
-        group.rmdir()
+    deadline, delay = time.monotonic() + CGROUP_REMOVE_S, 0.01
+    while True:
+        try:
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (group.parent / "cgroup.procs").write_text(pid)
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                warnings.warn(f"could not remove the background drivers' cgroup {group}: {err}; rmdir it", stacklevel=1)
+                return
+        time.sleep(delay)  # no event says when an exiting task leaves the group
+        delay = min(delay * 2, 0.5)
+
+
+def lane_environments(prefix: str, work: Path, modes: Iterable[str]
+                      ) -> tuple[dict[str, dict[str, str]], Path, list[Callable[[], None]]]:
+    """Each mode's environment for a differential driver started before any test sets up its own:
+    a TileLang cache of its own (nothing of the developer's); for `server`, a private runtime
+    directory whose service compiles every kernel and does not idle out while the other tests hold
+    the CPU (the cleanup stops it and waits until it is gone); for `fork`, a runtime directory whose path is too long for a
+    socket, so no service is reached and every compile runs in a fork of the driver. Returns the
+    environments, the server's runtime directory, and the cleanups for `Started`."""
+    from stress.service_runtime import stop_services
+
+    runtime = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: a socket's path has 107 bytes
+    no_service = Path(tempfile.mkdtemp(prefix=prefix + "x" * 120, dir="/tmp"))
+    lanes = {"server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "3600", "KCACHE_CALLER_FORK": "0"},
+             "fork": {"XDG_RUNTIME_DIR": str(no_service), "KCACHE_CALLER_FORK": "1"}}
+    private = {"TILELANG_CACHE_DIR": str(work / "tilelang-cache")}
+    environments = {mode: {**private, **lanes.get(mode, {})} for mode in modes}
+    return environments, runtime, [lambda: stop_services(runtime),
+                                   lambda: shutil.rmtree(no_service, ignore_errors=True)]
 
 
 @dataclass

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +19,8 @@ from typing import Any
 import pytest
 
 from stress.gpu import gpu_missing, gpu_target
-from stress.service_runtime import stop_services
 
-from .background import Started, low_priority, take
+from .background import Started, lane_environments, low_priority, take
 
 pytestmark = [pytest.mark.tilelang, pytest.mark.gpu]  # on a CPU machine it compiles for sm_90a
 
@@ -56,18 +53,9 @@ def start_corpus(work: Path) -> Started:
     """Plain TileLang's driver and one per lane, at once (tests/background.py starts them as the session
     starts, beside the other tests)."""
     arch = gpu_target()["arch"] if gpu_missing() is None else "sm_90a"
-    runtime = Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
-    no_service = Path(tempfile.mkdtemp(prefix="kc-" + "x" * 120, dir="/tmp"))  # too long for a socket: no service
-    env = {"tilelang": {}, "inprocess": {}, "pool": {},
-           "server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "3600", "KCACHE_CALLER_FORK": "0"},
-           "fork": {"XDG_RUNTIME_DIR": str(no_service), "KCACHE_CALLER_FORK": "1"}}
-    # Started before any test's own environment is set up: nothing of the developer's caches. The
-    # service must not idle out while the other tests hold the CPU: its job count is checked; the
-    # fixture stops it.
-    private = {**HASH_SEED, "TILELANG_CACHE_DIR": str(work / "tilelang-cache")}
-    drivers = {mode: start(mode, work, arch, {**private, **env[mode]}) for mode in ("tilelang", *MODES)}
-    return Started(drivers, {"arch": arch}, [lambda: stop_services(runtime, wait=False),
-                                             lambda: shutil.rmtree(no_service, ignore_errors=True)])
+    env, _runtime, cleanups = lane_environments("kc-", work, ("tilelang", *MODES))
+    drivers = {mode: start(mode, work, arch, {**HASH_SEED, **env[mode]}) for mode in ("tilelang", *MODES)}
+    return Started(drivers, {"arch": arch}, cleanups)
 
 
 BACKGROUND = {"corpus": start_corpus}

@@ -15,10 +15,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +25,8 @@ import pytest
 
 from stress.gpu import gpu_missing, gpu_target
 from stress.nvcc_counter import shadow_cuda_home
-from stress.service_runtime import stop_services
 
-from .background import Started, low_priority, take
+from .background import Started, lane_environments, low_priority, take
 
 # Also run by the GPU check (`-m gpu`), where it uses the device's arch and runs the kernels; on a CPU
 # machine it runs too, with sm_90a, comparing everything but results.
@@ -76,25 +73,15 @@ MODES = ("inprocess", "pool", "server", "fork")
 
 def start_table(work: Path) -> Started:
     """The four tables' first runs, at once (tests/background.py starts them as the session starts,
-    beside the other tests)."""
+    beside the other tests). The server mode's compile service is started by the first run's first
+    miss (in its environment as it was then: no context set up), reused by the second run (which may
+    come many minutes later, at the session's end), and stopped at the end; the fork mode finds no
+    service and compiles in forks of the driver."""
     arch = gpu_target()["arch"] if gpu_missing() is None else "sm_90a"
-    # The server mode's compile service: started by the first run's first miss (in its environment as
-    # it was then: no context set up), reused by the second run, stopped at the end. The second run may
-    # come many minutes after the first (at the session's end): the service's idle exit waits longer.
-    runtime = Path(tempfile.mkdtemp(prefix="kf-", dir="/tmp"))
-    # `server`: every compile in the service. `fork`: every compile in a fork of the driver, which
-    # finds no service to reach (its runtime directory's path is too long for a socket's), so the
-    # service never gets warm.
-    no_service = Path(tempfile.mkdtemp(prefix="kf-" + "x" * 120, dir="/tmp"))
-    mode_env = {"server": {"XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "3600", "KCACHE_CALLER_FORK": "0"},
-                "fork": {"XDG_RUNTIME_DIR": str(no_service), "KCACHE_CALLER_FORK": "1"}}
-    # Started before any test's own environment is set up: nothing of the developer's caches.
-    private = {"TILELANG_CACHE_DIR": str(work / "tilelang-cache")}
-    mode_env = {mode: {**private, **mode_env.get(mode, {})} for mode in ("tilelang", *MODES)}
+    mode_env, runtime, cleanups = lane_environments("kf-", work, ("tilelang", *MODES))
     drivers = {mode: start_driver(mode, work / f"{mode}-root", work / f"{mode}.jsonl", arch, mode_env[mode],
                                   background=True) for mode in ("tilelang", *MODES)}
-    return Started(drivers, {"arch": arch, "runtime": runtime, "mode_env": mode_env, "work": work},
-                   [lambda: stop_services(runtime, wait=False), lambda: shutil.rmtree(no_service, ignore_errors=True)])
+    return Started(drivers, {"arch": arch, "runtime": runtime, "mode_env": mode_env, "work": work}, cleanups)
 
 
 BACKGROUND = {"table": start_table}

@@ -352,9 +352,9 @@ _shared_lock = threading.Lock()
 
 def shared_service_pool(workers: int | None, timeout_s: float | None, preload: Iterable[str],
                         idle_s: float) -> ServicePool:
-    """The process's ServicePool for these settings; its fallback is the process's shared pool. A cache
-    opened after KCACHE_CALLER_FORK or XDG_RUNTIME_DIR changed gets a pool of the new values, as it
-    gets every other setting's new value: a pool reads both once, when it is made."""
+    """The process's ServicePool for these settings; its fallback is the process's shared pool. A pool
+    reads KCACHE_CALLER_FORK and XDG_RUNTIME_DIR once, when it is made, so both are part of its key: a
+    compile after either changed goes through a pool of the new values, never one made under the old."""
     from kcache.compile.pool.process_pool import shared_pool
 
     preload = tuple(preload)
