@@ -106,6 +106,7 @@ def _instrument() -> None:
     from kcache.cache.compiling import CompileStep
     from kcache.store.entries import EntryStore
     from kcache.tiers.disk import DiskTier
+    from kcache.tilelang.host_prebuild import HostPrebuild
 
     _note_service_warm()
     timed_steps([
@@ -119,6 +120,8 @@ def _instrument() -> None:
         (toolchain, "identify_once", "kcache caller: identify the toolchain (or wait for its memo)"),
         (compiler, "compile_kernel", "kcache worker: compile_kernel"),
         (compiler, "write_entry", "kcache worker: write_entry (g++ link inside)"),
+        (HostPrebuild, "generate", "kcache: host code generated ahead, its g++ -c started"),
+        (HostPrebuild, "take", "kcache: the host object made ahead (waits for its g++ -c)"),
         (os, "fsync", "fsync"),
     ])
 

@@ -37,7 +37,7 @@ from tvm.tirx import PrimFunc
 from kcache.errors import CompileError
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
 from kcache.store.fsutil import empty_staging, ensure_dir, write_durable
-from kcache.tilelang import host_link
+from kcache.tilelang import host_link, host_prebuild
 from kcache.tilelang.context import CompileContext, applied
 from kcache.tilelang.device_arch import check_on_first_call
 from kcache.tilelang.identity import kernel_name
@@ -48,14 +48,16 @@ log = logging.getLogger("kcache")
 
 
 class CompiledKernel:
-    __slots__ = ("kernel", "name", "device_binary", "binary_format", "seconds")
+    __slots__ = ("kernel", "name", "device_binary", "binary_format", "seconds", "host_prebuild")
 
-    def __init__(self, kernel: JITKernel, name: str, device_binary: bytes, binary_format: str, seconds: float) -> None:
+    def __init__(self, kernel: JITKernel, name: str, device_binary: bytes, binary_format: str, seconds: float,
+                 host_prebuild: host_prebuild.HostPrebuild | None = None) -> None:
         self.kernel = kernel
         self.name = name
         self.device_binary = device_binary
         self.binary_format = binary_format
         self.seconds = seconds
+        self.host_prebuild = host_prebuild  # the host object compiled beside nvcc, for the entry's link
 
 
 # ---------------------------------------------------------------- hooks
@@ -96,6 +98,7 @@ def _install_hooks() -> None:
         CUDABinaryCache.load = classmethod(load)
         CUDABinaryCache.save = classmethod(save)
         tvm_ffi.register_global_func("tilelang_callback_cuda_compile", f=compile_callback, override=True)
+        host_prebuild.install_hooks(lambda: getattr(_compiling, "prebuild", None))
         _hooks_installed = True
 
 
@@ -117,6 +120,7 @@ def compile_kernel(
     backend_context = resolved.context
     binaries: list[bytes] = []
     _compiling.binaries = binaries
+    _compiling.prebuild = prebuild = host_prebuild.HostPrebuild()
     start = time.perf_counter()
     try:
         with applied(context, register_callbacks=in_worker):
@@ -131,16 +135,23 @@ def compile_kernel(
                 backend_context=backend_context,
             )
     except Exception as err:  # TileLang, TVM and nvcc raise many types; all mean "this kernel did not compile"
+        prebuild.close()
         raise CompileError(name, summarize_compiler_error(str(err)), _write_log(log_dir, name, err), str(err)) from err
+    except BaseException:
+        prebuild.close()
+        raise
     finally:
         _compiling.binaries = None
+        _compiling.prebuild = None
     seconds = time.perf_counter() - start
     if not binaries:
+        prebuild.close()
         raise CompileError(name, "TileLang produced no device binary (the nvcc callback never ran)", None)
     binary_format = "fatbin" if len(binaries[-1]) and binaries[-1][:4] == b"\x50\xed\x55\xba" else "cubin"
     # A kernel compiled here is checked on its first call like one loaded from an entry (device_arch).
     return CompiledKernel(kernel=check_on_first_call(kernel, name, resolved.canonical), name=name,
-                          device_binary=binaries[-1], binary_format=binary_format, seconds=seconds)
+                          device_binary=binaries[-1], binary_format=binary_format, seconds=seconds,
+                          host_prebuild=prebuild)
 
 
 def compile_job(
@@ -193,13 +204,19 @@ def _write_log(log_dir: Path, name: str, err: BaseException) -> str | None:
     return str(path)
 
 
-def linked_library(adapter: Any) -> bytes:
-    """The kernel's host library, linked into a private temporary directory and read back."""
-    with tempfile.TemporaryDirectory(prefix="kcache-link-") as private:
-        path = os.path.join(private, LIBRARY)
-        adapter.get_exportable_executable().export_library(path, fcompile=host_link.fcompile())
-        with open(path, "rb") as linked:
-            return linked.read()
+def linked_library(adapter: Any, prebuild: host_prebuild.HostPrebuild | None = None) -> bytes:
+    """The kernel's host library, linked into a private temporary directory and read back; the host
+    object compiled ahead (`prebuild`) is used where it is the one the link would compile."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="kcache-link-") as private:
+            path = os.path.join(private, LIBRARY)
+            prebuilt = prebuild.take if prebuild is not None else None
+            adapter.get_exportable_executable().export_library(path, fcompile=host_link.fcompile(prebuilt))
+            with open(path, "rb") as linked:
+                return linked.read()
+    finally:
+        if prebuild is not None:
+            prebuild.close()
 
 
 def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: ResolvedTarget, toolchain: dict,
@@ -215,7 +232,7 @@ def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: Res
     # Written like every component (durably, read-only, with the sharing mode), from the linker's
     # output in a private directory: the linker never writes into the cache's filesystem, so a full
     # cache fails the save (ENOSPC: the kernel is returned unsaved), never the compile.
-    write_durable(staging / LIBRARY, linked_library(adapter))
+    write_durable(staging / LIBRARY, linked_library(adapter, compiled.host_prebuild))
     meta = {
         "key": key,
         "kernel": compiled.name,

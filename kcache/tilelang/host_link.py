@@ -8,6 +8,10 @@ them in the same order: the library is the one TVM would link (tests/test_host_l
 them byte for byte). Each source's `g++ -c` runs beside the others, then one link: on an H100 the
 link is 0.2-0.5 s of a first compile, the bigger part of it the device binary's source.
 
+A source whose object was compiled ahead, beside nvcc, with the same command and the same bytes
+(`prebuilt`, kcache/tilelang/host_prebuild.py) is not compiled again: the object is the one this
+command would give.
+
 Anything else (one source, an object among the inputs, not Linux, a compiler set to nvcc) goes to
 TVM's `create_shared` unchanged. A failure reads as TVM's: "Compilation error:", the compiler's
 output, "Command line:".
@@ -24,32 +28,63 @@ from tvm.contrib import cc as tvm_cc
 
 _SOURCES = (".c", ".cc", ".cpp", ".cxx")
 
+# (compiler, flags, source path) -> the path of that source's object compiled ahead, or None.
+Prebuilt = Callable[[str, list[str], str], str | None]
 
-def fcompile() -> Callable[..., None]:
+
+def fcompile(prebuilt: Prebuilt | None = None) -> Callable[..., None]:
     """The `fcompile` to pass to `export_library`: `create_shared` below, with the attributes that
     steer `export_library` (the output format, the target triple that decides how the device binary
     is packed) copied from TVM's own, so that it exports exactly what TVM's default would."""
+
+    def export_shared(output: str, objects: Sequence[str], options: Sequence[str] | None = None,
+                      cc: str | None = None, **kwargs: object) -> None:
+        create_shared(output, objects, options, cc, prebuilt=prebuilt, **kwargs)
+
     for attribute in ("output_format", "get_target_triple"):
         if hasattr(tvm_cc.create_shared, attribute):
-            setattr(create_shared, attribute, getattr(tvm_cc.create_shared, attribute))
-    return create_shared
+            setattr(export_shared, attribute, getattr(tvm_cc.create_shared, attribute))
+    return export_shared
+
+
+def compile_command(compiler: str, flags: Sequence[str], source: str, obj: str) -> list[str]:
+    """One source's compile, as the link runs it (and as a prebuilt object was compiled)."""
+    return [compiler, "-c", "-fPIC", *flags, source, "-o", obj]
+
+
+def compiler_for(cc: str | None = None) -> str | None:
+    """The compiler this module runs itself, or None where TVM's `create_shared` must link."""
+    compiler = cc or tvm_cc.get_cc()
+    if not sys.platform.startswith("linux") or compiler is None or os.path.basename(compiler) == "nvcc":
+        return None
+    return compiler
 
 
 def create_shared(output: str, objects: Sequence[str], options: Sequence[str] | None = None,
-                  cc: str | None = None, **kwargs: object) -> None:
+                  cc: str | None = None, *, prebuilt: Prebuilt | None = None, **kwargs: object) -> None:
     """`tvm.contrib.cc.create_shared`'s signature and result."""
-    compiler = cc or tvm_cc.get_cc()
+    compiler = compiler_for(cc)
     sources = [objects] if isinstance(objects, str) else list(objects)
-    if (kwargs or not sys.platform.startswith("linux") or compiler is None or os.path.basename(compiler) == "nvcc"
-            or len(sources) < 2 or not all(source.endswith(_SOURCES) for source in sources)):
+    if kwargs or compiler is None or len(sources) < 2 or not all(source.endswith(_SOURCES) for source in sources):
         tvm_cc.create_shared(output, objects, options, cc, **kwargs)
         return
     flags = list(options or [])
     workspace = os.path.dirname(os.path.abspath(output))
-    compiled = [os.path.join(workspace, f"{index}-{os.path.basename(source)}.o") for index, source in enumerate(sources)]
+    linked: list[str] = []
+    compiled: list[str] = []  # this call's own objects, removed at the end
+    commands = []
+    for index, source in enumerate(sources):
+        ahead = prebuilt(compiler, flags, source) if prebuilt is not None else None
+        if ahead is not None:
+            linked.append(ahead)
+            continue
+        obj = os.path.join(workspace, f"{index}-{os.path.basename(source)}.o")
+        commands.append(compile_command(compiler, flags, source, obj))
+        compiled.append(obj)
+        linked.append(obj)
     try:
-        _run_all([[compiler, "-c", "-fPIC", *flags, source, "-o", obj] for source, obj in zip(sources, compiled)])
-        _run_all([[compiler, "-shared", "-fPIC", "-o", output, *flags, *compiled]])
+        _run_all(commands)
+        _run_all([[compiler, "-shared", "-fPIC", "-o", output, *flags, *linked]])
     finally:
         for obj in compiled:
             try:
