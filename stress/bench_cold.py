@@ -64,7 +64,8 @@ def _sample(mode: str, kernel: str, work: Path, env: dict[str, str]) -> float:
                           env={**os.environ, **env, **extra}, capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"cold sample {mode}/{kernel} failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"cold sample {mode}/{kernel} failed (exit status {done.returncode}): "
+                           f"{done.stderr[-2000:]}\nits output: {done.stdout[-2000:]}")
     shutil.rmtree(root, ignore_errors=True)
     return float(json.loads(lines[-1][7:])["seconds"])
 

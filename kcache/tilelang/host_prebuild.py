@@ -77,7 +77,8 @@ class HostPrebuild:
         """Generate the host code now (TileLang's `host_codegen`), keep it for TileLang's own call,
         and start compiling it. Nothing happens where the backend generates no host code or a host
         callback is in force."""
-        if (self._generated is not None or not getattr(context.execution_backend, "enable_host_codegen", False)
+        backend = getattr(context, "execution_backend", None)
+        if (self._generated is not None or not getattr(backend, "enable_host_codegen", False)
                 or tvm_ffi.get_global_func(HOST_CALLBACK, allow_missing=True) is not None):
             return
         try:
@@ -155,7 +156,7 @@ def install_hooks(active: Callable[[], HostPrebuild | None]) -> None:
     def lower_to_host_device_ir(func_or_mod: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
         split = original_split(func_or_mod, context, *args, **kwargs)
         prebuild = active()
-        if prebuild is not None:
+        if prebuild is not None and isinstance(split, tuple) and split:  # (host IR, device IR, ...)
             prebuild.generate(split[0], context, original_codegen)
         return split
 
