@@ -8,6 +8,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,9 +19,10 @@ from tilelang.contrib import nvcc  # noqa: E402
 from tvm.contrib import cc as tvm_cc  # noqa: E402
 
 from kcache.errors import CompileError  # noqa: E402
-from kcache.tilelang import compiler, host_link  # noqa: E402
+from kcache.tilelang import compiler, host_link, host_prebuild  # noqa: E402
 from kcache.tilelang.target import resolve_target  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add, matmul  # noqa: E402
+from tests.faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 from tests.test_host_link import _my_children_named  # noqa: E402
 
 # A C compiler that logs each run; the prebuild's compile (its object is `host.o`) does what `{ahead}` says.
@@ -162,3 +164,33 @@ def test_with_a_host_callback_the_host_code_is_generated_after_nvcc_as_tilelang_
     compiler.linked_library(compiled.kernel.adapter, compiled.host_prebuild)
     assert order == ["nvcc", "host callback"]
     assert not any("host.o" in run for run in log.read_text().splitlines())  # nothing compiled ahead
+
+
+@needs_root
+def test_a_source_written_short_ahead_is_compiled_at_the_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host code's directory is on a full tmpfs (a real ENOSPC: TVM writes the source short and
+    says nothing; nvcc's temporary files stay where they were): the object made from it is not the
+    link's, so the link compiles the source itself, and the library is still TVM's."""
+    log = _compiler(tmp_path, monkeypatch)
+    with tmpfs(tmp_path / "full", size="1m") as mount:
+        fill_filesystem(mount, leave_bytes=0)
+        made: list[str] = []
+
+        def mkdtemp_on_the_full_mount(prefix: str = "") -> str:
+            made.append(tempfile.mkdtemp(prefix=prefix, dir=mount))
+            return made[-1]
+
+        with monkeypatch.context() as patch:  # the prebuild's own view of `tempfile` only
+            patch.setattr(host_prebuild, "tempfile", SimpleNamespace(mkdtemp=mkdtemp_on_the_full_mount))
+            compiled = _compile(elementwise_add(n=11264), tmp_path)
+        written = (Path(made[0]) / "lib0.c").read_bytes()
+        executable = compiled.kernel.adapter.get_exportable_executable()
+        workspace = tmp_path / "work"
+        workspace.mkdir()
+        executable.export_library(str(tmp_path / "tvm.so"), workspace_dir=str(workspace))
+        assert len(written) < len((workspace / "lib0.c").read_bytes())  # the fault fired
+        library = compiler.linked_library(compiled.kernel.adapter, compiled.host_prebuild)
+        assert not os.path.exists(made[0])
+    assert library == (tmp_path / "tvm.so").read_bytes()
+    compiled_lib0 = [run.split()[-1] for run in _compiles_and_links(log) if _names(run, "/lib0.c") and "-c" in run.split()]
+    assert [os.path.basename(obj) for obj in compiled_lib0] == ["host.o", "0-lib0.c.o"]
