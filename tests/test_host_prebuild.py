@@ -48,8 +48,17 @@ def _compile(func: object, tmp_path: Path) -> compiler.CompiledKernel:
     return compiler.compile_kernel(func, resolve_target(CPU_TARGET, "tvm_ffi"), [2], {}, None, tmp_path / "logs")
 
 
-def _prebuild_dirs() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("kcache-host-")}
+def _private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own temporary directory, for the prebuild (and nvcc): the suite's background
+    compiles make theirs in the shared one meanwhile."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    return private
+
+
+def _prebuild_dirs(private: Path) -> list[str]:
+    return [name for name in os.listdir(private) if name.startswith("kcache-host-")]
 
 
 def _names(run: str, suffix: str) -> bool:
@@ -81,8 +90,9 @@ def test_the_host_code_compiles_while_nvcc_runs(tmp_path: Path, monkeypatch: pyt
     os.mkfifo(fifo)
     log = _compiler(tmp_path, monkeypatch, ahead=f'timeout 20 cat "{fifo}" > "{tmp_path}/met" || exit 3')
     _nvcc_meets_the_host_compile(fifo, monkeypatch)
-    before = _prebuild_dirs()
+    private = _private_tmp(tmp_path, monkeypatch)
     compiled = _compile(elementwise_add(n=5120), tmp_path)
+    assert len(_prebuild_dirs(private)) == 1
     library = compiler.linked_library(compiled.kernel.adapter, compiled.host_prebuild)
     assert (tmp_path / "met").read_text() == "met\n"
     assert library[:4] == b"\x7fELF"
@@ -90,7 +100,7 @@ def test_the_host_code_compiles_while_nvcc_runs(tmp_path: Path, monkeypatch: pyt
     # lib0.c compiled once, ahead; devc.c at the link; then the link itself, of the object made ahead.
     assert [(_names(run, "/lib0.c"), _names(run, "/devc.c"), "-shared" in run.split(), _names(run, "/host.o"))
             for run in runs] == [(True, False, False, True), (False, True, False, False), (False, False, True, True)], runs
-    assert _prebuild_dirs() == before and _my_children_named("cc") == _my_children_named("g++") == []
+    assert _prebuild_dirs(private) == [] and _my_children_named("cc") == _my_children_named("g++") == []
 
 
 @pytest.mark.parametrize("which", ["add", "matmul"])
@@ -134,11 +144,11 @@ def test_a_compile_that_fails_stops_the_host_compile_and_leaves_nothing(
     # The host compile, once it has met nvcc, would run for ten minutes: it must be killed and reaped.
     _compiler(tmp_path, monkeypatch, ahead=f'timeout 20 cat "{fifo}" > "{tmp_path}/met" && exec sleep 600')
     _nvcc_meets_the_host_compile(fifo, monkeypatch, then_fail=True)
-    before = _prebuild_dirs()
+    private = _private_tmp(tmp_path, monkeypatch)
     with pytest.raises(CompileError, match="nvcc failed on purpose"):
         _compile(elementwise_add(n=9216), tmp_path)
     assert (tmp_path / "met").read_text() == "met\n"  # the host compile was running
-    assert _my_children_named("sleep") == [] and _prebuild_dirs() == before
+    assert _my_children_named("sleep") == [] and _prebuild_dirs(private) == []
 
 
 def test_with_a_host_callback_the_host_code_is_generated_after_nvcc_as_tilelang_does(
