@@ -26,7 +26,9 @@ from typing import Any
 
 # The callbacks that change what a CUDA compile produces: the device source before nvcc, the host
 # wrapper before it is built. (The nvcc callback itself is TileLang's, wrapped by kcache's compiler.)
-WATCHED = ("tilelang_callback_cuda_postproc", "tilelang_callback_c_host_postproc")
+DEVICE_CALLBACK = "tilelang_callback_cuda_postproc"
+HOST_CALLBACK = "tilelang_callback_c_host_postproc"
+WATCHED = (DEVICE_CALLBACK, HOST_CALLBACK)
 
 
 class Callback:
@@ -96,8 +98,8 @@ def handles() -> tuple[int, ...]:
         import tvm_ffi
 
         _get_global_func = tvm_ffi.get_global_func
-    cuda = _get_global_func(WATCHED[0], allow_missing=True)
-    host = _get_global_func(WATCHED[1], allow_missing=True)
+    cuda = _get_global_func(DEVICE_CALLBACK, allow_missing=True)
+    host = _get_global_func(HOST_CALLBACK, allow_missing=True)
     if cuda is None and host is None:
         return (0, 0)
     return (_handle(cuda), _handle(host))

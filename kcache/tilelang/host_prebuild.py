@@ -33,11 +33,12 @@ from typing import Any
 import tvm_ffi
 
 from kcache.tilelang import host_link
+from kcache.tilelang.callbacks import HOST_CALLBACK
 
 log = logging.getLogger("kcache")
 
-HOST_CALLBACK = "tilelang_callback_c_host_postproc"
-_C_FORMATS = ("c", "cc", "cpp", "cu")
+_C_FORMATS = ("c", "cc", "cpp", "cu")  # TVM's export names the host module's file by the first it has
+_LINKED_HERE = ("c", "cc", "cpp")  # of those, what host_link compiles itself (a .cu goes to TVM's link)
 
 
 class _Build:
@@ -107,7 +108,7 @@ class HostPrebuild:
         formats = list(host_module.get_write_formats())
         extension = next((f for f in formats if f in _C_FORMATS), None) if formats else "c"
         compiler = host_link.compiler_for()
-        if extension is None or compiler is None:
+        if extension not in _LINKED_HERE or compiler is None:
             return
         from tvm.libinfo import find_include_path  # as TVM's export_library adds them
 
