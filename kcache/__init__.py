@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 from kcache.errors import (
@@ -34,6 +33,7 @@ from kcache.errors import (
     UnwritableCache,
     WorkerStartFailed,
 )
+from kcache.import_hooks import after_import
 
 if TYPE_CHECKING:
     from kcache.cache.default import default_cache, get_or_compile
@@ -93,13 +93,17 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC})
 
 
-if "tvm_ffi" in sys.modules:
-    # TileLang is loaded already: remember the Python function of every compile callback registered
-    # from now on, so that it can travel to a compile worker (kcache.tilelang.callbacks). Without
-    # TileLang loaded this costs nothing: the cache starts watching when it opens.
+def _watch_callbacks() -> None:
     from kcache.tilelang.callbacks import watch_registrations
 
     watch_registrations()
+
+
+# Remember the Python function of every compile callback registered from TVM's FFI's load on, so that
+# it can be keyed and called back from a compile worker (kcache.tilelang.callbacks): now if TileLang
+# is loaded, else as its import loads the FFI, so that `import kcache` then `import tilelang` watches
+# what the program registers next. A process that never loads TileLang pays nothing.
+after_import("tvm_ffi", _watch_callbacks)
 
 if os.environ.get("KCACHE_TILELANG", "").strip():
     # KCACHE_TILELANG=1: install into TileLang now, or as soon as it is imported.

@@ -5,6 +5,7 @@ kcache's own interpreters import nothing from the working directory."""
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kcache.compile.pool.process_pool import CompilePool
+from stress.service_runtime import service_pids
 
 from . import pool_jobs
 from .helpers import PROJECT, child_env
@@ -191,7 +193,7 @@ def test_two_projects_sharing_the_service_each_get_their_own_edit(kernels_module
     """Each registers a callback from a module named alike (cbmod.py, in its own directory), and the
     same service compiles both: each kernel carries its own project's edit."""
     kernels_dir = str(Path(kernels_module.__file__).parent)
-    outputs = {}
+    outputs, servers = {}, set()
     for project in ("A", "B"):
         home = tmp_path / f"project-{project}"
         home.mkdir()
@@ -200,8 +202,15 @@ def test_two_projects_sharing_the_service_each_get_their_own_edit(kernels_module
         done = subprocess.run([sys.executable, "prog.py"], cwd=home, capture_output=True, text=True, timeout=600,
                               env=child_env(KCACHE_DIR=str(tmp_path / "shared-root"), KCACHE_CALLER_FORK="0"))
         assert done.returncode == 0, done.stderr[-3000:]
+        # The service compiled it, and kcache stored it: not the caller's own compile that an opaque
+        # callback gets (which TileLang's log lines, printed in the caller, would show).
+        assert "kcache:" not in done.stderr, done.stderr[-3000:]
+        assert "TileLang begins to compile" not in done.stdout, done.stdout[-3000:]
         outputs[project] = done.stdout.strip().splitlines()[-1]
+        servers.update(service_pids(runtime))
     assert outputs == {"A": "marks ['project A']", "B": "marks ['project B']"}
+    assert len(servers) == 1, servers  # one service compiled both
+    assert len(os.listdir(tmp_path / "shared-root" / "kernels")) == 2
 
 
 # ---------------------------------------------------------------- interpreters and the working directory

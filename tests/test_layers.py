@@ -21,7 +21,7 @@ PACKAGES = ("kcache", "autotuner", "stress")
 # Bottom to top. A module may import the modules of lower layers, and modules of its own
 # subpackage (acyclically); never a sibling subpackage of its layer, never a higher layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("kcache.errors", "kcache.keys")),
+    ("base", ("kcache.errors", "kcache.keys", "kcache.import_hooks")),
     ("store", ("kcache.store",)),
     ("setting values", ("kcache.setting_values",)),
     ("settings", ("kcache.config",)),
@@ -196,9 +196,9 @@ def test_importing_a_layer_loads_only_it_and_the_layers_below(package: str) -> N
     assert "autotuner" not in {m.split(".")[0] for m in loaded}
 
 
-def test_import_kcache_loads_the_facade_and_its_errors_only() -> None:
+def test_import_kcache_loads_the_facade_its_errors_and_import_hooks_only() -> None:
     # Every public name loads on first use: `import kcache` is cheap wherever it happens.
-    assert loaded_after("import kcache") == {"kcache", "kcache.errors"}
+    assert loaded_after("import kcache") == {"kcache", "kcache.errors", "kcache.import_hooks"}
     assert "kcache.cache.kernel_cache" in loaded_after("import kcache; kcache.KernelCache")
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import logging
 import os
 import sys
@@ -14,6 +12,7 @@ from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
 from kcache.dropin import autotuner_results, routing, state
+from kcache.import_hooks import after_import, before_import
 from kcache.setting_values import parse_flag
 from kcache.tilelang.installed import require_tilelang
 
@@ -89,42 +88,19 @@ def install_from_environment() -> None:
         raise ValueError(f"{state.ENV}={raw!r}: {err}") from None
     if not wanted:
         return
-    if _LAST_PATCHED in sys.modules:
-        install()
-    elif not any(isinstance(finder, _InstallWhenImported) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _InstallWhenImported())
+    if _LAST_PATCHED not in sys.modules:
+        # When TileLang's import begins, the default cache opens, so that the compile service's start
+        # (server mode) overlaps that import rather than following it.
+        before_import("tilelang", _open_default_cache)
+    after_import(_LAST_PATCHED, install)
 
 
 # The last module `install` patches: `import tilelang` loads tilelang.jit before it.
 _LAST_PATCHED = "tilelang.autotuner.tuner"
 
 
-class _InstallWhenImported(importlib.abc.MetaPathFinder):
-    """A post-import hook: once TileLang's AutoTuner module has run, install. When TileLang's import
-    begins, the default cache opens, so that the compile service's start (server mode) overlaps
-    that import rather than following it."""
-
-    opened = False  # once: the open itself looks TileLang's package up (the service's name)
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname == "tilelang" and path is None and not self.opened:
-            self.opened = True
-            try:
-                default_cache()
-            except Exception as err:  # noqa: BLE001 - install(), after the import, raises it with its message
-                log.debug("kcache: the default cache did not open at TileLang's import: %s", err)
-            return None
-        if fullname != _LAST_PATCHED:
-            return None
-        sys.meta_path.remove(self)  # one shot; and the real finders must answer the lookup below
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run_module = spec.loader.exec_module
-
-        def run_then_install(module: Any) -> None:
-            run_module(module)
-            install()
-
-        spec.loader.exec_module = run_then_install  # type: ignore[method-assign]
-        return spec
+def _open_default_cache() -> None:
+    try:
+        default_cache()
+    except Exception as err:  # noqa: BLE001 - install(), after the import, raises it with its message
+        log.debug("kcache: the default cache did not open at TileLang's import: %s", err)
