@@ -24,6 +24,7 @@ from kcache.compile.service import address, client
 from kcache.compile.service import connection as service_connection
 from kcache.errors import CompilerCrashed, CompileTimeout
 from kcache.store import layout
+from stress.service_runtime import service_processes
 
 from . import pool_jobs
 from .faults import needs_root
@@ -152,7 +153,10 @@ def test_the_service_killed_mid_job_falls_back_to_the_own_pool(runtime: Path, tm
     with caplog.at_level(logging.WARNING, logger="kcache"):
         future = pool.submit(pool_jobs.read_fifo, str(fifo))
         os.kill(server, signal.SIGKILL)
-        assert wait_for_exit(server, 30)
+        # The service's template and workers gone too (none is forked once the server is dead): a
+        # service worker still waiting in the FIFO's open would take the release meant for the own
+        # pool's worker (CI saw it), which would then wait for ever.
+        assert all(wait_for_exit(pid, 30) for pid in [server, *service_processes(runtime)])
         released = threading.Thread(target=lambda: fifo.write_text("done"))
         released.start()  # the job runs again in the own pool, whose worker opens the FIFO
         assert future.result(timeout=60) == "done"
