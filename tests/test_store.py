@@ -5,9 +5,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import string
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kcache.errors import CorruptEntry, PublishError
 from kcache.maintenance.gc import collect_garbage
@@ -15,7 +19,7 @@ from kcache.store import publish_batch
 from kcache.store.entries import PUBLISH_STEPS, EntryStore, PublishOutcome
 from kcache.store.fsutil import fsync_tree_at, sha256_hex, sync_filesystem, write_durable
 from kcache.store.layout import StagingName
-from kcache.store.manifest import MANIFEST_NAME, build_manifest
+from kcache.store.manifest import MANIFEST_NAME, build_manifest, is_entry_file_name
 from kcache.store.publish_batch import BATCH_STEPS
 from kcache.store.publish_batch import publish_batch as batch_of
 
@@ -143,6 +147,15 @@ def test_keys_must_be_hex_so_no_name_escapes_the_root(cache_root: Path) -> None:
     for bad in ["../../etc", "AB" * 32, "g" * 64, "", "ab/cd" * 8]:
         with pytest.raises(ValueError, match="invalid cache key"):
             store.entry_path(bad)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet=string.ascii_letters + string.digits + "._-/ \n\x00\u00e9", max_size=140))
+def test_an_entry_file_name_is_one_plain_component_as_the_manifest_format_says(name: str) -> None:
+    # The check is written with sets (a regular expression costs its compile on a hit); it means this one.
+    plain = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", name) is not None and name != MANIFEST_NAME
+    assert is_entry_file_name(name) == plain
+    assert not is_entry_file_name(MANIFEST_NAME) and is_entry_file_name("a" * 128) and not is_entry_file_name("a" * 129)
 
 
 def test_staging_names_round_trip_even_with_dotted_hostnames() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import stat
 from collections.abc import Iterable, Mapping
 from hashlib import sha256
@@ -187,13 +186,17 @@ def _check_names(where: str, listed: Iterable[str], required: frozenset[str], ex
             f"lacks required file(s) {missing}" if missing else "", f"lists unexpected file(s) {extra}" if extra else ""])))
 
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+# An entry's file name: 1 to 128 of these ASCII characters, the first not "." or "-". Sets, not a
+# regular expression: compiling one costs 0.1-0.2 ms at import, on a fresh process's hit.
+_NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_NAME_CHARS = _NAME_FIRST | {".", "-"}
 
 
 def is_entry_file_name(name: str) -> bool:
     """Whether `name` may name a file of an entry: one plain path component (no `/`, no `..`, not
     hidden), never the manifest itself."""
-    return isinstance(name, str) and _SAFE_NAME.fullmatch(name) is not None and name != MANIFEST_NAME
+    return (isinstance(name, str) and 0 < len(name) <= 128 and name[0] in _NAME_FIRST and _NAME_CHARS.issuperset(name)
+            and name != MANIFEST_NAME)
 
 
 def _parse_manifest(directory: Path, raw: bytes) -> dict[str, dict]:
