@@ -94,9 +94,17 @@ def __dir__() -> list[str]:
 
 
 def _watch_callbacks() -> None:
-    from kcache.tilelang.callbacks import watch_registrations
+    try:
+        from kcache.tilelang.callbacks import watch_registrations
 
-    watch_registrations()
+        watch_registrations()
+    except Exception as err:  # noqa: BLE001 - never fail the program's `import tilelang` for it
+        # Unwatched, a callback is opaque: compiled in the caller and kept in memory only.
+        import logging
+
+        logging.getLogger("kcache").warning("kcache: cannot watch TileLang's callback registrations (%s: %s): "
+                                            "a compile with a postproc callback runs in this process, uncached",
+                                            type(err).__name__, err)
 
 
 # Remember the Python function of every compile callback registered from TVM's FFI's load on, so that

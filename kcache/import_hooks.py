@@ -18,7 +18,8 @@ from typing import Any
 
 def after_import(name: str, action: Callable[[], None]) -> None:
     """Call `action` once module `name` has run: now, if it has, else right after its import's code.
-    An exception from `action` is logged, never raised into the program's import."""
+    An exception from `action` is raised where it runs: from this call, or from the program's import
+    (an action that must not fail an import catches its own)."""
     if name in sys.modules:
         action()
     else:
@@ -27,7 +28,7 @@ def after_import(name: str, action: Callable[[], None]) -> None:
 
 def before_import(name: str, action: Callable[[], None]) -> None:
     """Call `action` when module `name`'s import begins, unless it is loaded already (then never).
-    An exception from `action` is logged, never raised into the program's import."""
+    An exception from `action` is raised from the program's import, as in `after_import`."""
     if name not in sys.modules:
         sys.meta_path.insert(0, _Hook(name, before=action))
 
@@ -47,7 +48,7 @@ class _Hook:
         except ValueError:  # another thread's lookup took it first
             return None
         if self.before is not None:
-            _call(self.before, self.name)
+            self.before()
         if self.after is None:
             return None  # the real finders, next on the path, find it
         import importlib.util
@@ -59,16 +60,8 @@ class _Hook:
 
         def run_then_act(module: Any) -> None:
             run_module(module)
-            _call(after, fullname)
+            after()
 
         spec.loader.exec_module = run_then_act  # type: ignore[method-assign]
         return spec
 
-
-def _call(action: Callable[[], None], name: str) -> None:
-    try:
-        action()
-    except Exception as err:  # noqa: BLE001 - the program's import must not fail for kcache's sake
-        import logging
-
-        logging.getLogger("kcache").warning("kcache: at the import of %s: %s: %s", name, type(err).__name__, err)
