@@ -64,4 +64,3 @@ class _Hook:
 
         spec.loader.exec_module = run_then_act  # type: ignore[method-assign]
         return spec
-

@@ -86,8 +86,10 @@ def install_from_environment() -> None:
         wanted = bool(raw) and parse_flag(raw)
     except ValueError as err:
         raise ValueError(f"{state.ENV}={raw!r}: {err}") from None
-    if not wanted:
+    global _hooked
+    if not wanted or _hooked:  # once: a second call would install twice at the import
         return
+    _hooked = True
     if _LAST_PATCHED not in sys.modules:
         # When TileLang's import begins, the default cache opens, so that the compile service's start
         # (server mode) overlaps that import rather than following it.
@@ -97,6 +99,7 @@ def install_from_environment() -> None:
 
 # The last module `install` patches: `import tilelang` loads tilelang.jit before it.
 _LAST_PATCHED = "tilelang.autotuner.tuner"
+_hooked = False  # install_from_environment has run (and installed, or set its hooks)
 
 
 def _open_default_cache() -> None:
