@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 
 from tvm.contrib import cc as tvm_cc
 
+from kcache.tilelang import packed_blob
+
 _SOURCES = (".c", ".cc", ".cpp", ".cxx")
 
 # (compiler, flags, source path) -> the path of that source's object compiled ahead, or None.
@@ -72,20 +74,27 @@ def create_shared(output: str, objects: Sequence[str], options: Sequence[str] | 
     workspace = os.path.dirname(os.path.abspath(output))
     linked: list[str] = []
     compiled: list[str] = []  # this call's own objects, removed at the end
-    commands = []
-    for index, source in enumerate(sources):
-        ahead = prebuilt(compiler, flags, source) if prebuilt is not None else None
-        if ahead is not None:
-            linked.append(ahead)
-            continue
-        obj = os.path.join(workspace, f"{index}-{os.path.basename(source)}.o")
-        commands.append(compile_command(compiler, flags, source, obj))
-        compiled.append(obj)
-        linked.append(obj)
+    commands: list[list[str]] = []
+    respelled = packed_blob.Respelled(lambda source, obj: compile_command(compiler, flags, source, obj),
+                                      (compiler, *flags), workspace)
     try:
-        _run_all(commands)
-        _run_all([[compiler, "-shared", "-fPIC", "-o", output, *flags, *linked]])
+        for index, source in enumerate(sources):
+            ahead = prebuilt(compiler, flags, source) if prebuilt is not None else None
+            if ahead is not None:
+                linked.append(ahead)
+                continue
+            obj = os.path.join(workspace, f"{index}-{os.path.basename(source)}.o")
+            compiled.append(obj)
+            linked.append(obj)
+            if not respelled.add(source, obj):
+                commands.append(compile_command(compiler, flags, source, obj))
+        results = _run_all(commands + respelled.commands)  # the probe's too: all at once
+        _raise_first_failure(results[:len(commands)])
+        failed = {tuple(command) for command, returncode, _output in results if returncode != 0}
+        _raise_first_failure(_run_all(respelled.owed(failed)))
+        _raise_first_failure(_run_all([[compiler, "-shared", "-fPIC", "-o", output, *flags, *linked]]))
     finally:
+        respelled.close()
         for obj in compiled:
             try:
                 os.unlink(obj)
@@ -93,23 +102,28 @@ def create_shared(output: str, objects: Sequence[str], options: Sequence[str] | 
                 pass
 
 
-def _run_all(commands: list[list[str]]) -> None:
-    """Start every command, wait for all; the first failure raises as TVM's compile error does. Whatever
-    stops the wait (a start that fails, a Ctrl-C) kills and reaps the compilers still running."""
+def _run_all(commands: list[list[str]]) -> list[tuple[list[str], int, bytes]]:
+    """Start every command, wait for all: each one's exit status and output. Whatever stops the wait
+    (a start that fails, a Ctrl-C) kills and reaps the compilers still running."""
     running: list[tuple[list[str], subprocess.Popen[bytes]]] = []
     try:
         for command in commands:
             running.append((command, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
-        failure = None
+        results = []
         for command, process in running:
             out, _ = process.communicate()  # every process is waited for, whatever failed before it
-            if process.returncode != 0 and failure is None:
-                failure = RuntimeError("Compilation error:\n" + out.decode(errors="replace")
-                                       + "\nCommand line: " + " ".join(command))
-        if failure is not None:
-            raise failure
+            results.append((command, process.returncode, out))
+        return results
     finally:
         for _command, process in running:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def _raise_first_failure(results: list[tuple[list[str], int, bytes]]) -> None:
+    """The first failed command's error, as TVM's compile error reads."""
+    for command, returncode, out in results:
+        if returncode != 0:
+            raise RuntimeError("Compilation error:\n" + out.decode(errors="replace")
+                               + "\nCommand line: " + " ".join(command))
