@@ -4,6 +4,7 @@ compiler and flags, and a compiler that disagrees is caught), and the library st
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -127,3 +128,20 @@ def test_a_literal_compile_that_fails_falls_back_to_tvms_source(
     kcache_runs = _compiled_sources(log)
     assert any(source.endswith("/literal/devc.c") for source in kcache_runs)  # it was tried, and failed
     assert any(source.endswith("/work/devc.c") for source in kcache_runs)
+
+
+def test_a_respelling_that_cannot_be_written_compiles_tvms_source(
+        executable: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full temporary directory as the link writes the fast spelling: TVM's source is compiled."""
+    log = _compiler(tmp_path, monkeypatch)
+    refused: list[str] = []
+
+    def full(directory: str, name: str, text: str) -> str:
+        refused.append(name)
+        raise OSError(errno.ENOSPC, "No space left on device", directory)
+
+    monkeypatch.setattr(packed_blob, "write_source", full)
+    tvm_so, kcache_so, _devc = _export_both(executable, tmp_path / "out", log)
+    assert refused == ["devc.c"]  # the fault fired
+    assert kcache_so == tvm_so
+    assert any(source.endswith("/work/devc.c") for source in _compiled_sources(log))

@@ -12,6 +12,10 @@ A source whose object was compiled ahead, beside nvcc, with the same command and
 (`prebuilt`, kcache/tilelang/host_prebuild.py) is not compiled again: the object is the one this
 command would give.
 
+The device binary's source is compiled from its fast spelling, one string literal instead of a
+token a byte (kcache/tilelang/packed_blob.py), where a probe proved that the command gives the same
+object for both spellings.
+
 Anything else (one source, an object among the inputs, not Linux, a compiler set to nvcc) goes to
 TVM's `create_shared` unchanged. A failure reads as TVM's: "Compilation error:", the compiler's
 output, "Command line:".

@@ -146,20 +146,32 @@ class Respelled:
         known = verdict(key)
         if known is False:
             return False
-        if self.directory is None:
-            self.directory = tempfile.mkdtemp(prefix="kcache-respelled-", dir=self.workspace)
-        name, place = os.path.basename(source), os.path.join(self.directory, str(len(self.pending)))
-        os.mkdir(place, 0o700)
-        own = [self.command(write_source(os.path.join(place, "literal"), name, packed.literal()), obj)]
-        if known is None:
-            probe = packed.with_data(PROBE_BYTES)
-            objects = (os.path.join(place, "probe-braces.o"), os.path.join(place, "probe-literal.o"))
-            own.append(self.command(write_source(os.path.join(place, "probe-braces"), name, probe.braces()), objects[0]))
-            own.append(self.command(write_source(os.path.join(place, "probe-literal"), name, probe.literal()), objects[1]))
+        try:
+            own, objects = self._write(packed, os.path.basename(source), obj, probe=known is None)
+        except OSError as err:  # a full or unwritable temporary directory: TVM's source, as it is
+            log.debug("kcache: the device binary's source was not respelled: %s", err)
+            return False
+        if objects is not None:
             self.probes.append((key, *objects))
         self.commands += own
         self.pending.append((key, own, source, obj))
         return True
+
+    def _write(self, packed: PackedSource, name: str, obj: str, *, probe: bool) -> tuple[list[list[str]], tuple[str, str] | None]:
+        """Write the fast spelling (and the probe's two) under this link's private directory: the
+        commands that compile them, and the probe's two objects."""
+        if self.directory is None:
+            self.directory = tempfile.mkdtemp(prefix="kcache-respelled-", dir=self.workspace)
+        place = os.path.join(self.directory, str(len(self.pending)))
+        os.mkdir(place, 0o700)
+        own = [self.command(write_source(os.path.join(place, "literal"), name, packed.literal()), obj)]
+        if not probe:
+            return own, None
+        example = packed.with_data(PROBE_BYTES)
+        objects = (os.path.join(place, "probe-braces.o"), os.path.join(place, "probe-literal.o"))
+        own.append(self.command(write_source(os.path.join(place, "probe-braces"), name, example.braces()), objects[0]))
+        own.append(self.command(write_source(os.path.join(place, "probe-literal"), name, example.literal()), objects[1]))
+        return own, objects
 
     def owed(self, failed: set[tuple[str, ...]]) -> list[list[str]]:
         """Once the commands ran (`failed`: those that did not succeed), record the probes' verdicts and
