@@ -16,7 +16,6 @@ pytest.importorskip("tilelang", reason="the host code's compile needs TileLang (
 
 import tvm_ffi  # noqa: E402
 from tilelang.contrib import nvcc  # noqa: E402
-from tvm.contrib import cc as tvm_cc  # noqa: E402
 
 from kcache.errors import CompileError  # noqa: E402
 from kcache.tilelang import compiler, host_link, host_prebuild  # noqa: E402
@@ -24,24 +23,12 @@ from kcache.tilelang.target import resolve_target  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add, matmul  # noqa: E402
 from tests.faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 from tests.test_host_link import _my_children_named  # noqa: E402
-
-# A C compiler that logs each run; the prebuild's compile (its object is `host.o`) does what `{ahead}` says.
-LOGGING_CC = """#!/bin/sh
-echo "$*" >> "{log}"
-case " $* " in
-  *" -c "*"/host.o "*) {ahead} ;;
-esac
-exec "{real}" "$@"
-"""
+from tests.wrapped_cc import wrap_cc  # noqa: E402
 
 
 def _compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: str = ":") -> Path:
-    log = tmp_path / "cc.log"
-    wrapper = tmp_path / "cc"
-    wrapper.write_text(LOGGING_CC.format(log=log, ahead=ahead, real=tvm_cc.get_cc()))
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("CXX", str(wrapper))  # TVM's get_cc reads it at each link
-    return log
+    """A C compiler that logs each run; the prebuild's compile (its object is `host.o`) does what `ahead` says."""
+    return wrap_cc(tmp_path, monkeypatch, f'case " $* " in *" -c "*"/host.o "*) {ahead} ;; esac')
 
 
 def _compile(func: object, tmp_path: Path) -> compiler.CompiledKernel:

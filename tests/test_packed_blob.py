@@ -13,30 +13,17 @@ import pytest
 pytest.importorskip("tilelang", reason="the link needs TileLang (and its TVM)")
 
 from tilelang.jit import JITKernel  # noqa: E402
-from tvm.contrib import cc as tvm_cc  # noqa: E402
 
 from kcache.tilelang import host_link, packed_blob  # noqa: E402
 from stress.kernels import CPU_TARGET, matmul  # noqa: E402
-
-# Logs each run; a run whose source is spelled as one literal (the link's, the probe's) does what
-# `{literal}` says first.
-LOGGING_CC = """#!/bin/sh
-echo "$*" >> "{log}"
-for arg in "$@"; do
-  case "$arg" in *literal/*.c) {literal} ;; esac
-done
-exec "{real}" "$@"
-"""
+from tests.wrapped_cc import wrap_cc  # noqa: E402
 
 
 def _compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, literal: str = ":") -> Path:
-    log = tmp_path / "cc.log"
-    wrapper = tmp_path / "cc"
-    wrapper.write_text(LOGGING_CC.format(log=log, literal=literal, real=tvm_cc.get_cc()))
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("CXX", str(wrapper))
+    """A C compiler that logs each run; a run whose source is spelled as one literal (the link's, the
+    probe's) does what `literal` says first."""
     monkeypatch.setattr(packed_blob, "_verdicts", {})  # this test's compiler is probed afresh
-    return log
+    return wrap_cc(tmp_path, monkeypatch, f'for arg in "$@"; do case "$arg" in *literal/*.c) {literal} ;; esac; done')
 
 
 @pytest.fixture(scope="module")
