@@ -56,6 +56,7 @@ class ServicePool(JobRunner):
         self._lock = threading.Lock()
         self._conn: socket.socket | None = None
         self._send_lock = threading.Lock()
+        self._close_lock = threading.Lock()  # a connection's shutdown against its close (`_shut`, `_read`)
         # job id -> (its future, payload, name, time limit, the caller's functions it may call)
         self._pending: dict[int, tuple[Future[Any], bytes, str, float | None, Any]] = {}
         self._pongs: dict[int, threading.Event] = {}
@@ -226,12 +227,7 @@ class ServicePool(JobRunner):
         for future, _payload, name, _limit, _calls in unfinished.values():
             future.set_exception(CompileAborted(name, "its ServicePool was closed"))
         if conn is not None:
-            with contextlib.suppress(OSError):
-                # shutdown, not only close: the reader thread blocked in recv on this socket keeps it
-                # open (no FIN reaches the server) until something wakes it.
-                conn.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                conn.close()
+            self._shut(conn)  # its reader closes it
 
     # ------------------------------------------------------------ the connection
 
@@ -257,10 +253,32 @@ class ServicePool(JobRunner):
         return conn
 
     def _send(self, conn: socket.socket, message: Any) -> None:
-        with self._send_lock:
+        with self._send_lock:  # the reader closes the socket under it: no write between fileno() and os.write
             wire.send(conn.fileno(), message)
 
+    def _shut(self, conn: socket.socket) -> None:
+        """End the connection both ways without freeing its descriptor: the reader, blocked in a read or
+        about to read, gets EOF and closes it (`_read`); a sender blocked in a write gets EPIPE. The
+        close lock keeps the reader from freeing the number meanwhile (shutting down whatever reused it).
+        Never under the send lock: a sender may be blocked in a write to a service that is not reading."""
+        with self._close_lock, contextlib.suppress(OSError):
+            if conn.fileno() != -1:  # not closed yet, and not while this lock is held
+                conn.shutdown(socket.SHUT_RDWR)
+
     def _read(self, conn: socket.socket) -> None:
+        """The connection's reader, and the only closer of its socket. The protocol reads and writes by
+        descriptor number: a socket closed by another thread while this one is about to read would
+        free its number for the next open of this process (a pipe, a file), and this thread would read
+        from that instead, 8 bytes of a message's header taken from someone else's data. So the
+        others only shut the socket down (this thread reads EOF), and it is closed here, once read
+        for the last time, under the send lock (no write is between its fileno() and os.write)."""
+        try:
+            self._read_until_lost(conn)
+        finally:
+            with self._send_lock, self._close_lock:
+                conn.close()
+
+    def _read_until_lost(self, conn: socket.socket) -> None:
         try:
             while True:
                 # A message begun must end within protocol.MESSAGE_DEADLINE_S; one that cannot be
@@ -292,10 +310,6 @@ class ServicePool(JobRunner):
                     entry[0].set_exception(message[2])
         except (EOFError, OSError, wire.WorkerDied, wire.ReplyUnreadable) as err:
             self._lost(conn, f"the connection closed ({err})" if str(err) else "the connection closed")
-        except ValueError:
-            # This process closed the socket (its pool closing) while this thread waited: fileno()
-            # is -1 then. Nothing is lost that the closer did not give up.
-            self._lost(conn, "the connection was closed by this process")
 
     def _lost(self, conn: socket.socket, why: str) -> None:
         """The service went away: its unfinished jobs run again in the own pool."""
@@ -303,8 +317,7 @@ class ServicePool(JobRunner):
             if self._conn is conn:
                 self._conn, self._warm = None, False
             orphans, self._pending = self._pending, {}
-        with contextlib.suppress(OSError):
-            conn.close()
+        self._shut(conn)
         left_idle = id(conn) in self._left_idle
         self._left_idle.discard(id(conn))
         if not orphans:
