@@ -196,7 +196,10 @@ class CompilePool(JobRunner):
         for slot in slots:
             worker = slot.worker
             if slot.busy and worker is not None:
-                worker.kill()
+                # A signal only: the slot's thread, reading the worker's reply pipe, sees it die and
+                # closes the pipes itself. Closed here, their numbers could be taken by this
+                # process's next open while that thread is about to read them.
+                worker.kill_process()
         for slot in slots:
             if slot.thread is not None and slot.thread is not threading.current_thread():
                 slot.thread.join(EXIT_GRACE_S * 2)
