@@ -38,7 +38,7 @@ import tilelang  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 from tests.corpus import CorpusKernel, all_kernels  # noqa: E402
-from tests.machine_code import capture_tilelang_binaries, text_sections  # noqa: E402
+from tests.machine_code import binary_of, capture_tilelang_binaries, text_sections  # noqa: E402
 
 TARGET = {"kind": "cuda", "arch": ARCH}
 
@@ -63,7 +63,7 @@ class Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-_binaries: list[bytes] = []  # what plain TileLang's nvcc callback returned (machine_code)
+_binaries: list[tuple[str, bytes]] = []  # plain TileLang's nvcc runs: (source, binary) (machine_code)
 
 
 def compile_plain(entry: CorpusKernel) -> tuple[Any, bytes | None]:
@@ -74,7 +74,7 @@ def compile_plain(entry: CorpusKernel) -> tuple[Any, bytes | None]:
                                       pass_configs=entry.pass_configs, execution_backend="tvm_ffi")
         else:
             kernel = entry.build()
-    return kernel, (_binaries[-1] if _binaries else None)
+    return kernel, binary_of(_binaries, kernel)
 
 
 def compile_kcache(entry: CorpusKernel, cache: Any) -> tuple[Any, bytes | None]:

@@ -41,7 +41,7 @@ from tilelang.engine import callback as tl_callback  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.machine_code import capture_tilelang_binaries, text_sections  # noqa: E402
+from tests.machine_code import binary_of, capture_tilelang_binaries, text_sections  # noqa: E402
 
 POSTPROC = "tilelang_callback_cuda_postproc"
 HOST_POSTPROC = "tilelang_callback_c_host_postproc"
@@ -180,7 +180,7 @@ def _both(first: Any, second: Any) -> Iterator[None]:
 # ---------------------------------------------------------------- what a step produced
 
 
-_binaries: list[bytes] = []  # what plain TileLang's nvcc callback returned (machine_code)
+_binaries: list[tuple[str, bytes]] = []  # plain TileLang's nvcc runs: (source, binary) (machine_code)
 
 
 def run_on_gpu(kernel: Any) -> str | None:
@@ -219,7 +219,7 @@ def run_tilelang(step: str, make_context: Callable[[], Any], target_arg: Any) ->
     calls = len(CALLS)
     with make_context():
         kernel = tilelang.compile(FUNC, out_idx=[2], target=target_arg, execution_backend="tvm_ffi")
-    return {**describe(kernel, _binaries[-1] if _binaries else None), **callback_calls(calls)}
+    return {**describe(kernel, binary_of(_binaries, kernel)), **callback_calls(calls)}
 
 
 def callback_calls(before: int) -> dict[str, Any]:

@@ -30,9 +30,9 @@ def text_sections(binary: bytes) -> tuple[str, list[str]]:
     return digest.hexdigest(), sorted(n for n in names if n)
 
 
-def capture_tilelang_binaries(into: list[bytes]) -> None:
-    """Plain TileLang: append what its nvcc callback returns to `into` (the test's instrument, not
-    kcache's)."""
+def capture_tilelang_binaries(into: list[tuple[str, bytes]]) -> None:
+    """Plain TileLang: append each nvcc run's (CUDA source, the binary its callback returns) to `into`
+    (the test's instrument, not kcache's)."""
     import tvm_ffi
     from tilelang.cuda import backend
 
@@ -40,7 +40,17 @@ def capture_tilelang_binaries(into: list[bytes]) -> None:
 
     def compile_callback(code: str, target: Any, pass_config: Any = None) -> Any:
         binary = original(code, target, pass_config)
-        into.append(bytes(binary))
+        into.append((code, bytes(binary)))
         return binary
 
     tvm_ffi.register_global_func("tilelang_callback_cuda_compile", compile_callback, override=True)
+
+
+def binary_of(captured: list[tuple[str, bytes]], kernel: Any) -> bytes | None:
+    """The binary nvcc made from `kernel`'s own device source: an autotuner compiles every config, and
+    the one it returns need not be the last compiled (the last binary then is another config's)."""
+    source = kernel.get_kernel_source()
+    for code, binary in reversed(captured):
+        if code == source:
+            return binary
+    return captured[-1][1] if captured else None
