@@ -2,7 +2,9 @@
 drives it. That thread reads the worker's reply by descriptor number; a pipe closed by the closing
 thread would free its number for the next open of the process, and the driving thread could then read
 from that instead (the compile service's client had that race: tests/test_service_client_close.py).
-A real pool, a real worker held in a real job; the closes are watched, not replaced."""
+The same for the worker template's control socket, which a pool thread reads while asking for a
+fork. A real pool, a real template, a real worker held in a real job; the closes are watched, not
+replaced."""
 
 from __future__ import annotations
 
@@ -41,3 +43,64 @@ def test_a_busy_worker_s_pipes_are_closed_by_its_own_thread_when_the_pool_closes
     mine = [(pipe, thread) for pipe, pid, thread in closers if pid == busy_pid]
     assert {pipe for pipe, _thread in mine} >= {"_to_worker", "_from_worker"}  # its pipes were closed
     assert all(thread.startswith("kcache-compile-") for _pipe, thread in mine), mine  # by its own thread
+
+
+def test_the_template_s_control_socket_is_closed_after_a_request_in_flight_ends(tmp_path: Path) -> None:
+    """A request to the worker template in flight on another thread (a `reap` the template answers
+    only when the worker ends) when the template is closed: the close wakes it first, and closes the
+    socket once it is over, never under it."""
+    from kcache.compile.workers.template_process import TemplateGone, WorkerTemplate
+    from kcache.compile.workers.worker_process import anonymous_append_file
+
+    stderr = anonymous_append_file()
+    template = WorkerTemplate(("tests.pool_jobs",), 60.0, stderr)
+    os.close(stderr)
+    job_read, job_write = os.pipe()
+    reply_read, reply_write = os.pipe()
+    worker_stderr = anonymous_append_file()
+    try:
+        template.wait_ready()
+        worker = template.fork((job_read, reply_write, worker_stderr))  # waits for a job: alive
+        in_flight = threading.Event()
+        closed_during_request: list[bool] = []
+        real_ask = template._ask
+
+        def watched_ask(request: tuple, fds: tuple[int, ...]) -> tuple:
+            in_flight.set()
+            try:
+                return real_ask(request, fds)
+            finally:
+                in_flight.clear()
+
+        class WatchedSocket:
+            def __init__(self, sock: object) -> None:
+                self._sock = sock
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(self._sock, name)
+
+            def close(self) -> None:
+                closed_during_request.append(in_flight.is_set())
+                self._sock.close()  # type: ignore[attr-defined]
+
+        template._control = WatchedSocket(template._control)  # type: ignore[assignment]
+        template._ask = watched_ask  # type: ignore[method-assign]
+        outcome: list[BaseException | object] = []
+
+        def reap() -> None:
+            try:
+                outcome.append(template.reap(worker, 20.0))  # the worker lives on: answered in 20 s
+            except BaseException as err:  # noqa: BLE001 - what the close made of the request
+                outcome.append(err)
+
+        asking = threading.Thread(target=reap)
+        asking.start()
+        assert in_flight.wait(30), "the request never started"
+        template.close()
+        asking.join(30)
+        assert not asking.is_alive()
+        assert closed_during_request == [False]  # the socket closed after the request ended
+        assert len(outcome) == 1 and isinstance(outcome[0], TemplateGone)  # woken by the close
+    finally:
+        for fd in (job_read, job_write, reply_read, reply_write, worker_stderr):
+            os.close(fd)

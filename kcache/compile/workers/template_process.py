@@ -126,11 +126,17 @@ class WorkerTemplate:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        """Its control socket closes, so it exits; killed if it does not."""
+        """Its control socket closes, so it exits; killed if it does not. A request another thread
+        has in flight (`_ask`) is woken first (the shutdown: its recv reads EOF, TemplateGone) and
+        ends before the socket is closed: a number freed under it could be taken by this process's
+        next open, and that thread would read or send there."""
         if self._ready_read is not None:
             os.close(self._ready_read)
             self._ready_read = None
-        self._control.close()
+        with contextlib.suppress(OSError):
+            self._control.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            self._control.close()
         try:
             self.proc.wait(5.0)
         except subprocess.TimeoutExpired:
