@@ -2,8 +2,8 @@
 
 The protocol reads by descriptor number. A client that closed its socket while the reader was about
 to read freed that number for the next open of the process; the reader then read 8 bytes (a message
-header) from whatever took it: `stress.bench`'s cold samples lost the first 8 bytes of a child's
-output, "result {", three times on the GPU machines. A real service, a real socket and a real pipe; the
+header) from whatever took it: a cold sample of `stress.bench` lost the first 8 bytes of its child's
+output, "result {", on an H100 (2026-11-27). A real service, a real socket and a real pipe; the
 reader is held just before its read, where the race put it, and let go once the pool is closed and a
 pipe is opened."""
 
