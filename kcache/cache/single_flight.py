@@ -17,6 +17,7 @@ from kcache.cache.compiling import CompileStep
 from kcache.cache.request import KernelRequest
 from kcache.errors import CacheLockTimeout
 from kcache.store import access, layout
+from kcache.store.arrivals import Arrivals
 from kcache.store.locks import NOT_A_LOCK_FILE_ERRNOS, KeyLock
 from kcache.tiers.disk import DiskTier
 
@@ -50,33 +51,39 @@ class SingleFlight:
         # One KCACHE_LOCK_TIMEOUT for the whole call: the wait for the local lock and the wait for
         # another node's lease share it (each its own timeout made the bound twice the setting).
         deadline = time.monotonic() + self._lock_timeout_s
-        while True:
-            started = time.monotonic()
-            try:
-                waited = lock.acquire(max(0.0, deadline - started), give_up_when)
-            except CacheLockTimeout:
-                raise
-            except OSError as err:
-                if err.errno not in access.UNWRITABLE_ERRNOS | NOT_A_LOCK_FILE_ERRNOS:
+        arrivals = Arrivals(self._store.entries_dir, entry.name)  # a waiter wakes at the publish
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    waited = lock.acquire(max(0.0, deadline - started), give_up_when,
+                                          arrivals.nap if give_up_when is not None else time.sleep)
+                except CacheLockTimeout:
                     raise
-                # The root was writable when this cache opened; it is not now, or something that is
-                # not ours stands where the lock goes (a planted symlink). This call still gets its
-                # kernel, compiled without saving it, rather than a PermissionError.
-                self._warn_once("lock-denied", "kcache: cannot take the compile lock %s (%s); compiling %s "
-                                "without saving it. Check the owner and mode of %s.", lock.path,
-                                err.strerror or err, self._backend.kernel_name(request.func), self._store.root)
-                return self._compiler.compile_private(request)
-            if waited is None:
-                self._count(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
-                kernel = self._disk.load(request.key, loader, quarantine=False)
-                if kernel is not None:
-                    self._count(disk_hits=1)
-                    return kernel
-                give_up_when = None  # it is corrupt or went away: take the lock to repair it
-                continue
-            if waited > 0:
-                self._count(lock_waits=1, lock_wait_seconds=waited)
-            break
+                except OSError as err:
+                    if err.errno not in access.UNWRITABLE_ERRNOS | NOT_A_LOCK_FILE_ERRNOS:
+                        raise
+                    # The root was writable when this cache opened; it is not now, or something that is
+                    # not ours stands where the lock goes (a planted symlink). This call still gets its
+                    # kernel, compiled without saving it, rather than a PermissionError.
+                    self._warn_once("lock-denied", "kcache: cannot take the compile lock %s (%s); compiling %s "
+                                    "without saving it. Check the owner and mode of %s.", lock.path,
+                                    err.strerror or err, self._backend.kernel_name(request.func), self._store.root)
+                    arrivals.close()
+                    return self._compiler.compile_private(request)
+                if waited is None:
+                    self._count(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
+                    kernel = self._disk.load(request.key, loader, quarantine=False)
+                    if kernel is not None:
+                        self._count(disk_hits=1)
+                        return kernel
+                    give_up_when = None  # it is corrupt or went away: take the lock to repair it
+                    continue
+                if waited > 0:
+                    self._count(lock_waits=1, lock_wait_seconds=waited)
+                break
+        finally:
+            arrivals.close()  # before the compile: a fork of this process would inherit the watch
         with lock:
             kernel = self._disk.load(request.key, loader, quarantine=True)
             if kernel is not None:

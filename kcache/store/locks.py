@@ -67,12 +67,14 @@ class KeyLock:
     def is_locked(self) -> bool:
         return self._fd is not None
 
-    def acquire(self, timeout: float, give_up_when: Callable[[], bool] | None = None) -> float | None:
+    def acquire(self, timeout: float, give_up_when: Callable[[], bool] | None = None,
+                nap: Callable[[float], None] = time.sleep) -> float | None:
         """Block until the lock is ours; return the seconds spent waiting (0.0 if free).
 
         Between attempts, `give_up_when()` may end the wait early (the holder's
         result became visible, say): then None is returned and nothing is held.
-        Raises CacheLockTimeout after `timeout` seconds.
+        `nap(seconds)` waits between attempts; it may return early (kcache/store/arrivals.py wakes
+        at the holder's publish), never late. Raises CacheLockTimeout after `timeout` seconds.
         """
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held by this KeyLock")
@@ -93,7 +95,7 @@ class KeyLock:
             if not logged:
                 log.debug("kcache: waiting for %s (another process is compiling %s)", self.path, self.key[:16])
                 logged = True
-            time.sleep(min(poll, max(timeout - waited, 0.0)))
+            nap(min(poll, max(timeout - waited, 0.0)))
             poll = min(poll * 1.5, _MAX_POLL_S)
 
     def release(self) -> None:

@@ -249,3 +249,11 @@ def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: Res
     if described_fields is not None:
         meta["key_fields"] = described_fields
     write_durable(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
+
+
+def warm_up_template() -> None:
+    """The worker template's hook (kcache/compile/workers/template.warm_up): one small lowering, so
+    that the workers it forks start warm (kcache/tilelang/warm_up.py)."""
+    from kcache.tilelang import warm_up
+
+    warm_up.lower_once()

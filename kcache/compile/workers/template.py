@@ -71,7 +71,9 @@ def main() -> int:
     name_process(TEMPLATE_NAME)
     faulthandler.enable()  # inherited by every worker: a segfault leaves a traceback in its stderr
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
-    prepare(wire.cloudpickle.loads(wire.recv_bytes(proto_in)))
+    setup = wire.cloudpickle.loads(wire.recv_bytes(proto_in))
+    prepare(setup)
+    warm_up(setup["preload"])
     restore_environment(json.loads(os.environ.pop(RESTORE_ENV, "{}")))
     wire.send(proto_out, (wire.READY, os.getpid(), thread_names()))
     os.close(proto_in)
@@ -108,6 +110,7 @@ def start_forked(control: socket.socket, ready_out: int, stderr: int, preload: t
         callers = {name: os.environ.get(name) for name in FORK_SAFE_IMPORT_ENV}
         os.environ.update(FORK_SAFE_IMPORT_ENV)
         prepare({"sys_path": list(sys.path), "preload": list(preload)})
+        warm_up(preload)
         restore_environment(callers)
         wire.send(ready_out, (wire.READY, os.getpid(), thread_names()))
         os.close(ready_out)
@@ -116,6 +119,16 @@ def start_forked(control: socket.socket, ready_out: int, stderr: int, preload: t
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def warm_up(preload: list[str] | tuple[str, ...]) -> None:
+    """Let each preloaded module that has one run its `warm_up_template()` (kcache.tilelang.compiler:
+    one small lowering, kcache/tilelang/warm_up.py), still under FORK_SAFE_IMPORT_ENV, so that every
+    worker forked from here starts past what a process's first job would initialize."""
+    for name in preload:
+        hook = getattr(sys.modules.get(name), "warm_up_template", None)
+        if callable(hook):
+            hook()
 
 
 def restore_environment(values: dict[str, str | None]) -> None:
