@@ -15,6 +15,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,24 @@ PROJECT = Path(__file__).resolve().parent.parent
 PRELOAD = ("tests.pool_jobs",)
 
 
+# The fallback pools service_pool made for this test: closed when it ends. A job that a service
+# briefly unavailable sent to one started its worker thread, which later tests then found running
+# (tests/test_caller_fork.py refuses to fork beside a thread of an earlier test).
+_fallbacks: list[CompilePool] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_fallback_pools() -> Iterator[None]:
+    yield
+    while _fallbacks:
+        _fallbacks.pop().close()
+
+
 def service_pool(idle_s: float = 60.0, workers: int = 2, fallback: CompilePool | None = None) -> client.ServicePool:
-    own = fallback or CompilePool(workers, None, preload=PRELOAD)
+    own = fallback
+    if own is None:
+        own = CompilePool(workers, None, preload=PRELOAD)
+        _fallbacks.append(own)
     return client.ServicePool(workers, None, PRELOAD, idle_s, lambda: own)
 
 
