@@ -79,16 +79,79 @@ def test_without_inotify_a_nap_is_a_plain_sleep(tmp_path: Path, monkeypatch: pyt
             calls.append(flags)
             return -1
 
+    monkeypatch.setattr(arrivals_module, "_watcher", None)  # this process's instance, as if never made
+    monkeypatch.setattr(arrivals_module, "_unavailable", False)
     monkeypatch.setattr(ctypes, "CDLL", NoInotify)
     entries = tmp_path / "entries"
     entries.mkdir()
-    with Arrivals(entries, KEY) as arrivals:
-        publish(entries, KEY)
+    publish(entries, KEY)
+    for _ in range(2):
+        with Arrivals(entries, KEY) as arrivals:
+            started = time.monotonic()
+            arrivals.nap(0.2)
+            arrivals.nap(0.2)
+            assert time.monotonic() - started >= 0.4
+    assert len(calls) == 1  # the fault fired, once in the process: no retry on every wait
+
+
+def test_a_forked_child_waits_on_an_instance_of_its_own_and_takes_no_event_of_its_parent(tmp_path: Path) -> None:
+    """One inotify instance per process (closing one waits for the kernel): a fork's child must not
+    read its parent's, whose events would then be lost to the parent."""
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    with Arrivals(entries, KEY) as parents:
+        parents.nap(0.0)  # the parent's watch is set up
+        inherited = arrivals_module._watcher
+        assert inherited is not None
+        pid = os.fork()
+        if pid == 0:  # the child: a wait of its own on another name, which it publishes itself
+            code = 1
+            try:
+                fresh = arrivals_module._watcher is None
+                with Arrivals(entries, "cd" * 32) as childs:
+                    childs.nap(0.0)
+                    publish(entries, "cd" * 32)
+                    started = time.monotonic()
+                    childs.nap(30.0)
+                    woke = time.monotonic() - started < 5.0
+                own = arrivals_module._watcher is not None and arrivals_module._watcher is not inherited
+                code = 0 if fresh and woke and own else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        publish(entries, KEY)  # the parent's event is still the parent's
         started = time.monotonic()
-        arrivals.nap(0.2)
-        arrivals.nap(0.2)
-        assert time.monotonic() - started >= 0.4
-    assert len(calls) == 1  # the fault fired, once: no retry on every nap
+        parents.nap(30.0)
+        assert time.monotonic() - started < 5.0
+
+
+def test_waits_of_two_threads_on_two_names_each_wake_at_their_own(tmp_path: Path) -> None:
+    """One instance, two waits: events read by either thread wake the wait they name."""
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    names = ["01" * 32, "02" * 32]
+    woke: dict[str, float] = {}
+    ready = threading.Barrier(3)
+
+    def wait(name: str) -> None:
+        with Arrivals(entries, name) as arrivals:
+            arrivals.nap(0.0)
+            ready.wait(30)
+            started = time.monotonic()
+            while not (entries / name).exists():
+                arrivals.nap(30.0)
+            woke[name] = time.monotonic() - started
+
+    threads = [threading.Thread(target=wait, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    ready.wait(30)
+    for name in names:
+        publish(entries, name)
+    for thread in threads:
+        thread.join(60)
+    assert set(woke) == set(names) and all(seconds < 5.0 for seconds in woke.values()), woke
 
 
 def test_a_linked_entries_directory_is_not_watched(tmp_path: Path) -> None:
@@ -102,14 +165,25 @@ def test_a_linked_entries_directory_is_not_watched(tmp_path: Path) -> None:
         started = time.monotonic()
         arrivals.nap(0.3)
         assert time.monotonic() - started >= 0.3
-        assert arrivals._fd is None
+        assert arrivals._watcher is None
 
 
-def test_an_overflowing_queue_wakes_the_nap(tmp_path: Path) -> None:
-    """Events lost to an overflow may have held ours: the nap ends so that its caller looks."""
-    arrivals = Arrivals(tmp_path, KEY)
-    overflow = arrivals_module._EVENT.pack(-1, arrivals_module._IN_Q_OVERFLOW, 0, 0)
-    other = arrivals_module._EVENT.pack(1, arrivals_module._IN_MOVED_TO, 0, 16) + b"other".ljust(16, b"\0")
-    assert arrivals._arrived(other + overflow) and not arrivals._arrived(other)
-    mine = arrivals_module._EVENT.pack(1, arrivals_module._IN_MOVED_TO, 0, 80) + os.fsencode(KEY).ljust(80, b"\0")
-    assert arrivals._arrived(other + mine)
+def test_an_overflowing_queue_wakes_every_wait(tmp_path: Path) -> None:
+    """Events lost to an overflow may have held any wait's: each wait is woken, to look again."""
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    with Arrivals(entries, KEY) as arrivals:
+        arrivals.nap(0.0)
+        watcher = arrivals_module._watcher
+        assert watcher is not None
+        read, write = os.pipe()
+        real_fd, watcher.fd = watcher.fd, read
+        try:
+            os.write(write, arrivals_module._EVENT.pack(-1, arrivals_module._IN_Q_OVERFLOW, 0, 0))
+            started = time.monotonic()
+            arrivals.nap(30.0)
+            assert time.monotonic() - started < 5.0
+        finally:
+            watcher.fd = real_fd
+            os.close(read)
+            os.close(write)

@@ -4,14 +4,16 @@ TileLang and TVM initialize much of their lowering lazily, on a process's first 
 codegen lookups, the target's attributes, the first layout inference. A service worker is a fresh
 fork of the template for every job, so without this every job's lowering was a process's first, and
 paid that again: about 15-25 ms of a 40-60 ms lowering of an elementwise kernel on the CPU machine
-(docs/benchmarks/history.md, 2026-11-27 20:20). Lowered once in the template, it is paid once per
-service, before the template says it is ready.
+(docs/benchmarks/history.md, "A warm worker template and waiters woken at the publish"). Lowered
+once in the template, it is paid once per service, before the template says it is ready.
 
 What the warm-up leaves behind is the same in every worker, and is what any TileLang process has
 after its first lowering: nothing of a job. It never compiles device code (no nvcc), builds no host
 library, keeps no kernel, and uses none of kcache's memos. That it changes no output is checked by
 the differential corpus, whose service lane compiles in warmed workers and compares byte for byte
 with plain TileLang in a fresh process (tests/test_corpus.py), and by tests/test_template_warm_up.py.
+(A kernel whose text TileLang itself varies from compile to compile with the process's state, the
+MLA decode's, may come out as its other variant, one that plain TileLang also gives.)
 A warm-up that fails is only a slower first lowering: it logs and returns.
 """
 
