@@ -129,7 +129,8 @@ class CacheManager(TritonCacheManager):
         entry_seen = (lambda: self._groups.find(self._groups.key, filename) is not None)
         deadline = time.monotonic() + self._groups.where.lock_timeout_s  # the local wait and the remote one
         try:
-            waited = lock.acquire(self._groups.where.lock_timeout_s, entry_seen)
+            with self._groups.arrivals(self._groups.key) as arrivals:  # a waiter wakes at the publish
+                waited = lock.acquire(self._groups.where.lock_timeout_s, entry_seen, arrivals.nap)
         except CacheLockTimeout:
             log.warning("kcache: another process held the compile lock of Triton's %s for KCACHE_LOCK_TIMEOUT "
                         "(%.0f s); compiling it here too", filename, self._groups.where.lock_timeout_s)

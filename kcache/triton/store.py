@@ -32,6 +32,7 @@ from kcache.store.manifest import MANIFEST_NAME
 from kcache.triton.roots import META, NAMESPACE, TritonRoots
 
 if TYPE_CHECKING:
+    from kcache.store.arrivals import Arrivals
     from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
@@ -160,6 +161,13 @@ class GroupStore:
             self.where.remote.upload_from(store_of(self.where.write), key)
 
     # ------------------------------------------------------------------ writes
+
+    def arrivals(self, key: str) -> Arrivals:
+        """Naps that end when `key` is published into the write root (kcache/store/arrivals.py)."""
+        from kcache.store.arrivals import Arrivals  # a miss's, as the lock
+
+        assert self.where.write is not None
+        return Arrivals(store_of(self.where.write).entry_path(key).parent, key)
 
     def lock(self, key: str) -> KeyLock:
         from kcache.store.locks import KeyLock  # a miss's (or a corrupt entry's): a hit takes no lock
