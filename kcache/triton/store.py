@@ -167,7 +167,7 @@ class GroupStore:
         from kcache.store.arrivals import Arrivals  # a miss's, as the lock
 
         assert self.where.write is not None
-        return Arrivals(store_of(self.where.write).entry_path(key).parent, key)
+        return Arrivals(store_of(self.where.write).entries_dir, key)
 
     def lock(self, key: str) -> KeyLock:
         from kcache.store.locks import KeyLock  # a miss's (or a corrupt entry's): a hit takes no lock
