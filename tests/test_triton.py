@@ -121,7 +121,8 @@ print(json.dumps({{"matmul": digest, "modules": sorted(m for m in sys.modules if
 # (docs/benchmarks.md, issue 38's hit).
 MISS_ONLY_MODULES = ("kcache.config", "kcache.store.locks", "kcache.triton.runnable", "kcache.store.exec_copy",
                      "kcache.cache.deployment", "kcache.cache.miss_explain", "kcache.triton.key_fields",
-                     "kcache.tiers.remote_chain", "kcache.store.publish_batch")
+                     "kcache.tiers.remote_chain", "kcache.store.publish_batch", "kcache.store.entries",
+                     "kcache.store.fsutil")
 
 
 def test_a_fresh_processs_hit_loads_none_of_the_miss_paths_modules(tmp_path: Path, ptxas: Path) -> None:
@@ -137,6 +138,32 @@ def test_a_fresh_processs_hit_loads_none_of_the_miss_paths_modules(tmp_path: Pat
     loaded = json.loads(hit.stdout.splitlines()[-1])["modules"]
     assert "kcache.triton.manager" in loaded
     assert not set(loaded) & set(MISS_ONLY_MODULES), sorted(set(loaded) & set(MISS_ONLY_MODULES))
+
+
+def test_a_hits_read_is_the_stores_read_for_a_group_a_corrupt_one_and_a_linked_one(tmp_path: Path,
+                                                                                   ptxas: Path) -> None:
+    """The hit reads a group through `read_entry`, without the store's write path: the same files, and
+    the same refusals, as `EntryStore.read` of the same root (a changed byte; a link for the entry)."""
+    from kcache.errors import CorruptEntry, UntrustedEntry
+    from kcache.triton.store import read_entry, store_of
+
+    root = tmp_path / "root"
+    compile_in_fresh_process("add", program_env(ptxas, root, **MANAGER))
+    (entry,) = triton_entries(root)
+    files = read_entry(root, entry)
+    assert files is not None and files == store_of(root).read(entry) and any(n.endswith(".cubin") for n in files)
+    assert read_entry(root, "0" * 64) is None and store_of(root).read("0" * 64) is None
+    linked = "1" * 64
+    (root / "triton" / linked).symlink_to(root / "triton" / entry)
+    for read in (read_entry, lambda r, k: store_of(r).read(k)):
+        with pytest.raises(UntrustedEntry):
+            read(root, linked)
+    (cubin,) = (root / "triton" / entry).glob("*.cubin")
+    cubin.chmod(0o644)
+    cubin.write_bytes(b"\0" + cubin.read_bytes()[1:])
+    for read in (read_entry, lambda r, k: store_of(r).read(k)):
+        with pytest.raises(CorruptEntry, match="sha256"):
+            read(root, entry)
 
 
 KILLED_MID_GROUP = """

@@ -25,8 +25,9 @@ from typing import Any
 
 from kcache.maintenance.stats import MAX_STATS_FILE_BYTES, stats_directory
 from kcache.store import dirfd, layout
+from kcache.store.bounded_read import read_regular_at
 from kcache.store.components import KERNELS
-from kcache.store.fsutil import make_dir_at, read_regular_at, replace_file_at
+from kcache.store.fsutil import make_dir_at, replace_file_at
 
 log = logging.getLogger("kcache")
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from kcache.store import dirfd, layout
-from kcache.store.fsutil import make_dir_at, read_regular_at, replace_file_at
+from kcache.store.bounded_read import read_regular_at
+from kcache.store.fsutil import make_dir_at, replace_file_at
 
 log = logging.getLogger("kcache")
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import grp
 import logging
 import os
-import pwd
 import stat
 import threading
 from pathlib import Path
@@ -234,6 +232,8 @@ def _same_path(a: Path, b: Path) -> bool:
 
 
 def _user(uid: int) -> str:
+    import pwd  # here, as grp below: only a message names a user (a hit loads neither module)
+
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -241,6 +241,8 @@ def _user(uid: int) -> str:
 
 
 def _group(gid: int) -> str:
+    import grp
+
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:

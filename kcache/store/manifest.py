@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kcache.errors import CorruptEntry, UntrustedEntry
 from kcache.store import dirfd, sharing, trust
-from kcache.store.fsutil import read_fd, read_regular_at, sha256_hex
+from kcache.store.bounded_read import read_fd, read_regular_at
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -40,7 +40,7 @@ def build_manifest_at(dir_fd: int, directory: Path) -> bytes:
         if not item.is_file(follow_symlinks=False):
             raise ValueError(f"{directory / item.name}: staging directories may hold only regular files")
         data = read_regular_at(dir_fd, item.name, MAX_COMPONENT_BYTES)
-        files[item.name] = (len(data), sha256_hex(data))
+        files[item.name] = (len(data), sha256(data).hexdigest())
     return format_manifest(files)
 
 

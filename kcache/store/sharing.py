@@ -17,7 +17,6 @@ write permission on the directory itself (its `..` changes).
 
 from __future__ import annotations
 
-import grp
 import os
 import stat
 from pathlib import Path
@@ -60,6 +59,8 @@ def configured_group() -> int | None:
         return None
     if raw.isdigit():
         return int(raw)
+    import grp  # here: a group given by name (a hit without KCACHE_GROUP loads no grp)
+
     try:
         return grp.getgrnam(raw).gr_gid
     except KeyError:

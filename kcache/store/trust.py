@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import errno
 import functools
-import grp
 import os
-import pwd
 import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -61,6 +59,9 @@ def distrust(info: os.stat_result, where: Where, group: int | None, *, directory
 def _private_group(gid: int) -> bool:
     """The user's own primary group with no other member (user private groups, umask 002 distributions):
     its write bit lets nobody else in."""
+    import grp  # here: only a group-writable file asks, and a hit loads neither module (0.1-0.2 ms)
+    import pwd
+
     me = os.geteuid()
     try:
         if gid != pwd.getpwuid(me).pw_gid:

@@ -15,9 +15,9 @@ from kcache.config import Settings
 from kcache.maintenance.eviction import EntryUsage, recorded_size, scan_entries
 from kcache.maintenance.stats import read_persisted
 from kcache.store import dirfd, layout
+from kcache.store.bounded_read import read_regular_at
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META, PARAMS
 from kcache.store.entries import EntryStore
-from kcache.store.fsutil import read_regular_at
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, human_time, short_key
 from kcache.tools.entry_params import describe_params, kernel_params

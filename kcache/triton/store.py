@@ -25,14 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from kcache.errors import CacheLockTimeout, CorruptEntry, UntrustedEntry
 from kcache.store import dirfd, layout
-from kcache.store.entries import EntryStore, PublishOutcome
-from kcache.store.fsutil import make_dirs_at
 from kcache.store.last_use import note_use
-from kcache.store.manifest import MANIFEST_NAME
+from kcache.store.manifest import MANIFEST_NAME, verify_entry
 from kcache.triton.roots import META, NAMESPACE, TritonRoots
 
 if TYPE_CHECKING:
     from kcache.store.arrivals import Arrivals
+    from kcache.store.entries import EntryStore
     from kcache.store.locks import KeyLock
 
 log = logging.getLogger("kcache")
@@ -75,8 +74,30 @@ def bound_meta(files: dict[str, bytes], key: str) -> dict[str, Any] | str:
     return meta
 
 
+_REQUIRED = frozenset({META})
+
+
 def store_of(root: Path) -> EntryStore:
-    return EntryStore(root / NAMESPACE, "", frozenset({META}))
+    """The store of Triton's entries under `root`: for writes, refusals and tiers. A hit reads
+    through `read_entry` and so never loads the store's write path (kcache.store.entries, fsutil)."""
+    from kcache.store.entries import EntryStore
+
+    return EntryStore(root / NAMESPACE, "", _REQUIRED)
+
+
+def entry_dir(root: Path, key: str) -> Path:
+    """The directory of the entry `key` under `root`: `store_of(root).entry_path(key)`."""
+    return root / NAMESPACE / layout.check_key(key)
+
+
+def read_entry(root: Path, key: str) -> dict[str, bytes] | None:
+    """`store_of(root).read(key)`: the entry's files, verified whole (trust checked on every
+    descriptor from `<root>/triton` down, every size and sha256 against the manifest), or None on a
+    miss. Raises CorruptEntry or UntrustedEntry, as the store's read does (tests/test_triton.py)."""
+    try:
+        return verify_entry(entry_dir(root, key), _REQUIRED, trust_root=root / NAMESPACE)
+    except FileNotFoundError:
+        return None
 
 
 class GroupStore:
@@ -95,21 +116,18 @@ class GroupStore:
         files, or the lone file), or None. A corrupt or foreign entry is moved aside (where ours, under
         the key's lock: `locked` says the caller holds it already) and is a miss."""
         for root in self.where.reads:
-            store = store_of(root)
             try:
-                files = store.read(key)
-            except FileNotFoundError:
-                continue
+                files = read_entry(root, key)
             except (CorruptEntry, UntrustedEntry) as err:
-                self._refuse(store, root, key, str(err), locked)
+                self._refuse(root, key, str(err), locked)
                 continue
             if files is None:
                 continue
             problem = self._mismatch(files, key, group, file_name)
             if problem:
-                self._refuse(store, root, key, problem, locked)
+                self._refuse(root, key, problem, locked)
                 continue
-            directory = store.entry_path(key)
+            directory = entry_dir(root, key)
             note_use(directory)  # the least recently used are evicted first (KCACHE_MAX_SIZE)
             return {name: directory / name for name in files if name != META}
         return None
@@ -128,7 +146,8 @@ class GroupStore:
             return f"it lacks the group's metadata {group}"
         return ""
 
-    def _refuse(self, store: EntryStore, root: Path, key: str, reason: str, locked: bool) -> None:
+    def _refuse(self, root: Path, key: str, reason: str, locked: bool) -> None:
+        store = store_of(root)
         if root != self.where.write:
             log.warning("kcache: ignoring the Triton entry %s: %s", store.entry_path(key), reason)
             return
@@ -190,6 +209,8 @@ class GroupStore:
                        "from a private copy, and compiles again in the next process", group or "file",
                        self.where.write, getattr(err, "strerror", None) or err)
             return None
+        from kcache.store.entries import PublishOutcome  # loaded by store_of above
+
         if outcome is PublishOutcome.LOST_RACE:
             log.debug("kcache: another process published the Triton entry %s first", key[:16])
         else:
@@ -235,6 +256,8 @@ def private_directory(where: TritonRoots) -> PrivateDirectory:
     """A private directory for a manager's files: a staging name under the write root's triton/.staging,
     made by descriptor from the root (gc removes it once this process is gone), else a temp directory."""
     if where.write is not None:
+        from kcache.store.fsutil import make_dirs_at  # a miss's: a hit makes no private directory
+
         name = str(layout.StagingName.fresh("0" * 16))
         try:
             root_fd = dirfd.open_root(where.write)
