@@ -41,6 +41,40 @@ def test_a_nap_ends_when_its_entry_is_renamed_into_place_and_not_for_another(tmp
         assert time.monotonic() - started < 5.0
 
 
+def test_a_nap_wakes_where_the_instance_has_a_descriptor_above_1023(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process holding over a thousand files (a data loader's, a server's): its inotify instance
+    gets a descriptor select() refuses (FD_SETSIZE). The nap still wakes at the publish."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit of open files is {hard}: no descriptor above 1023 to be had")
+    monkeypatch.setattr(arrivals_module, "_watcher", None)
+    monkeypatch.setattr(arrivals_module, "_unavailable", False)
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = os.open(os.devnull, os.O_RDONLY)
+    held = [filler]
+    try:
+        while held[-1] < 1100:  # every lower number taken: the instance's is above them
+            held.append(os.dup(filler))
+        with Arrivals(entries, KEY) as arrivals:
+            arrivals.nap(30.0)  # sets the watch up
+            assert arrivals_module._watcher is not None and arrivals_module._watcher.fd > 1023
+            publish(entries, KEY)
+            started = time.monotonic()
+            arrivals.nap(30.0)
+            assert time.monotonic() - started < 5.0, "the nap slept instead of waking at the publish"
+    finally:
+        for fd in held:
+            os.close(fd)
+        if arrivals_module._watcher is not None:
+            os.close(arrivals_module._watcher.fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_waiter_on_the_lock_leaves_at_the_publish(tmp_path: Path) -> None:
     """KeyLock.acquire with the arrivals' nap, its lock held by another thread's open file, which
     never lets go: the waiter ends on the publish, holding nothing."""

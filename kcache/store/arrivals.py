@@ -23,6 +23,8 @@ sleep it was, so the wait stays bounded by the lock's own timeout and backoff.
 
 from __future__ import annotations
 
+import errno
+import math
 import os
 import select
 import struct
@@ -38,6 +40,7 @@ _IN_DONT_FOLLOW = 0x02000000
 _WATCH_MASK = _IN_MOVED_TO | _IN_CREATE | _IN_ONLYDIR | _IN_DONT_FOLLOW
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name, NUL-padded
 _READ_BYTES = 64 * 1024  # a read's bound: events are 16 bytes and a name
+_INSTANCE_GONE = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
 class _Watcher:
@@ -166,13 +169,18 @@ class Arrivals:
             time.sleep(seconds)
             return
         deadline = time.monotonic() + seconds
+        # poll, not select: select refuses a descriptor numbered 1024 or more (FD_SETSIZE), and a
+        # process holding that many files (a data loader's, a server's) would nap blind.
+        readable = select.poll()
+        readable.register(watcher.fd, select.POLLIN)
         while not self._woken.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             try:
-                readable, _, _ = select.select([watcher.fd], [], [], left)
-                if readable:
+                for _fd, happened in readable.poll(max(1, math.ceil(left * 1000))):
+                    if happened & _INSTANCE_GONE:  # poll reports it, again at once: not a wake-up to read
+                        raise OSError(errno.EBADF, "the inotify instance is gone")
                     watcher.read()
             except (OSError, ValueError):  # the instance is gone: sleep out this nap, plain naps after it
                 self._watcher = None
