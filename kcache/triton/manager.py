@@ -70,7 +70,7 @@ class CacheManager(TritonCacheManager):
             except BaseException:
                 self._held.release_lock()
                 raise
-        return _strings(found)
+        return found
 
     def get_file(self, filename: str) -> str | None:
         if self._triton_own is not None:
@@ -82,7 +82,7 @@ class CacheManager(TritonCacheManager):
             lone = self._groups.find(self._groups.key, _group_of(filename), filename)
         if lone is None:  # another node's, from the remote tiers
             lone = self._groups.fetch(entry_key(self.key, filename), None, filename)
-        return None if lone is None else _runnable_path(lone[filename])
+        return None if lone is None else _runnable_path(Path(lone[filename]))
 
     # ------------------------------------------------------------------ writes
 
@@ -123,7 +123,7 @@ class CacheManager(TritonCacheManager):
 
     # ------------------------------------------------------------------ the key's lock
 
-    def _wait_or_hold(self, filename: str) -> dict[str, Path] | None:
+    def _wait_or_hold(self, filename: str) -> dict[str, str] | None:
         """A miss: wait for another process's compile of the key, or hold its lock and compile."""
         lock = self._groups.lock(self._groups.key)
         entry_seen = (lambda: self._groups.find(self._groups.key, filename) is not None)
@@ -150,7 +150,7 @@ class CacheManager(TritonCacheManager):
         self._held.lock = lock
         return None
 
-    def _claim_cluster_wide(self, filename: str, timeout_s: float) -> dict[str, Path] | None:
+    def _claim_cluster_wide(self, filename: str, timeout_s: float) -> dict[str, str] | None:
         """Under the key's lock, with remote tiers: another node's group, or this node's lease to compile
         it (held until `put_group`); another node's lease is waited for, backing off, at most what is
         left of KCACHE_LOCK_TIMEOUT."""
@@ -230,6 +230,3 @@ def _group_of(filename: str) -> str:
     """The metadata file of the group a compile's file belongs to (`add.ptx` -> `add.json`)."""
     return f"{filename.rsplit('.', 1)[0]}.json"
 
-
-def _strings(found: dict[str, Path] | None) -> dict[str, str] | None:
-    return None if found is None else {name: str(path) for name, path in found.items()}

@@ -111,10 +111,11 @@ class GroupStore:
     # ------------------------------------------------------------------ reads
 
     def find(self, key: str, group: str | None, file_name: str | None = None, *,
-             locked: bool = False) -> dict[str, Path] | None:
+             locked: bool = False) -> dict[str, str] | None:
         """{file name: path} of the verified entry `key` in the first root that has it (the group's
         files, or the lone file), or None. A corrupt or foreign entry is moved aside (where ours, under
-        the key's lock: `locked` says the caller holds it already) and is a miss."""
+        the key's lock: `locked` says the caller holds it already) and is a miss. The paths are strings,
+        as Triton takes them: a Path per file, and its str, were a fifth of a small group's hit."""
         for root in self.where.reads:
             try:
                 files = read_entry(root, key)
@@ -129,7 +130,8 @@ class GroupStore:
                 continue
             directory = entry_dir(root, key)
             note_use(directory)  # the least recently used are evicted first (KCACHE_MAX_SIZE)
-            return {name: directory / name for name in files if name != META}
+            prefix = os.path.join(directory, "")
+            return {name: prefix + name for name in files if name != META}
         return None
 
     def _mismatch(self, files: dict[str, bytes], key: str, group: str | None, file_name: str | None) -> str:
@@ -166,7 +168,7 @@ class GroupStore:
     # ------------------------------------------------------------------ remote tiers
 
     def fetch(self, key: str, group: str | None, file_name: str | None = None, *,
-              locked: bool = False) -> dict[str, Path] | None:
+              locked: bool = False) -> dict[str, str] | None:
         """The entry `key` from the remote tiers, published into the write root, then found as `find`
         finds it (verified whole, this key's and group's); None where no tier has it."""
         if self.where.remote is None or self.where.write is None:
