@@ -115,7 +115,7 @@ class GroupStore:
         """{file name: path} of the verified entry `key` in the first root that has it (the group's
         files, or the lone file), or None. A corrupt or foreign entry is moved aside (where ours, under
         the key's lock: `locked` says the caller holds it already) and is a miss. The paths are strings,
-        as Triton takes them: a Path per file, and its str, were a fifth of a small group's hit."""
+        as Triton takes them (a Path per file, then its str, cost 6% of a small group's hit)."""
         for root in self.where.reads:
             try:
                 files = read_entry(root, key)
