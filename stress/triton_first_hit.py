@@ -76,16 +76,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(args.child)
         return
+    from .bench import bytecode_as_installed
+
     trees = {"this tree": Path(__file__).resolve().parent.parent}
     if args.against is not None:
         trees["--against"] = args.against.resolve()
-    for tree in trees.values():  # every tree's kcache from bytecode, as after a pip install
-        compileall.compile_dir(str(tree / "kcache"), quiet=1)
+    # Every tree's kcache from bytecode, as after a pip install (the GPU image sets PYTHONDONTWRITEBYTECODE:
+    # a tree without bytecode compiled its modules from source in every process, 15-20 ms of "import").
+    bytecode = bytecode_as_installed()  # this tree's, as the bench's
+    if args.against is not None:
+        compileall.compile_dir(str(trees["--against"] / "kcache"), quiet=1)
     with tempfile.TemporaryDirectory(prefix="kcache-triton-first-") as root:
-        # No PYTHONDONTWRITEBYTECODE (the GPU image sets it): a tree whose bytecode is stale or missing
-        # compiles its modules from source in every process, 15-20 ms of "import" that no user pays.
-        env = {**os.environ, "TRITON_CACHE_MANAGER": "kcache.triton:CacheManager", "KCACHE_DIR": f"{root}/kcache",
-               "PYTHONDONTWRITEBYTECODE": ""}
+        env = {**os.environ, **bytecode, "TRITON_CACHE_MANAGER": "kcache.triton:CacheManager",
+               "KCACHE_DIR": f"{root}/kcache"}
         own_env = {key: value for key, value in env.items() if key != "TRITON_CACHE_MANAGER"}
         own_env["TRITON_CACHE_DIR"] = f"{root}/triton"
         _hit(trees["this tree"], args.kernel, env)  # the misses

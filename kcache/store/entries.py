@@ -29,7 +29,7 @@ from kcache.store.fsutil import (
 from kcache.store.manifest import (
     MANIFEST_NAME,
     build_manifest_at,
-    verify_entry,
+    read_verified,
     verify_entry_at,
 )
 
@@ -106,10 +106,8 @@ class EntryStore:
         caller decides when to quarantine it (under the key's lock).
         """
         path = self.entry_path(key)
-        try:
-            files = verify_entry(path, self.required, trust_root=self.root if self.trusted else None,
-                                 exact=self.bind_key)
-        except FileNotFoundError:
+        files = read_verified(path, self.required, trust_root=self.root if self.trusted else None, exact=self.bind_key)
+        if files is None:
             return None
         if self.bind_key:
             check_bound_key(str(path), files, key)

@@ -120,6 +120,15 @@ def verify_entry(directory: Path, required: frozenset[str], *, trust_root: Path 
         os.close(dir_fd)
 
 
+def read_verified(directory: Path, required: frozenset[str], *, trust_root: Path | None = None,
+                  exact: bool = False) -> dict[str, bytes] | None:
+    """verify_entry, where an entry that does not exist (or vanished meanwhile) is a miss: None."""
+    try:
+        return verify_entry(directory, required, trust_root=trust_root, exact=exact)
+    except FileNotFoundError:
+        return None
+
+
 def verify_entry_at(dir_fd: int, directory: Path, required: frozenset[str], *, exact: bool = False) -> dict[str, bytes]:
     """verify_entry of a directory of our own, open as `dir_fd` (a staging directory held since it
     was made): what is verified is that directory, whatever its path now leads to."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kcache.errors import CacheLockTimeout, CorruptEntry, UntrustedEntry
 from kcache.store import dirfd, layout
 from kcache.store.last_use import note_use
-from kcache.store.manifest import MANIFEST_NAME, verify_entry
+from kcache.store.manifest import MANIFEST_NAME, read_verified
 from kcache.triton.roots import META, NAMESPACE, TritonRoots
 
 if TYPE_CHECKING:
@@ -94,10 +94,7 @@ def read_entry(root: Path, key: str) -> dict[str, bytes] | None:
     """`store_of(root).read(key)`: the entry's files, verified whole (trust checked on every
     descriptor from `<root>/triton` down, every size and sha256 against the manifest), or None on a
     miss. Raises CorruptEntry or UntrustedEntry, as the store's read does (tests/test_triton.py)."""
-    try:
-        return verify_entry(entry_dir(root, key), _REQUIRED, trust_root=root / NAMESPACE)
-    except FileNotFoundError:
-        return None
+    return read_verified(entry_dir(root, key), _REQUIRED, trust_root=root / NAMESPACE)
 
 
 class GroupStore:
