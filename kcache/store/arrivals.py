@@ -9,8 +9,9 @@ the entry wakes it at once.
 One inotify instance per process, kept for its life: closing an instance waits for the kernel's
 grace period (0.1-16 ms measured on the CPU machine, on the waiter's path right after its wake-up),
 while adding and removing a watch on a live one takes microseconds. A directory's watch lives while
-some wait of the process needs it. Whichever napping thread finds events reads them and wakes the
-waits they name; one that misses a wake-up sleeps out its nap, as a poll would have.
+some wait of the process needs it. One napping thread at a time polls the instance, reads its events
+and wakes the waits they name; the other napping threads wait to be woken by it, and one of them takes
+over when it stops.
 
 A forked child drops the inherited instance at the fork (`os.register_at_fork`) and makes its own
 if it waits.
@@ -52,6 +53,16 @@ class _Watcher:
         self.lock = threading.Lock()
         self.watches: dict[bytes, tuple[int, int]] = {}  # directory -> (wd, waits using it)
         self.waits: dict[tuple[int, bytes], set[threading.Event]] = {}
+        # One thread at a time polls the instance (the reader); the others wait on `changed`, which
+        # the reader notifies once it has read (its events may be theirs) or stops reading (one of
+        # them takes over). A wait blocked in poll would not see its event set by another thread
+        # that read it first: it slept out its nap.
+        self.changed = threading.Condition(self.lock)
+        self.polling = False
+        # poll, not select: select refuses a descriptor numbered 1024 or more (FD_SETSIZE), and a
+        # process holding that many files (a data loader's, a server's) would nap blind.
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
 
     def add(self, directory: bytes, name: bytes, woken: threading.Event) -> int | None:
         with self.lock:
@@ -77,22 +88,55 @@ class _Watcher:
             self.watches.pop(directory, None)
             self.libc.inotify_rm_watch(self.fd, wd)  # microseconds; its IN_IGNORED event wakes nobody
 
-    def read(self) -> None:
-        """Read what the instance holds (never blocking) and wake the waits it names."""
-        with self.lock:
-            try:
-                events = os.read(self.fd, _READ_BYTES)
-            except BlockingIOError:  # another thread read them first, and woke whom they named
-                return
-            offset = 0
-            while offset + _EVENT.size <= len(events):
-                wd, mask, _cookie, length = _EVENT.unpack_from(events, offset)
-                name = events[offset + _EVENT.size:offset + _EVENT.size + length].rstrip(b"\0")
-                offset += _EVENT.size + length
-                woken = [event for waits in self.waits.values() for event in waits] if mask & _IN_Q_OVERFLOW \
-                    else self.waits.get((wd, name), ())
-                for event in woken:  # an overflow lost events: every wait looks again
-                    event.set()
+    def wait(self, woken: threading.Event, deadline: float) -> bool:
+        """Until `woken` is set or the monotonic `deadline` passes: as the reader, or woken by it.
+        False where the instance failed (the caller sleeps out its nap instead)."""
+        with self.changed:
+            while not woken.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if self.polling:
+                    self.changed.wait(left)
+                    continue
+                self.polling = True
+                try:
+                    if self._poll_unlocked(left):
+                        self._read()
+                except OSError:
+                    return False
+                finally:
+                    self.polling = False
+                    self.changed.notify_all()
+        return True
+
+    def _poll_unlocked(self, seconds: float) -> bool:
+        """Whether the instance holds events, waiting at most `seconds` with the lock let go."""
+        self.lock.release()
+        try:
+            for _fd, happened in self.poller.poll(max(1, math.ceil(seconds * 1000))):
+                if happened & _INSTANCE_GONE:  # poll reports it, again at once: not a wake-up to read
+                    raise OSError(errno.EBADF, "the inotify instance is gone")
+                return True
+            return False
+        finally:
+            self.lock.acquire()
+
+    def _read(self) -> None:
+        """Under the lock: read what the instance holds (never blocking) and wake the waits it names."""
+        try:
+            events = os.read(self.fd, _READ_BYTES)
+        except BlockingIOError:
+            return
+        offset = 0
+        while offset + _EVENT.size <= len(events):
+            wd, mask, _cookie, length = _EVENT.unpack_from(events, offset)
+            name = events[offset + _EVENT.size:offset + _EVENT.size + length].rstrip(b"\0")
+            offset += _EVENT.size + length
+            woken = [event for waits in self.waits.values() for event in waits] if mask & _IN_Q_OVERFLOW \
+                else self.waits.get((wd, name), ())
+            for event in woken:  # an overflow lost events: every wait looks again
+                event.set()
 
 
 _watcher: _Watcher | None = None
@@ -169,23 +213,10 @@ class Arrivals:
             time.sleep(seconds)
             return
         deadline = time.monotonic() + seconds
-        # poll, not select: select refuses a descriptor numbered 1024 or more (FD_SETSIZE), and a
-        # process holding that many files (a data loader's, a server's) would nap blind.
-        readable = select.poll()
-        readable.register(watcher.fd, select.POLLIN)
-        while not self._woken.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            try:
-                for _fd, happened in readable.poll(max(1, math.ceil(left * 1000))):
-                    if happened & _INSTANCE_GONE:  # poll reports it, again at once: not a wake-up to read
-                        raise OSError(errno.EBADF, "the inotify instance is gone")
-                    watcher.read()
-            except (OSError, ValueError):  # the instance is gone: sleep out this nap, plain naps after it
-                self._watcher = None
-                time.sleep(max(0.0, deadline - time.monotonic()))
-                return
+        if not watcher.wait(self._woken, deadline):  # the instance is gone: sleep out this nap, plain naps after it
+            self.close()
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return
         self._woken.clear()
 
     def close(self) -> None:
