@@ -45,11 +45,40 @@ exit $rc
 """
 
 
+# This process's events, kept in memory between hold_events() and flush_events(); None: written at once.
+_held: list[tuple[str, float, float]] | None = None
+
+
 def log_event(what: str, start: float, end: float) -> None:
-    line = json.dumps({"pid": os.getpid(), "what": what, "start": start, "end": end}) + "\n"
+    if _held is not None:
+        _held.append((what, start, end))
+        return
+    _append(_line(what, start, end))
+
+
+def _line(what: str, start: float, end: float) -> str:
+    return json.dumps({"pid": os.getpid(), "what": what, "start": start, "end": end}) + "\n"
+
+
+def hold_events() -> None:
+    """Keep this process's events in memory until flush_events(): a step's logging (its JSON, a file
+    opened, written and closed: about 20 us on the CPU machine) then adds about 1 us to the timed steps
+    around it. For a process that does not fork (a fork would take a copy of the held events)."""
+    global _held
+    _held = []
+
+
+def flush_events() -> None:
+    global _held
+    held, _held = _held, None
+    if held:
+        _append("".join(_line(*event) for event in held))
+
+
+def _append(text: str) -> None:
     fd = os.open(os.environ[LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, text.encode())
     finally:
         os.close(fd)
 
