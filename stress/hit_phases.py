@@ -6,7 +6,7 @@ disk` and `--only warm`, not a goal (issue 39's breakdown).
 One kernel (the bench's add) is compiled into a kcache root and into TileLang's own cache; then fresh
 processes, kcache's, TileLang's and the floor's taking turns, each import, open and ask for it once.
 Each step is timed by wrapping its function in the sampled process, which keeps its events in memory
-until it ends (before 2026-11-28 05:00 UTC each step wrote its event to the log file inside the steps
+until it ends (before 2026-11-28 04:45 UTC each step wrote its event to the log file inside the steps
 around it: about 0.02 ms a step on the CPU machine, seven steps in kcache's call, two in TileLang's):
 - outside the call: `import tilelang`, `import kcache`, opening the `KernelCache`;
 - kcache's call: the request (target, options, the key: the PrimFunc's TVMScript and its sha256),
