@@ -132,7 +132,7 @@ def _floor(cache: Any, func: Any, target: dict[str, str]) -> None:
         raise SystemExit("the floor's key is not the one kcache's call asks for")
     backend.load_kernel(func, store.entry_path(key), files, resolved, [2], pass_configs, None)
     loaded_at = clock()
-    for what, start, end in (("floor: TileLang's target resolution", begun, resolved_at),
+    for what, start, end in (("floor: TileLang's target resolution and the options", begun, resolved_at),
                              ("floor: the key (context, TVMScript, sha256)", resolved_at, keyed_at),
                              ("floor: read and verify", keyed_at, read_at),
                              ("floor: load (ELF, memfd, dlopen, wrapper)", read_at, loaded_at),
