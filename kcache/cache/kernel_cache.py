@@ -341,8 +341,9 @@ class KernelCache:
                 report = self.gc()
                 if report.staging_removed or report.locks_removed:
                     log.debug("kcache: gc at open removed %s", report)
-        except OSError as err:
-            log.warning("kcache: gc of %s at open failed (the cache still works): %s", self.root, err)
+        except Exception as err:  # whatever a hostile root holds, opening the cache works
+            log.warning("kcache: gc of %s at open failed (the cache still works): %s: %s", self.root,
+                        type(err).__name__, err)
 
 
 def _compiles_expected() -> bool:

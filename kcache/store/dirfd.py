@@ -81,11 +81,16 @@ def subdir(root: Path, *names: str) -> Iterator[int | None]:
 def remove_tree_at(dir_fd: int, name: str, why: str) -> bool:
     """Remove `name` in `dir_fd` and everything below it, by descriptor. A link is unlinked, never
     followed. A failure is logged, not raised (it must not hide the error that led here); returns
-    whether `name` is gone."""
+    whether `name` is gone. A tree deeper than MAX_REMOVAL_DEPTH (none that kcache makes: planted)
+    is left in place with one warning that names it."""
     try:
         _remove_at(dir_fd, name)
     except FileNotFoundError:
         pass
+    except _TooDeep:
+        log.warning("kcache: not removing %s while %s: it is more than %d directories deep, which kcache never "
+                    "makes (someone planted it). Remove it by hand (rm -r), as its owner or root",
+                    _path_of(dir_fd, name), why, MAX_REMOVAL_DEPTH)
     except OSError as err:
         log.warning("kcache: could not remove %s while %s: %s", name, why, err)
     try:
@@ -95,20 +100,62 @@ def remove_tree_at(dir_fd: int, name: str, why: str) -> bool:
     return False
 
 
+# kcache's own trees are an entry's files, or a staging directory's: two levels. The bound keeps a
+# removal's open descriptors (one per level) few, whatever was planted.
+MAX_REMOVAL_DEPTH = 64
+
+
+class _TooDeep(OSError):
+    pass
+
+
 def _remove_at(dir_fd: int, name: str) -> None:
+    """Depth first, by an explicit stack of (descriptor, entries left) levels: no recursion, so a
+    planted tree thousands of levels deep costs a warning, never a RecursionError."""
     info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if not stat.S_ISDIR(info.st_mode):
         os.unlink(name, dir_fd=dir_fd)
         return
-    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    levels: list[tuple[int, str, list[str]]] = []  # (its descriptor, its name in the level above, names left)
     try:
-        if os.fstat(fd)[:2] != info[:2]:  # replaced between the stat and the open: leave it
-            raise OSError(errno.ESTALE, f"{name} changed while being removed")
-        for child in os.listdir(fd):
+        levels.append((_open_unchanged(dir_fd, name, info), name, []))
+        levels[-1][2].extend(os.listdir(levels[-1][0]))
+        while levels:
+            fd, _, left = levels[-1]
+            if not left:  # this level is empty now: remove it from its parent
+                os.close(fd)
+                _, own_name, _ = levels.pop()
+                os.rmdir(own_name, dir_fd=levels[-1][0] if levels else dir_fd)
+                continue
+            child = left.pop()
             try:
-                _remove_at(fd, child)
+                child_info = os.stat(child, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISDIR(child_info.st_mode):
+                    os.unlink(child, dir_fd=fd)
+                    continue
+                if len(levels) >= MAX_REMOVAL_DEPTH:
+                    raise _TooDeep(errno.ELOOP, f"{name} is more than {MAX_REMOVAL_DEPTH} levels deep")
+                child_fd = _open_unchanged(fd, child, child_info)
             except FileNotFoundError:
-                pass
+                continue
+            levels.append((child_fd, child, os.listdir(child_fd)))
     finally:
+        for fd, _, _ in levels:
+            os.close(fd)
+
+
+def _path_of(dir_fd: int, name: str) -> str:
+    """`name` in `dir_fd` as a path, for a message (the directory's path as the kernel knows it now)."""
+    try:
+        return os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name)
+    except OSError:
+        return name
+
+
+def _open_unchanged(dir_fd: int, name: str, info: os.stat_result) -> int:
+    """A descriptor of directory `name`, refused where it was replaced between the stat and the open."""
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    if os.fstat(fd)[:2] != info[:2]:
         os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
+        raise OSError(errno.ESTALE, f"{name} changed while being removed")
+    return fd

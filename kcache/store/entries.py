@@ -81,14 +81,16 @@ class EntryStore:
 
     def __init__(self, root: Path, namespace: str, required: frozenset[str],
                  check_name: Callable[[str], str] = layout.check_key, *, bind_key: bool = False,
-                 trusted: bool = True) -> None:
+                 trusted: bool = True, trust_root: Path | None = None) -> None:
         """`check_name` validates entry names: hex keys by default; `layout.check_entry_name` for
         caller-chosen directory names (an autotune result saved to a path). `bind_key` (kernel
         entries): an entry's meta.json must name its key, and it holds exactly `required`. `trusted`: reads check trust on every
-        descriptor from the root down (UntrustedEntry) before a byte is read."""
+        descriptor from `trust_root` (default: `root`) down (UntrustedEntry) before a byte is read: the
+        cache root, where a store lives in a subdirectory of it (Triton's `<root>/triton`)."""
         self.bind_key = bind_key
         self.trusted = trusted
         self.root = Path(root)
+        self.trust_root = self.root if trust_root is None else Path(trust_root)
         self.check_name = check_name
         self.namespace = namespace
         self.required = frozenset(required)
@@ -106,7 +108,8 @@ class EntryStore:
         caller decides when to quarantine it (under the key's lock).
         """
         path = self.entry_path(key)
-        files = read_verified(path, self.required, trust_root=self.root if self.trusted else None, exact=self.bind_key)
+        files = read_verified(path, self.required, trust_root=self.trust_root if self.trusted else None,
+                              exact=self.bind_key)
         if files is None:
             return None
         if self.bind_key:

@@ -29,10 +29,11 @@ from triton.runtime.cache import FileCacheManager
 from kcache.errors import CacheLockTimeout
 from kcache.store.manifest import is_entry_file_name
 from kcache.triton.roots import TritonRoots, roots
-from kcache.triton.store import GroupStore, PrivateDirectory, entry_key, kernel_name, private_directory
+from kcache.triton.store import GroupStore, as_paths, entry_key, kernel_name
 
 if TYPE_CHECKING:
     from kcache.store.locks import KeyLock
+    from kcache.triton.private import PrivateDirectory
 
 log = logging.getLogger("kcache")
 
@@ -77,12 +78,15 @@ class CacheManager(TritonCacheManager):
             return self._triton_own.get_file(filename)
         if filename in self._staged:
             return str(self._staged[filename])
-        lone = self._groups.find(entry_key(self.key, filename), None, filename)
+        lone = self._groups.read(entry_key(self.key, filename), None, filename)
         if lone is None:
-            lone = self._groups.find(self._groups.key, _group_of(filename), filename)
+            lone = self._groups.read(self._groups.key, _group_of(filename), filename)
         if lone is None:  # another node's, from the remote tiers
             lone = self._groups.fetch(entry_key(self.key, filename), None, filename)
-        return None if lone is None else _runnable_path(Path(lone[filename]))
+        if lone is None:
+            return None
+        # Triton loads it by this path later: a private copy of the bytes just verified, never the entry
+        return _private_copy(lone[0].name, filename, lone[1][filename])
 
     # ------------------------------------------------------------------ writes
 
@@ -92,19 +96,22 @@ class CacheManager(TritonCacheManager):
         payload = data if isinstance(data, bytes) else str(data).encode()
         if not is_entry_file_name(filename):
             raise ValueError(f"kcache: Triton's file name {filename!r} cannot name an entry's file")
-        if not self._in_group:
-            published = self._groups.publish(entry_key(self.key, filename), None, {filename: payload})
-            if published is not None:
-                return _runnable_path(published / filename)
+        if not self._in_group:  # a lone file: saved for the next process, and Triton loads its own build
+            key = entry_key(self.key, filename)
+            self._groups.publish(key, None, {filename: payload})
+            copy = _private_copy(key, filename, payload)
+            self._staged[filename] = Path(copy)
+            return copy
         path = self._held.write_private(filename, payload, self._groups.where)
         self._staged[filename] = path
-        return _runnable_path(path) if not self._in_group else str(path)
+        return str(path)
 
     def put_group(self, filename: str, group: dict[str, str]) -> str | None:
         if self._triton_own is not None:
             return self._triton_own.put_group(filename, group)
         try:
-            files = {name: Path(path).read_bytes() for name, path in group.items()}
+            files = {name: self._held.read_private(name) if str(self._staged.get(name)) == path
+                     else Path(path).read_bytes() for name, path in group.items()}
             published = self._groups.publish(self._groups.key, filename, files)
         finally:
             self._held.release_lock()
@@ -156,7 +163,7 @@ class CacheManager(TritonCacheManager):
         left of KCACHE_LOCK_TIMEOUT."""
         key = self._groups.key
         claim = self._groups.where.remote.claim(key, self._groups.where.lease_s, timeout_s,
-                                                lambda: self._groups.fetch(key, filename, locked=True))
+                                                lambda: as_paths(self._groups.fetch(key, filename, locked=True)))
         if claim.timed_out:
             log.warning("kcache: another node held the compile lease of Triton's %s (key %s) for KCACHE_LOCK_TIMEOUT "
                         "without uploading it; compiling it here too", filename, key[:16])
@@ -177,6 +184,8 @@ class _Held:
     def write_private(self, filename: str, payload: bytes, where: TritonRoots) -> Path:
         """`payload` as `filename` in the private directory. Where the root's disk is full (or the
         root turned unwritable), the file goes to a private temp directory: the kernel still runs."""
+        from kcache.triton.private import private_directory  # a miss's
+
         if not self.private:
             self.private.append(private_directory(where))
         try:
@@ -188,6 +197,15 @@ class _Held:
                         "directory instead", filename, self.private[-1].path, err.strerror or err)
             self.private.append(private_directory(TritonRoots(None, (), where.lock_timeout_s)))
             return self.private[-1].write(filename, payload)
+
+    def read_private(self, filename: str) -> bytes:
+        """The bytes of `filename` as written into the private directory, read through its descriptor."""
+        for directory in reversed(self.private):
+            try:
+                return directory.read(filename)
+            except FileNotFoundError:
+                continue
+        raise FileNotFoundError(filename)
 
     def release_lock(self) -> None:
         lease, self.lease = self.lease, None
@@ -214,12 +232,12 @@ def _recorder() -> Any:
     return deployment.recorder()
 
 
-def _runnable_path(path: Path) -> str:
-    """kcache.triton.runnable's answer, loaded where a single file is asked for or put (Triton's
+def _private_copy(entry: str, name: str, data: bytes) -> str:
+    """kcache.triton.private's answer, loaded where a lone file is asked for or put (Triton's
     launcher and driver modules): a compile's hit loads neither it nor its noexec checks."""
-    from kcache.triton.runnable import runnable_path
+    from kcache.triton.private import private_copy
 
-    return runnable_path(path)
+    return private_copy(entry, name, data)
 
 
 def _listed(roots: tuple[Path, ...]) -> str:

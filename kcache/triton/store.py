@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kcache.errors import CacheLockTimeout, CorruptEntry, UntrustedEntry
-from kcache.store import dirfd, layout
+from kcache.store import layout
 from kcache.store.last_use import note_use
 from kcache.store.manifest import MANIFEST_NAME, read_verified
 from kcache.triton.roots import META, NAMESPACE, TritonRoots
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kcache")
 
 KERNEL_SUFFIX = " (Triton)"  # a Triton kernel's name, among TileLang's: `add_kernel (Triton)`
-MAX_FILE_BYTES = 1 << 30
 
 
 def entry_key(triton_key: str, lone_file: str | None = None) -> str:
@@ -78,11 +77,12 @@ _REQUIRED = frozenset({META})
 
 
 def store_of(root: Path) -> EntryStore:
-    """The store of Triton's entries under `root`: for writes, refusals and tiers. A hit reads
-    through `read_entry` and so never loads the store's write path (kcache.store.entries, fsutil)."""
+    """The store of Triton's entries under `root`: for writes, refusals and tiers. Its reads check
+    trust from `root` down, as TileLang's do. A hit reads through `read_entry` and so never loads the
+    store's write path (kcache.store.entries, fsutil)."""
     from kcache.store.entries import EntryStore
 
-    return EntryStore(root / NAMESPACE, "", _REQUIRED)
+    return EntryStore(root / NAMESPACE, "", _REQUIRED, trust_root=root)
 
 
 def entry_dir(root: Path, key: str) -> Path:
@@ -92,9 +92,9 @@ def entry_dir(root: Path, key: str) -> Path:
 
 def read_entry(root: Path, key: str) -> dict[str, bytes] | None:
     """`store_of(root).read(key)`: the entry's files, verified whole (trust checked on every
-    descriptor from `<root>/triton` down, every size and sha256 against the manifest), or None on a
+    descriptor from the cache root down, every size and sha256 against the manifest), or None on a
     miss. Raises CorruptEntry or UntrustedEntry, as the store's read does (tests/test_triton.py)."""
-    return read_verified(entry_dir(root, key), _REQUIRED, trust_root=root / NAMESPACE)
+    return read_verified(entry_dir(root, key), _REQUIRED, trust_root=root)
 
 
 class GroupStore:
@@ -110,13 +110,24 @@ class GroupStore:
     def find(self, key: str, group: str | None, file_name: str | None = None, *,
              locked: bool = False) -> dict[str, str] | None:
         """{file name: path} of the verified entry `key` in the first root that has it (the group's
-        files, or the lone file), or None. A corrupt or foreign entry is moved aside (where ours, under
-        the key's lock: `locked` says the caller holds it already) and is a miss. The paths are strings,
+        files, or the lone file), or None: `read`'s entry, as paths into it. The paths are strings,
         as Triton takes them (a Path per file, then its str, cost 6% of a small group's hit)."""
+        return as_paths(self.read(key, group, file_name, locked=locked))
+
+    def read(self, key: str, group: str | None, file_name: str | None = None, *,
+             locked: bool = False) -> tuple[Path, dict[str, bytes]] | None:
+        """(directory, verified files) of the entry `key` in the first root that has it, or None. An
+        untrusted entry is skipped with one warning, never moved (not ours to move); a corrupt or
+        foreign one is moved aside where ours, under the key's lock (`locked`: the caller holds it
+        already). Either is a miss."""
         for root in self.where.reads:
             try:
                 files = read_entry(root, key)
-            except (CorruptEntry, UntrustedEntry) as err:
+            except UntrustedEntry as untrusted:
+                _warn_once(f"untrusted:{entry_dir(root, key)}", "kcache: ignoring the Triton entry %s (compiling "
+                           "it here instead): %s", entry_dir(root, key), untrusted.reason)
+                continue
+            except CorruptEntry as err:
                 self._refuse(root, key, str(err), locked)
                 continue
             if files is None:
@@ -127,8 +138,7 @@ class GroupStore:
                 continue
             directory = entry_dir(root, key)
             note_use(directory)  # the least recently used are evicted first (KCACHE_MAX_SIZE)
-            prefix = os.path.join(directory, "")
-            return {name: prefix + name for name in files if name != META}
+            return directory, files
         return None
 
     def _mismatch(self, files: dict[str, bytes], key: str, group: str | None, file_name: str | None) -> str:
@@ -146,33 +156,37 @@ class GroupStore:
         return ""
 
     def _refuse(self, root: Path, key: str, reason: str, locked: bool) -> None:
+        """A corrupt entry: moved aside where it is in our root and can be; else one warning. Never an
+        exception: the caller compiles the kernel either way."""
         store = store_of(root)
+        ignoring = f"kcache: ignoring the Triton entry {store.entry_path(key)}: {reason}"
         if root != self.where.write:
-            log.warning("kcache: ignoring the Triton entry %s: %s", store.entry_path(key), reason)
+            _warn_once(f"corrupt:{store.entry_path(key)}", ignoring)
             return
-        if locked:
-            store.quarantine(key, reason)
-            return
-        lock = self.lock(key)
         try:
+            if locked:
+                store.quarantine(key, reason)
+                return
+            lock = self.lock(key)
             lock.acquire(self.where.lock_timeout_s)
-        except (OSError, CacheLockTimeout):
-            log.warning("kcache: ignoring the Triton entry %s: %s", store.entry_path(key), reason)
-            return
-        with lock:
-            store.quarantine(key, reason)
+            with lock:
+                store.quarantine(key, reason)
+        except (OSError, CacheLockTimeout) as err:  # PublishError, a failed move, is an OSError
+            _warn_once(f"corrupt:{store.entry_path(key)}", f"{ignoring}; it cannot be moved aside "
+                       f"({getattr(err, 'strerror', None) or err}): compiling it here, and again in each process "
+                       "until its owner or root removes it")
 
     # ------------------------------------------------------------------ remote tiers
 
     def fetch(self, key: str, group: str | None, file_name: str | None = None, *,
-              locked: bool = False) -> dict[str, str] | None:
-        """The entry `key` from the remote tiers, published into the write root, then found as `find`
-        finds it (verified whole, this key's and group's); None where no tier has it."""
+              locked: bool = False) -> tuple[Path, dict[str, bytes]] | None:
+        """The entry `key` from the remote tiers, published into the write root, then read as `read`
+        reads it (verified whole, this key's and group's); None where no tier has it."""
         if self.where.remote is None or self.where.write is None:
             return None
         if self.where.remote.fetch_into(store_of(self.where.write), key) is None:
             return None
-        return self.find(key, group, file_name, locked=locked)
+        return self.read(key, group, file_name, locked=locked)
 
     def upload(self, key: str) -> None:
         if self.where.remote is not None and self.where.write is not None:
@@ -195,7 +209,8 @@ class GroupStore:
 
     def publish(self, key: str, group: str | None, files: dict[str, bytes]) -> Path | None:
         """Publish `files` as the entry `key` (whole, or not at all); the entry's directory, or None
-        where nothing can be written (read-only, a full disk: one warning, the kernel still runs)."""
+        where nothing can be written (read-only, a full disk: one warning, the kernel still runs) or
+        where another writer's entry holds the key and does not verify as this key's (a planted one)."""
         if self.where.write is None:
             return None
         meta = {"key": key, "triton_key": self.triton_key, "group": group, "files": sorted(files),
@@ -212,9 +227,27 @@ class GroupStore:
 
         if outcome is PublishOutcome.LOST_RACE:
             log.debug("kcache: another process published the Triton entry %s first", key[:16])
-        else:
-            self.upload(key)
+            return store.entry_path(key) if self._verifies(key, group, files) else None
+        self.upload(key)
         return store.entry_path(key)
+
+    def _verifies(self, key: str, group: str | None, files: dict[str, bytes]) -> bool:
+        """Whether the entry `key` in the write root is trusted, whole and this key's, with the files
+        `files` names: a race's winner, checked as a hit is (and left alone, whatever it is)."""
+        assert self.where.write is not None
+        try:
+            found = read_entry(self.where.write, key)
+        except (CorruptEntry, UntrustedEntry):
+            return False
+        return found is not None and not self._mismatch(found, key, group, None) and set(files) <= set(found)
+
+
+def as_paths(found: tuple[Path, dict[str, bytes]] | None) -> dict[str, str] | None:
+    """{file name: path} of an entry `GroupStore.read` found, as Triton takes a group (None: a miss)."""
+    if found is None:
+        return None
+    prefix = os.path.join(found[0], "")
+    return {name: prefix + name for name in found[1] if name != META}
 
 
 _warned: set[str] = set()
@@ -224,55 +257,3 @@ def _warn_once(what: str, message: str, *args: object) -> None:
     if what not in _warned:
         _warned.add(what)
         log.warning(message, *args)
-
-
-class PrivateDirectory:
-    """A directory of this process's own (0700) for the files of groups being compiled, held open:
-    its files are made through that descriptor, never through a link planted on the way to it."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self.fd = fd
-
-    def write(self, name: str, data: bytes) -> Path:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=self.fd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        return self.path / name
-
-    def remove(self) -> None:
-        os.close(self.fd)
-        import shutil  # here: a hit makes no private directory
-
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-def private_directory(where: TritonRoots) -> PrivateDirectory:
-    """A private directory for a manager's files: a staging name under the write root's triton/.staging,
-    made by descriptor from the root (gc removes it once this process is gone), else a temp directory."""
-    if where.write is not None:
-        from kcache.store.fsutil import make_dirs_at  # a miss's: a hit makes no private directory
-
-        name = str(layout.StagingName.fresh("0" * 16))
-        try:
-            root_fd = dirfd.open_root(where.write)
-            try:
-                staging_fd = make_dirs_at(root_fd, NAMESPACE, layout.STAGING)  # as the store makes it
-            finally:
-                os.close(root_fd)
-            try:
-                os.mkdir(name, 0o700, dir_fd=staging_fd)
-                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging_fd)
-            finally:
-                os.close(staging_fd)
-            return PrivateDirectory(where.write / NAMESPACE / layout.STAGING / name, fd)
-        except OSError:
-            pass
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="kcache-triton-"))
-    return PrivateDirectory(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
