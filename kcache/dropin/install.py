@@ -69,8 +69,8 @@ def uninstall() -> None:
         AutoTuner._save_result_to_disk = state.installed["save"]
         AutoTuner._load_result_from_disk = state.installed["load"]
         AutoTuner.run = state.installed["run"]
-        if state.installed.get("triton_was_unset") and os.environ.get(kcache_triton.ENV) == kcache_triton.ENV_VALUE:
-            del os.environ[kcache_triton.ENV]
+        if state.installed.get("triton_was_unset"):
+            kcache_triton.disable()
         state.installed = None
 
 

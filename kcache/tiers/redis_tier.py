@@ -32,7 +32,7 @@ from kcache.store.entries import check_bound_key
 from kcache.store.manifest import verify_contents
 from kcache.tiers.redis_capped import capped_value, register_capped_get
 from kcache.tiers.redis_lease import DEFAULT_LEASE_S, RedisLease, RedisLeases
-from kcache.tiers.remote_guard import DIGEST_SIZE, CircuitBreaker, RemoteCorrupt, bound_mac
+from kcache.tiers.remote_guard import DIGEST_SIZE, CircuitBreaker, RemoteCorrupt, bound_mac, warn_refused
 
 log = logging.getLogger("kcache")
 
@@ -142,8 +142,7 @@ class RedisTier:
             files = unpack(value, self.required, self.secret, self.prefix + key, self.exact)
             check_bound_key("remote value", files, key, self.bound_meta)
         except (RemoteCorrupt, CorruptEntry) as corrupt:
-            log.warning("kcache: ignoring remote entry %s%s in %s: %s; it is recompiled and replaced",
-                        self.prefix, key, self.url, getattr(corrupt, "reason", corrupt))
+            warn_refused(self.url, self.prefix + key, getattr(corrupt, "reason", corrupt))
             return None
         return files
 

@@ -28,6 +28,20 @@ MAX_LEASE_BYTES = 4 << 10
 LEASE_SKEW_S = 10.0
 
 
+_refusals_said: set[tuple[str, str, str]] = set()
+
+
+def warn_refused(url: str, name: str, reason: object) -> None:
+    """One warning per remote entry, tier and reason in a process: a claim looks at the tier again once
+    it holds the lease (another node may have uploaded meanwhile), and finds the same refused value."""
+    said = (url, name, str(reason))
+    if said in _refusals_said:
+        log.debug("kcache: ignoring remote entry %s in %s again: %s", name, url, reason)
+        return
+    _refusals_said.add(said)
+    log.warning("kcache: ignoring remote entry %s in %s: %s; it is recompiled and replaced", name, url, reason)
+
+
 class RemoteCorrupt(ValueError):
     """A remote value that is not a whole, authentic entry."""
 

@@ -40,7 +40,7 @@ from typing import Any
 from kcache.errors import CorruptEntry
 from kcache.store.entries import check_bound_key
 from kcache.store.manifest import MANIFEST_NAME, format_manifest, verify_contents
-from kcache.tiers.remote_guard import CircuitBreaker, RemoteCorrupt
+from kcache.tiers.remote_guard import CircuitBreaker, RemoteCorrupt, warn_refused
 from kcache.tiers.s3_bucket import (
     DEFAULT_TIMEOUT_S,
     changed_errors,
@@ -111,8 +111,7 @@ class S3Tier:
         if found is None or found is ABSENT:
             return None
         if isinstance(found, RemoteCorrupt):
-            log.warning("kcache: ignoring remote entry %s in %s: %s; it is recompiled and replaced",
-                        self.entry_name(key), self.url, found)
+            warn_refused(self.url, self.entry_name(key), found)
             return None
         return found
 

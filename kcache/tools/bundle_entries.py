@@ -46,11 +46,16 @@ def check_triton_bound(key: str, files: dict[str, bytes], path: Path) -> None:
     (kcache.triton.store's check on a read), and `key` is the name of the Triton key it names."""
     meta = bound_meta(files, key)
     if not isinstance(meta, str):
-        listed = meta["files"]
-        lone = listed[0] if meta.get("group") is None and len(listed) == 1 else None
-        if isinstance(meta.get("triton_key"), str) and triton_entry_key(meta["triton_key"], lone) == key:
+        listed, group = meta["files"], meta.get("group")
+        lone = listed[0] if group is None and len(listed) == 1 else None
+        if group is not None and (not isinstance(group, str) or group not in listed or not group.endswith(".json")):
+            meta = f"{TRITON_META} names the group {group!r}, which is not among its files"
+        elif group is None and lone is None:
+            meta = f"{TRITON_META} names no group, yet lists {len(listed)} files (a lone file's entry holds one)"
+        elif isinstance(meta.get("triton_key"), str) and triton_entry_key(meta["triton_key"], lone) == key:
             return
-        meta = f"{TRITON_META} names a Triton key whose entry is not {key[:16]}"
+        else:
+            meta = f"{TRITON_META} names a Triton key whose entry is not {key[:16]}"
     raise BundleError(str(path), f"{TRITON}/{key}: {meta} (an entry moved under another key, or not one of "
                       "kcache's)")
 

@@ -110,12 +110,12 @@ def _triton() -> Finding:
     if importlib.util.find_spec("triton") is None:
         return Finding("triton", False, "Triton is not installed here")
     chosen = os.environ.get(kcache_triton.ENV)
-    if chosen == kcache_triton.ENV_VALUE:
+    if chosen in kcache_triton.ENV_VALUES:
         return Finding("triton", False, f"Triton's kernels go through kcache ({kcache_triton.ENV}={chosen})")
     if chosen:
         return Finding("triton", False, f"Triton's kernels use the manager {chosen} ({kcache_triton.ENV})")
     return Finding("triton", False, "Triton's kernels use Triton's own cache here: `kcache run` and kcache.install() "
-                   f"route them through kcache, as does {kcache_triton.ENV}={kcache_triton.ENV_VALUE}")
+                   f"route them through kcache, as does {kcache_triton.ENV}={kcache_triton.MODULE_VALUE}")
 
 
 def _unknown_names() -> Finding:

@@ -12,22 +12,47 @@ Importing this package imports Triton (`kcache.triton.manager` subclasses its Ca
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import MutableMapping
 
 ENV = "TRITON_CACHE_MANAGER"
-ENV_VALUE = "kcache.triton:CacheManager"
+# What a user names by hand (a Python that can import kcache), and what kcache sets: the same class,
+# through a module that falls back to Triton's own manager in a Python without kcache (child_path/).
+MODULE_VALUE = "kcache.triton:CacheManager"
+ENV_VALUE = "kcache_triton_manager:CacheManager"
+ENV_VALUES = frozenset({MODULE_VALUE, ENV_VALUE})
+CHILD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_path")
 
 
 def enable(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Set TRITON_CACHE_MANAGER to kcache's in `environ` (os.environ: this process and its children),
-    unless it names a manager of the user's own; whether kcache's is the one set."""
+    """Set TRITON_CACHE_MANAGER to kcache's in `environ` (os.environ: this process and its children,
+    CHILD_PATH then on PYTHONPATH and on this process's sys.path), unless it names a manager already;
+    whether kcache's is the one in force."""
     if environ is None:
         environ = os.environ
     chosen = environ.get(ENV)
-    if chosen and chosen != ENV_VALUE:
-        return False
+    if chosen:
+        return chosen in ENV_VALUES
     environ[ENV] = ENV_VALUE
+    entries = [entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    if CHILD_PATH not in entries:
+        environ["PYTHONPATH"] = os.pathsep.join([*entries, CHILD_PATH])
+    if environ is os.environ and CHILD_PATH not in sys.path:
+        sys.path.append(CHILD_PATH)
     return True
+
+
+def disable(environ: MutableMapping[str, str] | None = None) -> None:
+    """Undo `enable` where it set kcache's manager."""
+    if environ is None:
+        environ = os.environ
+    if environ.get(ENV) == ENV_VALUE:
+        del environ[ENV]
+        entries = [entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != CHILD_PATH]
+        if entries:
+            environ["PYTHONPATH"] = os.pathsep.join(entries)
+        else:
+            environ.pop("PYTHONPATH", None)
 
 
 def __getattr__(name: str) -> object:

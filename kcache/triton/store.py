@@ -104,6 +104,7 @@ class GroupStore:
         self.triton_key = triton_key
         self.where = where
         self.key = entry_key(triton_key)
+        self._refused_fetches: set[str] = set()  # keys whose remote entry was refused: not fetched again
 
     # ------------------------------------------------------------------ reads
 
@@ -146,7 +147,7 @@ class GroupStore:
         if isinstance(meta, str):
             return meta
         if meta.get("triton_key") != self.triton_key:
-            return f"{META} names another key: an entry copied from another key"
+            return f"{META} names another Triton key: an entry copied from another key"
         if meta.get("group") != group:
             return f"{META} names the group {meta.get('group')!r}, not {group!r}"
         if file_name is not None and file_name not in files:
@@ -182,11 +183,14 @@ class GroupStore:
               locked: bool = False) -> tuple[Path, dict[str, bytes]] | None:
         """The entry `key` from the remote tiers, published into the write root, then read as `read`
         reads it (verified whole, this key's and group's); None where no tier has it."""
-        if self.where.remote is None or self.where.write is None:
+        if self.where.remote is None or self.where.write is None or key in self._refused_fetches:
             return None
         if self.where.remote.fetch_into(store_of(self.where.write), key) is None:
             return None
-        return self.read(key, group, file_name, locked=locked)
+        found = self.read(key, group, file_name, locked=locked)
+        if found is None:  # refused (and said so) once: a look again under the lease would refuse it again
+            self._refused_fetches.add(key)
+        return found
 
     def upload(self, key: str) -> None:
         if self.where.remote is not None and self.where.write is not None:
