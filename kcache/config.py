@@ -43,7 +43,7 @@ SETTING_NAMES = frozenset({
     "KCACHE_REMOTE_MAX_ENTRY", "KCACHE_REMOTE_LEASE", "KCACHE_BUNDLE_SECRET", "KCACHE_RECORD", "KCACHE_JIT_GUARD",
     "KCACHE_READONLY", "KCACHE_ON_UNWRITABLE", "KCACHE_UMASK", "KCACHE_GROUP", "KCACHE_TILELANG", "KCACHE_EXEC_DIR",
     "KCACHE_COMPILE_ISOLATION", "KCACHE_SERVER_IDLE", "KCACHE_CALLER_FORK", "KCACHE_COMPILE_MEMORY",
-    "KCACHE_COMPILE_WORKERS", "KCACHE_COMPILE_TIMEOUT", "KCACHE_DEBUG",
+    "KCACHE_COMPILE_WORKERS", "KCACHE_COMPILE_TIMEOUT", "KCACHE_DEBUG", "KCACHE_TRITON_ISOLATION",
 })
 # Not settings, but no typos either: what kcache sets for its own worker processes, and what its stress
 # harness and tests read (KCACHE_TEST_* included).
@@ -156,6 +156,8 @@ def describe_unknown_settings(unknown: dict[str, str | None]) -> str:
 
 _unknown_warned: list[bool] = []
 _unknown_warned_lock = threading.Lock()
+# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
+os.register_at_fork(after_in_child=lambda: globals().update(_unknown_warned_lock=threading.Lock()))
 
 
 def warn_unknown_settings() -> None:

@@ -189,6 +189,14 @@ def on_unwritable_setting() -> str:
     return env_choice("KCACHE_ON_UNWRITABLE", UNWRITABLE_POLICIES)
 
 
+TRITON_ISOLATION_LANES = ("fork", "off")
+
+
+def triton_isolation_setting() -> str:
+    """KCACHE_TRITON_ISOLATION: where a Triton compile that misses runs (kcache.triton.isolation)."""
+    return env_choice("KCACHE_TRITON_ISOLATION", TRITON_ISOLATION_LANES)
+
+
 def check_process_settings(remote_url: str | None) -> None:
     """The settings read where they are used, not at open (the sharing ones where files are made, the
     JIT guard at each compile, the caller fork at the first compile, the remote tiers at the first
@@ -197,4 +205,5 @@ def check_process_settings(remote_url: str | None) -> None:
     sharing.configured_group()
     jit_guard_setting()
     caller_fork_setting()
+    triton_isolation_setting()
     remote_urls(remote_url)

@@ -101,7 +101,8 @@ def test_counts_in_words_agree_with_their_nouns(cache_root: Path, populated: dic
     assert "6 entries match ''" in text("show", "")
     sizes = sorted(e.size for e in scan_entries(cache_root))
     assert text("prune", "--max-size", str(sum(sizes) - 1)).startswith("evicted 1 entry (")
-    assert "removed 5 kernel entries (every version) and 0 autotune results" in text("clear", "--all-versions")
+    assert "removed 5 kernel entries (every version), 0 autotune results and 0 Triton entries" in text(
+        "clear", "--all-versions")
 
 
 def test_gc_removes_compile_logs_older_than_a_week_and_keeps_newer_ones(cache_root: Path, populated: dict) -> None:

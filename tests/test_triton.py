@@ -122,7 +122,8 @@ print(json.dumps({{"matmul": digest, "modules": sorted(m for m in sys.modules if
 MISS_ONLY_MODULES = ("kcache.config", "kcache.store.locks", "kcache.triton.private", "kcache.store.exec_copy",
                      "kcache.cache.deployment", "kcache.cache.miss_explain", "kcache.triton.key_fields",
                      "kcache.tiers.remote_chain", "kcache.store.publish_batch", "kcache.store.entries",
-                     "kcache.store.fsutil")
+                     "kcache.store.fsutil", "kcache.compile.fork.caller_fork", "kcache.triton.crashes",
+                     "kcache.triton.errors")
 
 
 def test_a_fresh_processs_hit_loads_none_of_the_miss_paths_modules(tmp_path: Path, ptxas: Path) -> None:
@@ -131,7 +132,7 @@ def test_a_fresh_processs_hit_loads_none_of_the_miss_paths_modules(tmp_path: Pat
                           text=True, timeout=300, env=program_env(ptxas, root, **MANAGER), cwd=str(tmp_path))
     assert miss.returncode == 0 and runs(ptxas) == 1, miss.stderr[-3000:]
     loaded_by_miss = json.loads(miss.stdout.splitlines()[-1])["modules"]
-    assert "kcache.store.locks" in loaded_by_miss  # the list below names modules a miss does load
+    assert {"kcache.compile.fork.caller_fork", "kcache.triton.crashes"} <= set(loaded_by_miss)  # a miss does load them
     hit = subprocess.run([sys.executable, "-c", HIT_MODULES.format(project=str(PROJECT))], capture_output=True,
                          text=True, timeout=300, env=program_env(ptxas, root, **MANAGER), cwd=str(tmp_path))
     assert hit.returncode == 0 and runs(ptxas) == 1, hit.stderr[-3000:]  # a hit: no compile
@@ -187,8 +188,10 @@ runpy.run_path({program!r}, run_name="__main__")
 
 
 def test_a_writer_killed_mid_group_leaves_no_entry_and_holds_nothing(tmp_path: Path, ptxas: Path) -> None:
+    """The store's part: a process that writes a group killed between its files. In-process
+    (KCACHE_TRITON_ISOLATION=off), where the test can pause it; a fork that compiles dies with its caller."""
     root = tmp_path / "root"
-    env = program_env(ptxas, root, **MANAGER)
+    env = program_env(ptxas, root, KCACHE_TRITON_ISOLATION="off", **MANAGER)
     writer = subprocess.Popen([sys.executable, "-c", KILLED_MID_GROUP.format(program=str(PROGRAM), project=str(PROJECT))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env, cwd=str(PROJECT))

@@ -29,6 +29,8 @@ from kcache.store import owned_files
 log = logging.getLogger("kcache")
 
 _lock = threading.Lock()
+# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
+os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock()))
 _recorder: KeyRecorder | None = None
 _recorder_from_env = False
 _guard: str | None = None  # None: as KCACHE_JIT_GUARD says

@@ -101,6 +101,8 @@ class StatsFile:
 
 _files: dict[tuple[str, int], StatsFile] = {}
 _files_lock = threading.Lock()
+# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
+os.register_at_fork(after_in_child=lambda: globals().update(_files_lock=threading.Lock()))
 
 
 def stats_file(root: Path) -> StatsFile:

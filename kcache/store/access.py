@@ -37,6 +37,8 @@ WRITTEN_DIRS = (KERNELS, "autotuner", layout.STAGING, layout.LOCKS, layout.LOGS,
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
+# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
+os.register_at_fork(after_in_child=lambda: globals().update(_warned_lock=threading.Lock()))
 
 
 class RootPlan:

@@ -36,6 +36,8 @@ def parse_s3_url(url: str) -> tuple[str, str]:
 
 _stores: dict[tuple[str, ...], Any] = {}
 _stores_lock = threading.Lock()
+# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
+os.register_at_fork(after_in_child=lambda: globals().update(_stores_lock=threading.Lock()))
 
 
 def open_bucket(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:

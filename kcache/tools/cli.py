@@ -31,6 +31,7 @@ from kcache.tools.cli_entries import (
     cmd_stats,
     cmd_tunes,
     entry_meta,
+    is_triton_crash,
     kernel_store,
 )
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, short_key
@@ -326,10 +327,16 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     if args.all_versions:
         for item in autotune_results(settings.root):
             results += evict_entry(settings.root, item)
+    # Triton's entries: every one with --all-versions; else the crashes remembered (kcache.triton.crashes)
+    triton = sum(evict_entry(settings.root, entry.path) for entry in scan_entries(settings.root, layout.TRITON)
+                 if args.all_versions or is_triton_crash(entry.path))
     scope = "every version" if args.all_versions else f"TileLang {version}"
-    return ({"removed_entries": removed, "removed_autotune_results": results, "scope": scope},
-            f"removed {count_of(removed, 'kernel entry', 'kernel entries')} ({scope}) and "
-            f"{count_of(results, 'autotune result', 'autotune results')}", 0)
+    what = ("Triton entry", "Triton entries") if args.all_versions else ("remembered Triton crash",
+                                                                         "remembered Triton crashes")
+    return ({"removed_entries": removed, "removed_autotune_results": results, "removed_triton_entries": triton,
+             "scope": scope},
+            f"removed {count_of(removed, 'kernel entry', 'kernel entries')} ({scope}), "
+            f"{count_of(results, 'autotune result', 'autotune results')} and {count_of(triton, *what)}", 0)
 
 
 def cmd_untune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:

@@ -21,6 +21,7 @@ from kcache.store.entries import EntryStore
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, human_time, short_key
 from kcache.tools.entry_params import describe_params, kernel_params
+from kcache.triton.crashes import CRASH_FILE
 from kcache.triton.store import META as TRITON_META
 
 AUTOTUNER = "autotuner"
@@ -113,6 +114,12 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
                                   "last used"], rows), 0
 
 
+def is_triton_crash(entry_dir: Path) -> bool:
+    """Whether a Triton entry is a remembered crash (kcache.triton.crashes), by its kcache-triton.json."""
+    meta = json_file(entry_dir / TRITON_META)
+    return isinstance(meta, dict) and meta.get("files") == [CRASH_FILE]
+
+
 def _triton_row(entry: EntryUsage) -> dict[str, Any]:
     """A Triton entry (kcache.triton) as `ls` shows it: a compile group ("triton": its kernel's name and
     target, from Triton's own metadata) or a single file Triton put ("triton file": its name)."""
@@ -126,9 +133,13 @@ def _triton_row(entry: EntryUsage) -> dict[str, Any]:
         aimed = dict_field(compiled, "target") if isinstance(compiled, dict) else {}
         if aimed:
             target = f"{aimed.get('backend', '?')} sm_{aimed.get('arch', '?')}"
+    elif files == [CRASH_FILE]:  # a compile that crashed, remembered (kcache.triton.crashes)
+        crash = json_file(entry.path / CRASH_FILE)
+        kernel = str(crash.get("kernel", "?")) if isinstance(crash, dict) else "?"
     elif isinstance(files, list) and files:
         kernel = str(files[0])
-    return {"key": entry.key, "kind": "triton" if isinstance(group, str) else "triton file", "kernel": kernel,
+    kind = "triton" if isinstance(group, str) else "triton crash" if files == [CRASH_FILE] else "triton file"
+    return {"key": entry.key, "kind": kind, "kernel": kernel,
             "params": None, "out_idx": None, "target": target, "size_bytes": entry.size,
             "created": meta.get("created"), "last_used": entry.last_used}
 

@@ -21,13 +21,15 @@ import sys
 import time
 import weakref
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from triton.runtime.cache import CacheManager as TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
-from kcache.errors import CacheLockTimeout
+from kcache.errors import CacheLockTimeout, CompilerCrashed, CompileTimeout
 from kcache.store.manifest import is_entry_file_name
+from kcache.triton import isolation, parallel_tune
 from kcache.triton.roots import TritonRoots, roots
 from kcache.triton.store import GroupStore, as_paths, entry_key, kernel_name
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from kcache.triton.private import PrivateDirectory
 
 log = logging.getLogger("kcache")
+parallel_tune.install_quietly()  # Triton resolved this manager: its tunes compile their configs at once
 
 
 class CacheManager(TritonCacheManager):
@@ -57,10 +60,14 @@ class CacheManager(TritonCacheManager):
             return self._triton_own.get_group(filename)
         self._in_group = True
         found = self._groups.find(self._groups.key, filename)
+        if found is None and isolation.lane() == "fork":
+            frame = isolation.compile_frame()  # Triton's compile asking, as it is for every compile
+            if frame is not None:
+                found = self._compile_in_fork(frame, filename)
         if found is None and self._groups.where.write is not None:
             found = self._wait_or_hold(filename)
         recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
-        if recording is not None:
+        if recording is not None and not isolation.in_fork():
             recording.note(self._groups.key, kernel_name(filename), "triton")
         if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
             from kcache.cache import deployment
@@ -112,6 +119,7 @@ class CacheManager(TritonCacheManager):
         try:
             files = {name: self._held.read_private(name) if str(self._staged.get(name)) == path
                      else Path(path).read_bytes() for name, path in group.items()}
+            isolation.note_group(self._groups.key, files)  # a fork's answer to its caller
             published = self._groups.publish(self._groups.key, filename, files)
         finally:
             self._held.release_lock()
@@ -127,6 +135,49 @@ class CacheManager(TritonCacheManager):
             from kcache.cache import miss_explain
 
             miss_explain.log_miss(self._groups.where.write, self._groups.key, kernel_name(filename), fields)
+
+    # ------------------------------------------------------------------ isolation
+
+    def _compile_in_fork(self, frame: FrameType, filename: str) -> dict[str, str] | None:
+        """The compile that asked, run in a fork (kcache.triton.isolation): the group it put, as a hit;
+        None where this process compiles it itself (a Python error there, which this process's own
+        compile then raises; no fork to be had). Raises TritonCompilerCrashed or TritonCompileTimeout."""
+        from kcache.compile.fork.caller_fork import ForkUnavailable  # a miss's
+        from kcache.triton import crashes
+        from kcache.triton.errors import TritonCompilerCrashed, TritonCompileTimeout
+
+        name = isolation.describe(frame, kernel_name(filename))
+        record = crashes.remembered(self._groups)
+        if record is not None:
+            log.warning("kcache: skipping Triton's compile of %s: it crashed (%s) on %s; `kcache clear` forgets it",
+                        name, record["signal"] or f"exit {record['exit_code']}", record["created"])
+            raise TritonCompilerCrashed(name, record["signal"], record["exit_code"], record["tail"], record["created"])
+        try:
+            outcome, answer = isolation.compile_in_fork(frame, name)
+        except CompileTimeout as err:
+            log.warning("kcache: Triton's compile of %s outlived KCACHE_COMPILE_TIMEOUT (%g s): its fork was killed, "
+                        "this process lives", name, err.timeout)
+            raise TritonCompileTimeout(name, err.timeout) from None
+        except CompilerCrashed as err:
+            crash = TritonCompilerCrashed(name, err.signal_name, err.exit_code, err.stderr_tail)
+            crashes.remember(self._groups, crash)
+            log.warning("kcache: Triton's compile of %s crashed (%s) in its fork; this process lives, and an "
+                        "autotuner skips this config. Its last output: %s", name,
+                        err.signal_name or f"exit {err.exit_code}", isolation.compiler_said(err.stderr_tail))
+            raise crash from None
+        except ForkUnavailable as err:
+            log.warning("kcache: no fork to compile Triton's %s in (%s): compiling it in this process", name, err)
+            return None
+        if outcome != "ok":
+            log.debug("kcache: Triton's compile of %s failed in its fork (%s): compiling it here", name, answer)
+            return None
+        found = self._groups.find(self._groups.key, filename)
+        if found is None and self._groups.key in answer:  # nothing published (a read-only root, a full disk)
+            files = answer[self._groups.key]
+            found = {file: str(self._held.write_private(file, data, self._groups.where)) for file, data in files.items()}
+        if found is None:
+            log.warning("kcache: the fork that compiled Triton's %s put no group of this key: compiling it here", name)
+        return found
 
     # ------------------------------------------------------------------ the key's lock
 

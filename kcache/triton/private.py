@@ -38,6 +38,8 @@ from kcache.triton.roots import NAMESPACE, TritonRoots
 MAX_FILE_BYTES = 1 << 30
 _directory: Path | None = None
 _lock = threading.Lock()
+# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
+os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock()))
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 

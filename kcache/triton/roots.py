@@ -9,6 +9,7 @@ source, about 0.06-0.2 ms each at import.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,8 @@ class TritonRoots:
 
 _roots: dict[Path, TritonRoots] = {}
 _roots_lock = threading.Lock()
+# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
+os.register_at_fork(after_in_child=lambda: globals().update(_roots_lock=threading.Lock()))
 
 
 class RootSettings:

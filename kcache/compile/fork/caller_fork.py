@@ -60,6 +60,8 @@ KCACHE_THREADS = frozenset({SERVICE_READER_THREAD, SERVICE_START_THREAD, SERVICE
 READY_TIMEOUT_S = 30.0
 # How much of a crashed fork's output is read: its traceback holds every frame of the caller's stack.
 CALLER_STACK_LINES = 1000
+# How much of a fork's output reaches its caller's stderr once it answered (within the last 64 KiB).
+RELAYED_LINES = 2000
 
 
 def unsafe_reason(preload: Iterable[str]) -> str | None:
@@ -145,12 +147,13 @@ class ForkUnavailable(Exception):
 
 
 def run_in_fork(fn: Callable[..., Any], args: tuple, name: str, timeout_s: float | None,
-                forked: Callable[[], None] = lambda: None, calls: CallsOfCaller | None = None) -> Any:
+                forked: Callable[[], None] = lambda: None, calls: CallsOfCaller | None = None,
+                relay: Callable[[str], None] | None = None) -> Any:
     """Run `fn(*args)` in a fork of this process, from memory (nothing is pickled into it), and return
     its value, or raise what it raised, CompilerCrashed or CompileTimeout; ForkUnavailable when no
     fork could start. The job's calls to its caller (`calls`) are answered in this thread. `forked()`
     runs in this process once the fork exists and before its answer is awaited (the service's
-    start, say)."""
+    start, say). `relay(text)`: what the fork printed (its last 64 KiB), once it answered."""
     try:
         worker = CallerForkWorker(fn, args, READY_TIMEOUT_S)
     except (WorkerStartFailed, OSError) as err:
@@ -159,6 +162,8 @@ def run_in_fork(fn: Callable[..., Any], args: tuple, name: str, timeout_s: float
         forked()
         try:
             reply = worker.run(None, timeout_s, calls)
+            if relay is not None:
+                relay(worker.stderr_tail(lines=RELAYED_LINES))
             worker.close()  # the fork exits once its job is answered
         except ReplyUnreadable as err:
             raise RuntimeError(f"the answer of {name!r} came back but cannot be rebuilt in this process ({err})") from None

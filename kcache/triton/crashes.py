@@ -1,0 +1,51 @@
+"""Triton compiles that crashed, remembered: a config whose compile aborted is not compiled again.
+
+An autotuner that meets a crashing config in every process would crash a fork each time (seconds of
+compile, and the same LLVM assertion in every log). So a crash is saved as an entry of its own,
+keyed like the compile: `entry_key(Triton's key, CRASH_FILE)`. Triton's key holds Triton's version,
+the hash of its compiler and of ptxas, the source and the options, so a new toolchain forgets the
+crash; so does `kcache clear`. The record is bounded JSON, read through the store (trust, manifest,
+sha256) and never executed; a record that fails any check is no record (the compile runs).
+A timeout is not remembered: a loaded machine may be what made it slow.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from typing import Any
+
+from kcache.errors import CompilerCrashed
+from kcache.triton.store import GroupStore, entry_key
+
+log = logging.getLogger("kcache")
+
+CRASH_FILE = "kcache-crash.json"
+MAX_RECORD_BYTES = 64 * 1024
+_FIELDS = {"kernel": str, "signal": (str, type(None)), "exit_code": (int, type(None)), "tail": str, "created": str}
+
+
+def remembered(groups: GroupStore) -> dict[str, Any] | None:
+    """The crash recorded for this compile's key, or None."""
+    found = groups.read(entry_key(groups.triton_key, CRASH_FILE), None, CRASH_FILE)
+    if found is None:
+        return None
+    data = found[1][CRASH_FILE]
+    try:
+        record = json.loads(data) if len(data) <= MAX_RECORD_BYTES else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or any(not isinstance(record.get(name), kinds) for name, kinds in _FIELDS.items()):
+        log.warning("kcache: ignoring the malformed crash record %s of Triton's key %s", CRASH_FILE, groups.key[:16])
+        return None
+    return record
+
+
+def remember(groups: GroupStore, crash: CompilerCrashed) -> None:
+    """Save `crash` under this compile's key (where the root can be written; else nothing)."""
+    record = {"kernel": crash.kernel_name, "signal": crash.signal_name, "exit_code": crash.exit_code,
+              "tail": crash.stderr_tail[-8000:],
+              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    groups.publish(entry_key(groups.triton_key, CRASH_FILE), None,
+                   {CRASH_FILE: json.dumps(record, sort_keys=True).encode()})

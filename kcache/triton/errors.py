@@ -1,0 +1,42 @@
+"""kcache's compile faults as Triton's autotuner understands them.
+
+`@triton.autotune` skips a config whose benchmark raises `OutOfResources`, `CompileTimeAssertionFailure`
+or `PTXASError`, and lets any other exception end the tune. A compile that crashed or hung in its fork
+is the config's fault as much as a failed ptxas run is, so these are `PTXASError`s too; and they are
+kcache's `CompilerCrashed` and `CompileTimeout`, for every other caller.
+"""
+
+from __future__ import annotations
+
+from triton.runtime.errors import PTXASError
+
+from kcache.errors import CompilerCrashed, CompileTimeout
+
+
+class TritonCompilerCrashed(CompilerCrashed, PTXASError):
+    """A Triton compile's fork died (an abort, a segfault); this process lives. `remembered`: the crash
+    is an earlier process's, read from the cache, and nothing was compiled now."""
+
+    def __init__(self, kernel_name: str, signal_name: str | None, exit_code: int | None, stderr_tail: str,
+                 remembered: str | None = None) -> None:
+        CompilerCrashed.__init__(self, kernel_name, signal_name, exit_code, stderr_tail)
+        self._init_args = (kernel_name, signal_name, exit_code, stderr_tail, remembered)
+        self.remembered = remembered
+        self.error_message = str(self.args[0])
+        if remembered:
+            self.error_message = (f"{self.error_message}\n(remembered: this compile crashed on {remembered}, and "
+                                  "is not run again until Triton or its toolchain changes or `kcache clear`)")
+
+    def __str__(self) -> str:
+        return self.error_message
+
+
+class TritonCompileTimeout(CompileTimeout, PTXASError):
+    """A Triton compile outlived KCACHE_COMPILE_TIMEOUT in its fork, which was killed with its group."""
+
+    def __init__(self, kernel_name: str, timeout: float) -> None:
+        CompileTimeout.__init__(self, kernel_name, timeout)
+        self.error_message = str(self.args[0])
+
+    def __str__(self) -> str:
+        return self.error_message

@@ -1,0 +1,123 @@
+"""Triton's compiles in a fork of the caller: a compiler's abort kills the fork, never the program.
+
+The hook is the cache manager's `get_group`, the one call every Triton compile makes before it
+compiles, whichever way it was reached (`triton.compile`, a JIT launch or warmup, `@triton.autotune`,
+Inductor, Helion) and whatever reference to `compile` the program holds; patching `triton.compile`
+would miss the references taken before kcache was installed. On a miss, `get_group` forks. The fork
+calls Triton's `compile` again with the arguments of the call that asked (the frame of
+`triton.compiler.compiler.compile`, checked by identity): the same source object, target, options
+and environment, nothing serialized. In the fork the manager works as without isolation (the key's
+lock, a wait for another process's compile, the compile, the publish) and the fork exits through
+`os._exit` once `compile` returns, with the group's files as its answer. The caller then reads the
+published group, verified, as a hit, and Triton's `compile` goes on down its hit path.
+
+- An abort, a segfault or an exit of the fork: `TritonCompilerCrashed` (a `kcache.CompilerCrashed`,
+  and a Triton `PTXASError`, which `@triton.autotune` skips as it skips a config out of resources),
+  with the signal and the fork's last output (LLVM's assertion); the crash is remembered
+  (kcache.triton.crashes). A hang past KCACHE_COMPILE_TIMEOUT: `TritonCompileTimeout`, the fork and
+  its process group killed.
+- A Python error in the fork (a `CompilationError`, say): the caller compiles in-process, down the
+  path it would have taken without isolation, and so raises exactly what plain Triton raises; the
+  fork showed that this compile does not crash.
+- KCACHE_TRITON_ISOLATION=off, Triton's override and dump modes, or a caller other than Triton's
+  `compile`: no fork, the compile runs in the caller as before.
+The fork runs only the compile: Triton's own code and the hooks Triton calls during a compile
+(`knobs.runtime.add_stages_inspection_hook`, a compilation listener); it touches no CUDA (the target is
+resolved in the caller), and its effects on objects stay in the fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from types import FrameType
+from typing import Any
+
+from kcache import setting_values as values
+
+log = logging.getLogger("kcache")
+
+_in_fork = False  # True in a fork that compiles: its manager compiles in place
+_groups: dict[str, dict[str, bytes]] = {}  # in a fork: the groups its compile put, by entry key
+
+
+def lane() -> str:
+    """KCACHE_TRITON_ISOLATION's lane, `fork` by default (a bad value fails with one line); in the
+    fork itself, `off`: it compiles in place."""
+    return "off" if _in_fork else values.triton_isolation_setting()
+
+
+def in_fork() -> bool:
+    return _in_fork
+
+
+def note_group(key: str, files: dict[str, bytes]) -> None:
+    """In a fork: the group its compile put under `key`, the fork's answer."""
+    if _in_fork:
+        _groups[key] = files
+
+
+def compile_frame() -> FrameType | None:
+    """The frame of Triton's `compile` that called the manager's get_group, or None."""
+    compile_fn = getattr(sys.modules.get("triton.compiler.compiler"), "compile", None)
+    frame = sys._getframe(2)  # compile -> CacheManager.get_group -> here
+    return frame if frame.f_code is getattr(compile_fn, "__code__", None) else None
+
+
+def describe(frame: FrameType, kernel: str) -> str:
+    """The kernel and its config, as an autotuner's log names it: `matmul_kernel (Triton) [BM=128, ...,
+    num_warps=4, num_stages=3]`."""
+    src, options = frame.f_locals.get("src"), frame.f_locals.get("options")
+    parts: list[str] = []
+    try:  # the constexprs (a config's block sizes): Triton keeps them by argument index
+        names, signature = src.fn.arg_names, src.signature
+        parts += [f"{names[path[0]]}={value}" for path, value in sorted(src.constants.items())
+                  if len(path) == 1 and path[0] < len(names) and signature.get(names[path[0]]) == "constexpr"]
+    except (AttributeError, TypeError, IndexError):
+        pass
+    for option, default in (("num_warps", ...), ("num_stages", ...), ("num_ctas", 1), ("maxnreg", None)):
+        value = getattr(options, option, default)
+        if value is not default and value != default:
+            parts.append(f"{option}={value}")
+    return f"{kernel} [{', '.join(parts)}]" if parts else kernel
+
+
+def compile_in_fork(frame: FrameType, name: str) -> tuple[str, Any]:
+    """Run the compile of `frame` in a fork of this process: ("ok", {entry key: group files}) or
+    ("error", "Type: message") for a Python error there. Raises CompilerCrashed or CompileTimeout."""
+    from kcache.compile.fork.caller_fork import run_in_fork  # a miss's
+
+    arguments = frame.f_locals
+    options = arguments["options"]
+    job = (sys.modules["triton.compiler.compiler"].compile, arguments["src"], arguments["target"],
+           dict(getattr(options, "__dict__", options)), arguments.get("env_vars"))
+    timeout = values.env_seconds("KCACHE_COMPILE_TIMEOUT", values.DEFAULT_COMPILE_TIMEOUT_S) or None
+    return run_in_fork(_compile_here, job, name, timeout, relay=_relay)
+
+
+def _relay(text: str) -> None:
+    """What the fork printed (Triton's warnings, kcache's log), on this process's stderr."""
+    if text.strip():
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+
+
+def compiler_said(tail: str) -> str:
+    """The line of a crashed fork's output that says why (LLVM's assertion, say): the last one before
+    Python's own report of the fatal signal, else the last one."""
+    lines = [line for line in tail.splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        if line.startswith("Fatal Python error"):
+            return lines[index - 1].strip() if index else line
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def _compile_here(compile_fn: Any, src: Any, target: Any, options: dict, env_vars: Any) -> tuple[str, Any]:
+    """In the fork: Triton's compile, its manager compiling in place; what it put comes back."""
+    global _in_fork
+    _in_fork = True
+    try:
+        compile_fn(src, target=target, options=options, _env_vars=env_vars)
+    except Exception as err:  # noqa: BLE001 - the caller compiles again, in-process, and raises it itself
+        return "error", f"{type(err).__name__}: {str(err)[:2000]}"
+    return "ok", dict(_groups)

@@ -1,0 +1,131 @@
+"""Triton's compiles in a fork of the caller (issue 56), on the CPU machine: Triton compiles for sm_90
+without a GPU. Faults are real: an abort, a segfault, a hang and a Python error injected into one
+config's `llir` stage through Triton's own stage hook (tests/triton_faults_program.py), each firing
+recorded with the pid it ran in. Plain Triton, dying on the abort, is the control."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
+
+from .helpers import PROJECT  # noqa: E402
+from .test_triton import MANAGER, program_env, ptxas, runs  # noqa: E402, F401 - a fixture
+
+PROGRAM = Path(__file__).with_name("triton_faults_program.py")
+OK_CONFIGS = ("1", "2", "8")
+
+
+def run(env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(PROGRAM)], capture_output=True, text=True, env=env, cwd=str(PROJECT),
+                          timeout=timeout)
+
+
+def printed(done: subprocess.CompletedProcess[str]) -> dict:
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def fired(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def faulty(tmp_path: Path, ptxas: Path, fault: str, **extra: str) -> dict[str, str]:  # noqa: F811
+    return program_env(ptxas, tmp_path / "root", KT_FAULT=fault, KT_FIRED=str(tmp_path / "fired"), **MANAGER, **extra)
+
+
+def test_plain_triton_dies_on_the_abort_and_kcache_skips_that_config_only(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    """The founding report: one config's abort ends plain Triton's process (rc -6). Under kcache the
+    abort fires in a fork, the caller gets TritonCompilerCrashed (a CompilerCrashed and a PTXASError,
+    which @triton.autotune skips) naming the kernel, the config and the signal; the other configs and
+    a later kernel compile, byte-equal to plain Triton's, and the caller's other thread lives."""
+    plain_env = program_env(ptxas, tmp_path / "plain", KT_FAULT="abort", KT_FIRED=str(tmp_path / "plain-fired"))
+    plain = run(plain_env)
+    assert plain.returncode == -signal.SIGABRT and fired(tmp_path / "plain-fired"), plain.stderr[-2000:]
+    reference = printed(run(program_env(ptxas, tmp_path / "reference", KT_FAULT="none", KT_FIRED=str(tmp_path / "x"))))
+
+    done = run(faulty(tmp_path, ptxas, "abort"))
+    result = printed(done)
+    (where,) = fired(tmp_path / "fired")
+    assert where != result["pid"]  # the abort fired, in another process
+    crash = result["configs"]["4"]
+    assert crash["type"] == "TritonCompilerCrashed" and {"CompilerCrashed", "PTXASError"} <= set(crash["mro"])
+    assert "SIGABRT" in crash["message"] and "add_kernel (Triton) [BLOCK=1024, num_warps=4" in crash["message"]
+    assert {config: result["configs"][config] for config in OK_CONFIGS} == {
+        config: reference["configs"][config] for config in OK_CONFIGS}
+    assert result["later"] == reference["later"] and result["ticker_alive"] and result["ticks"] > 0
+    skipped = [line for line in done.stderr.splitlines() if "crashed (SIGABRT)" in line]
+    assert len(skipped) == 1 and "num_warps=4" in skipped[0] and "skips this config" in skipped[0], done.stderr
+
+
+@pytest.mark.parametrize("fault", ["segv", "hang"])
+def test_a_segfault_or_a_hang_is_one_exception_and_no_process_is_left(tmp_path: Path, ptxas: Path, fault: str) -> None:  # noqa: F811
+    done = run(faulty(tmp_path, ptxas, fault, KCACHE_COMPILE_TIMEOUT="5"))
+    result = printed(done)
+    (where,) = fired(tmp_path / "fired")
+    assert where != result["pid"]
+    expected = "TritonCompilerCrashed" if fault == "segv" else "TritonCompileTimeout"
+    assert result["configs"]["4"]["type"] == expected, result["configs"]["4"]
+    assert "PTXASError" in result["configs"]["4"]["mro"]
+    assert all(isinstance(result["configs"][config], str) for config in OK_CONFIGS)
+    with pytest.raises(ProcessLookupError):
+        os.kill(where, 0)  # the fork (and, for the hang, its process group) is gone
+
+
+def test_a_python_error_is_the_one_plain_triton_raises(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    """A Python error in the fork: the caller compiles that config itself and raises what plain Triton
+    raises, type and message; the fork showed the compile does not crash."""
+    plain = printed(run(program_env(ptxas, tmp_path / "plain", KT_FAULT="python", KT_FIRED=str(tmp_path / "p"))))
+    result = printed(run(faulty(tmp_path, ptxas, "python")))
+    assert result["configs"]["4"] == plain["configs"]["4"] and result["configs"]["4"]["type"] == "ValueError"
+    assert sorted(set(fired(tmp_path / "fired"))) != [result["pid"]] and result["pid"] in fired(tmp_path / "fired")
+
+
+def test_a_crash_is_remembered_by_the_next_process_until_kcache_clear(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    first = printed(run(faulty(tmp_path, ptxas, "abort")))
+    assert len(fired(tmp_path / "fired")) == 1 and first["configs"]["4"]["type"] == "TritonCompilerCrashed"
+    assembled = runs(ptxas)
+    done = run(faulty(tmp_path, ptxas, "abort"))
+    second = printed(done)
+    assert len(fired(tmp_path / "fired")) == 1, "the failing stage ran again"
+    assert runs(ptxas) == assembled  # and nothing else compiled: every other config was a hit
+    assert second["configs"]["4"]["type"] == "TritonCompilerCrashed" and "remembered" in second["configs"]["4"]["message"]
+    assert "`kcache clear` forgets it" in done.stderr
+    listed = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "ls"], capture_output=True,
+                            text=True, cwd=str(PROJECT), timeout=120)
+    assert "crash" in listed.stdout and "add_kernel" in listed.stdout, listed.stdout
+    cleared = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "clear"],
+                             capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
+    assert cleared.returncode == 0, cleared.stderr
+    printed(run(faulty(tmp_path, ptxas, "abort")))
+    assert len(fired(tmp_path / "fired")) == 2  # forgotten: compiled (and crashed) again
+
+
+def test_a_herd_of_8_runs_one_isolated_compile_per_key(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    env = {**faulty(tmp_path, ptxas, "none"), "KT_GATE": "1"}
+    herd = [subprocess.Popen([sys.executable, str(PROGRAM)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=str(PROJECT)) for _ in range(8)]
+    for process in herd:
+        assert process.stdout.readline().strip() == "ready", process.stderr.read()
+    for process in herd:
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    outputs = [process.communicate(timeout=600) for process in herd]
+    assert all(process.returncode == 0 for process in herd), [err[-2000:] for _, err in outputs]
+    results = [json.loads(out.splitlines()[-1]) for out, _ in outputs]
+    assert all(result["configs"] == results[0]["configs"] for result in results)
+    assert runs(ptxas) == 5  # four configs and the later kernel, each once among the eight processes
+
+
+def test_isolation_off_compiles_in_the_caller_as_before(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    done = run(faulty(tmp_path, ptxas, "abort", KCACHE_TRITON_ISOLATION="off"))
+    assert done.returncode == -signal.SIGABRT and fired(tmp_path / "fired")
+    bad = run(faulty(tmp_path, ptxas, "none", KCACHE_TRITON_ISOLATION="sometimes"))
+    assert bad.returncode != 0 and "KCACHE_TRITON_ISOLATION='sometimes' must be one of fork, off" in bad.stderr

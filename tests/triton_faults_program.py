@@ -1,0 +1,110 @@
+"""A program that compiles one Triton kernel in four configs (num_warps 1, 2, 4, 8), as an autotuner
+would, with a fault injected into the config num_warps=4's `llir` stage through Triton's own stage
+hook (`knobs.runtime.add_stages_inspection_hook`): KT_FAULT = abort | segv | hang | python | none.
+Each firing appends this process's pid to KT_FIRED, so a test can tell where the fault ran. Then it
+compiles a second kernel (softmax), and prints one JSON object: for each config the sha256 of its
+cubin, or the exception's type and message; "later": the softmax's cubin; "pid": this process's.
+A thread ("ticker") counts while the compiles run; "ticks" says it was not disturbed.
+
+    python tests/triton_faults_program.py      (KT_GATE=1: wait for a line on stdin first)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+
+import triton
+import triton.language as tl
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TARGET = GPUTarget("cuda", 90, 32)
+FAULTY_WARPS = 4
+
+
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out + offsets, tl.load(x + offsets, mask=mask) + tl.load(y + offsets, mask=mask), mask=mask)
+
+
+@triton.jit
+def softmax_kernel(out, inp, n_cols, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    values = tl.load(inp + tl.program_id(0) * n_cols + cols, mask=cols < n_cols, other=-float("inf"))
+    numerator = tl.exp(values - tl.max(values, axis=0))
+    tl.store(out + tl.program_id(0) * n_cols + cols, numerator / tl.sum(numerator, axis=0), mask=cols < n_cols)
+
+
+def inject(fault: str) -> None:
+    def hook(self=None, stages=None, options=None, language=None, capability=None):  # noqa: ANN001, ANN202
+        if stages is None or options.num_warps != FAULTY_WARPS:
+            return
+        llir = stages["llir"]
+
+        def faulty(src, metadata):  # noqa: ANN001, ANN202
+            with open(os.environ["KT_FIRED"], "a") as fired:
+                fired.write(f"{os.getpid()}\n")
+            if fault == "abort":
+                os.abort()
+            if fault == "segv":
+                ctypes.string_at(0)
+            if fault == "hang":
+                time.sleep(3600)
+            if fault == "python":
+                raise ValueError("an injected Python error in the llir stage")
+            return llir(src, metadata)
+
+        stages["llir"] = faulty
+
+    knobs.runtime.add_stages_inspection_hook = hook
+
+
+def cubin(kernel: object) -> str:
+    return hashlib.sha256(kernel.asm["cubin"]).hexdigest()
+
+
+def main() -> None:
+    inject(os.environ.get("KT_FAULT", "none"))
+    if os.environ.get("KT_GATE"):
+        print("ready", flush=True)
+        sys.stdin.readline()
+    ticks = [0]
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.01):
+            ticks[0] += 1
+
+    ticker = threading.Thread(target=tick, name="ticker", daemon=True)
+    ticker.start()
+    results: dict[str, object] = {}
+    signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    for warps in (1, 2, 4, 8):
+        try:
+            kernel = triton.compile(ASTSource(add_kernel, signature, {"BLOCK": 1024}), target=TARGET,
+                                    options={"num_warps": warps})
+            results[str(warps)] = cubin(kernel)
+        except Exception as err:  # noqa: BLE001 - reported, as an autotuner would skip the config
+            results[str(warps)] = {"type": type(err).__name__, "message": str(err),
+                                   "mro": [cls.__name__ for cls in type(err).__mro__]}
+    later = triton.compile(ASTSource(softmax_kernel, {"out": "*fp32", "inp": "*fp32", "n_cols": "i32",
+                                                      "BLOCK": "constexpr"}, {"BLOCK": 1024}), target=TARGET,
+                            options={"num_warps": 8})  # not the faulty config's
+    alive = ticker.is_alive()  # the caller's other thread lived through the fork's crash
+    stop.set()
+    ticker.join()
+    print(json.dumps({"configs": results, "later": cubin(later), "pid": os.getpid(), "ticks": ticks[0],
+                      "ticker_alive": alive}))
+
+
+if __name__ == "__main__":
+    main()
