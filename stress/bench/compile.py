@@ -13,6 +13,8 @@ Prints one line "result {json}" for the parent bench.
 
 from __future__ import annotations
 
+import subprocess
+import argparse
 import dataclasses
 import json
 import os
@@ -34,11 +36,11 @@ def measure(sequential: int, parallel: int, workers: int | None) -> dict[str, An
     import kcache
     from kcache.config import Settings
 
-    from .kernels import CPU_TARGET, matmul
+    from ..kernels import CPU_TARGET, matmul
 
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-compile-"))
     if max(sequential, parallel) > len(CONFIGS):
-        raise SystemExit(f"stress.bench_compile: at most {len(CONFIGS)} distinct configs")
+        raise SystemExit(f"stress.bench.compile: at most {len(CONFIGS)} distinct configs")
     configs = CONFIGS[:max(sequential, parallel)]
 
     def cache(name: str, isolation: str, pool: Any = None) -> kcache.KernelCache:
@@ -100,3 +102,27 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    """Run in an interpreter of its own (`python -m stress.bench.compile`), so that the pool starts cold."""
+    from ..procs import PROJECT, worker_env
+    from .rows import row
+
+    sequential, parallel = options.sequential, options.parallel
+    done = subprocess.run(
+        [sys.executable, "-m", "stress.bench.compile", str(sequential), str(parallel), options.compile_workers],
+        capture_output=True, text=True, env=worker_env(env), cwd=str(PROJECT), check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"compile bench failed: {done.stderr[-3000:]}")
+    r = json.loads(lines[-1][len("result "):])
+    scenario = f"compile ({r['workers']} workers)"
+    return [
+        row(scenario, f"pool start-up, {r['workers']} workers", r["pool_startup_s"], None, "s"),
+        row(scenario, f"{sequential} sequential compiles", r["sequential_pool_s"], r["sequential_inprocess_s"], "s",
+            baseline="in-process"),
+        row(scenario, f"{parallel} configs: parallel (pool) vs sequential", r["parallel_pool_wall_s"],
+            r["parallel_inprocess_sequential_s"], "s", baseline="in-process"),
+    ]

@@ -1,4 +1,4 @@
-"""`python -m stress.bench_bundle`: how fast a bundle imports (issue 18's goal: 1 GB/s of entries, or
+"""`python -m stress.bench.bundle`: how fast a bundle imports (issue 18's goal: 1 GB/s of entries, or
 the disk's limit), beside a plain copy of the same bytes as the disk's reference.
 
 Entries come from stress's synthetic compiler at `--entry-kb` each (a TileLang GEMM's entry is a few
@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench_bundle")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.bundle")
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--entry-kb", type=int, default=512)
     parser.add_argument("--dir", help="where to work (default: the temporary directory)")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from kcache import KernelCache, Settings
     from kcache.tools.bundle import export_bundle, import_bundle
 
-    from . import synthetic
+    from .. import synthetic
 
     scale = args.entry_kb * 1024 / sum(synthetic.SIZES.values())
     synthetic.SIZES = {name: int(size * scale) for name, size in synthetic.SIZES.items()}
@@ -76,6 +76,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .command_scope import run_command
+    from ..command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench_bundle", main))
+    sys.exit(run_command("python -m stress.bench.bundle", main))

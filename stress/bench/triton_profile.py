@@ -1,7 +1,7 @@
 """What kcache adds to a fresh process's first Triton hit, timed inside the process: a diagnostic
 beside `python -m stress.bench --only triton` (whose p50s spread over tens of milliseconds), not a goal.
 
-    python -m stress.triton_first_hit [--repeats 5] [--kernel matmul] [--against DIR]
+    python -m stress.bench.triton_profile [--repeats 5] [--kernel matmul] [--against DIR]
 
 One fresh process compiles the kernel into an empty root (the miss); then each of `--repeats` fresh
 processes imports Triton, then `kcache.triton.manager` (timed), and compiles the kernel again with
@@ -67,7 +67,7 @@ def child(kernel: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.triton_first_hit")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.triton_profile")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--kernel", default="matmul")
     parser.add_argument("--against", type=Path, help="another version's tree (kcache/ and stress/): taking turns")
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(args.child)
         return
-    from .bench import bytecode_as_installed
+    from .rows import bytecode_as_installed
 
     trees = {"this tree": Path(__file__).resolve().parent.parent}
     if args.against is not None:
@@ -119,11 +119,11 @@ TRITON_OWN = "Triton's own FileCacheManager"
 
 def _hit(tree: Path, kernel: str, env: dict[str, str]) -> dict[str, Any]:
     """One fresh process of `tree`'s kcache (its directory first on sys.path, as `-m` puts it)."""
-    done = subprocess.run([sys.executable, "-m", "stress.triton_first_hit", "--child", kernel], cwd=str(tree),
+    done = subprocess.run([sys.executable, "-m", "stress.bench.triton_profile", "--child", kernel], cwd=str(tree),
                           env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
     if done.returncode != 0 or not lines:
-        raise SystemExit(f"stress.triton_first_hit: a process of {tree} failed: {done.stderr[-2000:]}")
+        raise SystemExit(f"stress.bench.triton_profile: a process of {tree} failed: {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(lines[-1][len("result "):])
     return result
 

@@ -11,6 +11,7 @@ no GPU needed):
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -19,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .bench_rows import percentile, row
-from .procs import PROJECT
-from .triton_program import assembler_runs, counting_assemblers
+from .rows import percentile, row
+from ..procs import PROJECT
+from ..triton_program import assembler_runs, counting_assemblers
 
 KCACHE = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 KERNEL = "matmul"
@@ -82,3 +83,7 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[d
     rows.append(row(f"triton herd ({procs} procs)", "wall s", hits["herd-kcache"][1], hits["herd-triton"][1], "s",
                     "triton FileCacheManager"))
     return rows
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    return measure(work / "triton", options.repeats, options.procs, env)

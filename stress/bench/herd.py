@@ -4,15 +4,16 @@ and with TileLang's own cache; compiler runs counted by an nvcc wrapper."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from .bench_rows import BACKENDS, get_seconds, row, run_workers
-from .nvcc_counter import NvccCounter
-from .procs import PROJECT, worker_env
+from .rows import BACKENDS, get_seconds, row, run_workers
+from ..nvcc_counter import NvccCounter
+from ..procs import PROJECT, worker_env
 
 HERD_VARIANTS = ("kcache, pool", "kcache, server", "kcache, server, opened first", "kcache, server running", "tilelang")
 # Started in the herd's environment (the service's name depends on it), with one job run so that a
@@ -43,7 +44,7 @@ def bench_herd(work: Path, procs: int, repeats: int, env: dict[str, str]) -> lis
     last one). "kcache, server, opened first": the same, each process opening its cache before it
     imports TileLang, as a program that calls `kcache.install()` first. "kcache, server running": the
     service runs, one worker warm, before the herd starts."""
-    from .service_runtime import fresh_runtime, stop_services
+    from ..service_runtime import fresh_runtime, stop_services
 
     compiles: dict[str, list[int]] = {v: [] for v in HERD_VARIANTS}
     walls: dict[str, list[float]] = {v: [] for v in HERD_VARIANTS}
@@ -101,3 +102,7 @@ def bench_herd(work: Path, procs: int, repeats: int, env: dict[str, str]) -> lis
             single["tilelang"], "s", baseline="one uncontended TileLang compile+load"),
     ]
     return rows
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    return bench_herd(work, options.procs, options.herd_repeats, env)

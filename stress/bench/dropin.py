@@ -1,4 +1,4 @@
-"""`python -m stress.bench_dropin`: TileLang code under `kcache.install()` against TileLang's own cache,
+"""`python -m stress.bench.dropin`: TileLang code under `kcache.install()` against TileLang's own cache,
 measured in the same run, on the GEMM of stress/tilelang_programs/gemm.py.
 
 - seen call: `matmul(...)` again in the same process (TileLang's per-call memo above kcache): median
@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .gpu import tilelang_target_env
-from .procs import worker_env
+from ..gpu import tilelang_target_env
+from ..procs import worker_env
 
 PROGRAM = Path(__file__).resolve().parent / "tilelang_programs"
 ARGS = (1024, 1024, 1024, 128, 128, 32)
@@ -103,6 +103,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from .command_scope import run_command
+    from ..command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench_dropin", main))
+    sys.exit(run_command("python -m stress.bench.dropin", main))

@@ -1,4 +1,4 @@
-"""One machine of `python -m stress.bench_deploy` (a root, given by KCACHE_DIR, and this process): runs
+"""One machine of `python -m stress.bench.deploy` (a root, given by KCACHE_DIR, and this process): runs
 unmodified programs of stress/tilelang_programs one after the other, under `kcache.install()` or
 TileLang alone (`--plain`), and reports when each one's kernel was ready, what kcache compiled, and
 where each program's outputs were saved. Run by the bench, never by hand.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .procs import worker_report
+from ..procs import worker_report
 
 PROGRAMS = Path(__file__).resolve().parent / "tilelang_programs"
 
@@ -49,7 +49,7 @@ class KernelsReady:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.deploy_machine")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.deploy_machine")
     parser.add_argument("--program", action="append", required=True, help="a module of stress/tilelang_programs")
     parser.add_argument("--outputs", required=True, help="the directory each program's outputs are saved in")
     parser.add_argument("--no-launch", action="store_true", help="build and load the kernels, never run them")

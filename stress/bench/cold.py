@@ -15,6 +15,8 @@ The modes alternate sample by sample, so that drift in the machine hits them ali
 
 from __future__ import annotations
 
+import statistics
+import argparse
 import json
 import os
 import shutil
@@ -27,7 +29,7 @@ from typing import Any
 
 from kcache.compile.protocol import readable_within
 
-from .service_runtime import stop_services
+from ..service_runtime import stop_services
 
 MODES = ("tilelang", "pool", "server, running", "server, cold", "server, cold, cache opened first")
 KERNELS = ("add", "matmul")
@@ -41,7 +43,7 @@ def child(mode: str, kernel: str, root: str) -> None:
         cache = kcache.KernelCache(root)  # starts the service in the background
     import tilelang
 
-    from .kernels import CPU_TARGET, matmul, pool
+    from ..kernels import CPU_TARGET, matmul, pool
 
     func = pool(1)[0].build() if kernel == "add" else matmul(1024, 1024, 1024, 128, 128, 32)
     if mode != "tilelang" and cache is None:
@@ -60,7 +62,7 @@ def _sample(mode: str, kernel: str, work: Path, env: dict[str, str]) -> float:
     root = Path(tempfile.mkdtemp(prefix="cold-", dir=work))
     extra = {"TILELANG_CACHE_DIR": str(root / "tilelang"),
              "KCACHE_COMPILE_ISOLATION": "pool" if mode == "pool" else "server"}
-    done = subprocess.run([sys.executable, "-m", "stress.bench_cold", "--child", mode, kernel, str(root)],
+    done = subprocess.run([sys.executable, "-m", "stress.bench.cold", "--child", mode, kernel, str(root)],
                           env={**os.environ, **env, **extra}, capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
     if done.returncode != 0 or not lines:
@@ -171,3 +173,26 @@ def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(*sys.argv[2:5])
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The first compile per kernel and lane against TileLang's; `--cold-mode` narrows the lanes (TileLang's
+    always runs), `--cold-without-pool` leaves out the per-process pool's, which no goal reads."""
+    from .rows import row
+
+    repeats = options.cold_repeats
+    modes = MODES if not options.cold_without_pool else tuple(mode for mode in MODES if mode != "pool")
+    if options.cold_mode:
+        modes = (MODES[0], *(mode for mode in modes[1:] if mode in options.cold_mode))
+    samples = measure(repeats, env, modes)
+    replaced = replacement_seconds(repeats, env)
+    found = []
+    for kernel in KERNELS:
+        baseline = samples[("tilelang", kernel)]
+        for mode in modes[1:]:
+            ours = samples[(mode, kernel)]
+            found.append({**row("cold (fresh process)", f"{kernel}: first compile, {mode} (p50 of {repeats})",
+                                statistics.median(ours), statistics.median(baseline), "s"),
+                          "samples": ours, "baseline_samples": baseline})  # in the order measured
+    return [*found, row("cold (fresh process)", f"crashed worker replaced, p50 of {repeats}",
+                        replaced["server (fork)"], replaced["pool (exec)"], "s", baseline="per-process pool (exec)")]

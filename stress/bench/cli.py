@@ -7,6 +7,8 @@ stats files. Each command runs in a fresh interpreter, as a user types it.
 
 from __future__ import annotations
 
+from typing import Any
+import argparse
 import hashlib
 import os
 import shutil
@@ -19,7 +21,7 @@ from pathlib import Path
 def fabricate(root: Path, entries: int) -> None:
     from kcache import KernelCache
 
-    from . import synthetic
+    from .. import synthetic
 
     cache = KernelCache(root, backend=synthetic)
     cache.get_or_compile(synthetic.SyntheticFunc("template"), "synthetic")
@@ -55,3 +57,13 @@ def measure(work: Path, entries: int, repeats: int, env: dict[str, str]) -> dict
     subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), "gc"], env=env, check=True,
                    stdout=subprocess.DEVNULL)  # records the size that `stats` reports
     return {command: time_command(root, command, repeats, env) for command in ("stats", "ls", "verify")}
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    from ..procs import worker_env
+    from .rows import percentile, row
+
+    entries, repeats = options.cli_entries, 5
+    samples = measure(work, entries, repeats, worker_env(env))
+    return [row(f"cli ({entries} entries)", f"kcache {command}, p50 of {repeats}", percentile(s, 50), None, "s", "-")
+            for command, s in samples.items()]

@@ -1,4 +1,4 @@
-"""`python -m stress.bench_tune`: one matmul tuned over 16 configs by kcache's tuner and by TileLang's
+"""`python -m stress.bench.tune`: one matmul tuned over 16 configs by kcache's tuner and by TileLang's
 AutoTuner, in the same run, on the GPU (the autotuner issue's goal: kcache no slower, while isolated).
 
 Both start cold: kcache on an empty root (its compile workers not yet started), TileLang with its
@@ -19,11 +19,11 @@ import time
 
 from kcache.tools.interruption import Interrupted, ignore_further_signals
 
-from .command_scope import command_scope
+from ..command_scope import command_scope
 
 
 def main() -> int:
-    from .gpu import gpu_missing
+    from ..gpu import gpu_missing
 
     missing = gpu_missing()
     if missing is not None:
@@ -39,7 +39,7 @@ def main() -> int:
     except Interrupted as stop:
         ignore_further_signals()
         finished = [name for name in ("kcache", "kcache_warm_pool", "tilelang") if f"{name}_s" in out]
-        print(f"stress.bench_tune: interrupted by {stop.name}: tunes finished: {', '.join(finished) or 'none'}; "
+        print(f"stress.bench.tune: interrupted by {stop.name}: tunes finished: {', '.join(finished) or 'none'}; "
               f"their roots in {work} removed", file=sys.stderr)
         return stop.exit_status
     finally:
@@ -57,8 +57,8 @@ def tune_both(work: str, out: dict[str, object]) -> None:
     import autotuner
     import kcache
 
-    from .gpu import gpu_target
-    from .tune_kernels import CONFIGS, matmul
+    from ..gpu import gpu_target
+    from ..tune_kernels import CONFIGS, matmul
 
     target = gpu_target()
     a, b = (torch.randn(1024, 1024, device="cuda", dtype=torch.float16) for _ in range(2))

@@ -21,6 +21,7 @@ printed in the log.
 
 from __future__ import annotations
 
+import json
 import argparse
 import os
 import shutil
@@ -33,8 +34,8 @@ from typing import Any
 
 from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
 
-from .procs import Barrier, worker_handshake, worker_report
-from .service_runtime import fresh_runtime, stop_services
+from ..procs import Barrier, worker_handshake, worker_report
+from ..service_runtime import fresh_runtime, stop_services
 
 # The service runs first: whatever the first run warms (page cache, nvcc's files) favours the pools.
 MODES = ("server", "pool")
@@ -44,8 +45,8 @@ def compile_config(index: int) -> int:
     """One job: compile config `index` with TileLang, in the worker; the device source's length."""
     import tilelang
 
-    from .kernels import CPU_TARGET
-    from .tune_kernels import CONFIGS, matmul
+    from ..kernels import CPU_TARGET
+    from ..tune_kernels import CONFIGS, matmul
 
     tilelang.disable_cache()  # every job a real compile, never TileLang's cache
     kernel = tilelang.compile(matmul(**CONFIGS[index % len(CONFIGS)]), out_idx=[2], target=CPU_TARGET,
@@ -60,7 +61,7 @@ def child(root: str, configs: int) -> None:
 
     cache = kcache.KernelCache(root)
     pool = cache.compile_pool
-    jobs = [Job(CallByName("stress.bench_many", "compile_config"), (index,), name=f"config-{index}")
+    jobs = [Job(CallByName("stress.bench.many", "compile_config"), (index,), name=f"config-{index}")
             for index in range(configs)]
     worker_handshake()
     results = list(pool.compile_many(jobs))
@@ -171,7 +172,7 @@ def measure(procs: int, configs: int, env: dict[str, str]) -> dict[str, dict[str
         extra = {**env, "KCACHE_COMPILE_ISOLATION": mode, "XDG_RUNTIME_DIR": str(runtime),
                  "KCACHE_SERVER_IDLE": "30"}
         try:
-            barrier = Barrier("stress.bench_many", procs, ["--child", str(work / "root"), str(configs)], env=extra)
+            barrier = Barrier("stress.bench.many", procs, ["--child", str(work / "root"), str(configs)], env=extra)
             barrier.wait_ready()
             with Monitor() as monitor:
                 release = barrier.release()
@@ -197,3 +198,25 @@ if __name__ == "__main__":
     args = parser.parse_args()
     child(args.child[0], int(args.child[1]))
     sys.exit(0)
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    from kcache.compile.jobs import usable_cpu_count
+
+    from .rows import row
+
+    procs, configs = options.many_procs, options.many_configs
+    m = measure(procs, configs, env)
+    for mode, measured in m.items():  # where the peak's workers came from: in the log, not in a row
+        print(f"many: {mode}: workers at the peak by parent: {json.dumps(measured['peak_parents'])}", flush=True)
+    scenario = f"many ({procs} procs x {configs})"
+    server, pool = m["server"], m["pool"]
+    return [
+        row(scenario, "barrier to all compiled", server["wall_s"], pool["wall_s"], "s", baseline="per-process pools"),
+        row(scenario, f"peak compile workers (usable cores: {usable_cpu_count()})", server["peak_workers"],
+            pool["peak_workers"], "procs", baseline="per-process pools"),
+        row(scenario, "peak workers' RSS summed", server["peak_rss_bytes"] / 2**30, pool["peak_rss_bytes"] / 2**30,
+            "GiB", baseline="per-process pools"),
+        row(scenario, "peak workers' PSS summed", server["peak_pss_bytes"] / 2**30, pool["peak_pss_bytes"] / 2**30,
+            "GiB", baseline="per-process pools"),
+    ]

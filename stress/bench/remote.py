@@ -12,6 +12,8 @@ moto's server and obstore, `pip install -e '.[test]'`).
 
 from __future__ import annotations
 
+import sys
+import argparse
 import statistics
 import tempfile
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any
 def fresh_get(root: Path, url: str, env: dict[str, str], check_gpu: bool = False) -> dict[str, Any]:
     """One fresh process on `root` with KCACHE_REMOTE=`url`: its get of the add kernel, from the call
     until the kernel is usable (the remote tier's client is imported inside it, as on a new node)."""
-    from .procs import Barrier
+    from ..procs import Barrier
 
     barrier = Barrier("stress.worker", 1, ["--root", str(root), "--kernels", "1",
                                            *(["--check-gpu"] if check_gpu else [])],
@@ -57,8 +59,8 @@ def latency(urls: dict[str, str], work: Path, repeats: int, env: dict[str, str])
 
 def herd(url: str | None, label: str, work: Path, procs: int, roots: int, env: dict[str, str],
          check_gpu: bool = False) -> dict[str, int]:
-    from .nvcc_counter import NvccCounter
-    from .procs import Barrier
+    from ..nvcc_counter import NvccCounter
+    from ..procs import Barrier
 
     counter = NvccCounter(work / f"nvcc-{label}")
     extra = {**env, **counter.env(), **({"KCACHE_REMOTE": url} if url else {})}
@@ -76,8 +78,8 @@ def herd(url: str | None, label: str, work: Path, procs: int, roots: int, env: d
 
 def measure(repeats: int, procs: int, roots: int, env: dict[str, str], *, s3: bool = True,
             fleet_procs: int = 32, fleet_roots: int = 8, check_gpu: bool = False) -> dict[str, Any]:
-    from .redis_server import redis_server  # RedisServerMissing where there is none
-    from .s3_server import s3_server
+    from ..redis_server import redis_server  # RedisServerMissing where there is none
+    from ..s3_server import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-"))
     with redis_server(work) as (redis_url, _server), (s3_server() if s3 else _nothing()) as bucket:
@@ -102,3 +104,40 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    from ..gpu import gpu_missing
+    from ..s3_server import S3ServerMissing, check_installed
+    from .rows import row
+
+    try:
+        check_installed()
+        s3 = True
+    except S3ServerMissing as missing:
+        print(f"remote: no S3 rows: {missing}", file=sys.stderr)
+        s3 = False
+    check_gpu = gpu_missing() is None
+    procs = 16
+    r = measure(10, procs, 4, env, s3=s3, check_gpu=check_gpu)
+    scenario = "remote (same host)"
+    found = [
+        row(scenario, "redis hit on a fresh root (fetch, verify, publish, load), p50", r["redis_hit_ms"],
+            r["disk_hit_ms"], "ms", baseline="local disk hit"),
+        row(scenario, "redis hit vs a cold compile", r["redis_hit_ms"], r["compile_ms"], "ms", baseline="compile"),
+        row(scenario, f"cold cluster: {procs} procs over 4 roots, one Redis, compiler runs", r["herd_redis"]["compiles"],
+            r["herd_local"]["compiles"], "runs", baseline="no remote tier"),
+    ]
+    if s3:
+        fleet = r["herd_s3"]
+        found += [
+            row(scenario, "s3 hit on a fresh root (fetch, verify, publish, load), p50", r["s3_hit_ms"],
+                r["redis_hit_ms"], "ms", baseline="redis hit (goal <= 2x)"),
+            row(scenario, "s3 hit vs a cold compile", r["s3_hit_ms"], r["compile_ms"], "ms",
+                baseline="compile (goal < 0.10)"),
+            row(scenario, "cold fleet: 32 procs over 8 roots, one bucket, compiler runs", fleet["compiles"], 1, "runs",
+                baseline="one kernel"),
+            row(scenario, "cold fleet: wrong results" + ("" if check_gpu else " (no GPU: not run)"), fleet["wrong"],
+                0, "kernels", baseline="-"),
+        ]
+    return found

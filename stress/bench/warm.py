@@ -12,6 +12,7 @@ The three take turns, `repeats` fresh processes each. Goal: kcache at most 0.4x 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -22,26 +23,26 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .bench_rows import percentile, row
-from .procs import PROJECT
+from .rows import percentile, row
+from ..procs import PROJECT
 
 MODES = ("kcache", "kcache-bundle", "tilelang")
 SECRET = "bench-warm-secret"
 
 
 def funcs(count: int) -> list[Any]:
-    from .kernels import elementwise_add
+    from ..kernels import elementwise_add
 
     return [elementwise_add(1024 * (index + 1), 256) for index in range(count)]
 
 
 def child(mode: str, root: str, count: int, bundle: str) -> None:
-    """One timed fresh process (`python -m stress.bench_warm MODE ROOT COUNT BUNDLE`)."""
+    """One timed fresh process (`python -m stress.bench.warm MODE ROOT COUNT BUNDLE`)."""
     import tilelang
 
     import kcache
 
-    from .kernels import CPU_TARGET
+    from ..kernels import CPU_TARGET
 
     built = funcs(count)
     started = time.perf_counter()
@@ -65,7 +66,7 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
     """Both caches hold every kernel: each filled by half the machine's cores (at least 2), kcache's by
     threads through its compile workers, TileLang's by processes."""
     share = max(2, (os.cpu_count() or 2) // 2)
-    code = ("import sys, tilelang; from stress.bench_warm import funcs; from stress.kernels import CPU_TARGET\n"
+    code = ("import sys, tilelang; from stress.bench.warm import funcs; from stress.kernels import CPU_TARGET\n"
             "for f in funcs(int(sys.argv[1]))[int(sys.argv[2])::int(sys.argv[3])]:\n"
             "    tilelang.compile(f, out_idx=[2], target=CPU_TARGET, execution_backend='tvm_ffi')\n")
     tilelang_env = {**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")}
@@ -73,7 +74,7 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
                                 cwd=str(PROJECT)) for part in range(share)]
     import kcache
 
-    from .kernels import CPU_TARGET
+    from ..kernels import CPU_TARGET
 
     cache = kcache.KernelCache(work / "kcache")
     with ThreadPoolExecutor(share) as pool:
@@ -88,7 +89,7 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
 def _sample(mode: str, work: Path, count: int, env: dict[str, str]) -> float:
     root = work / ("kcache" if mode == "kcache" else "imported")
     shutil.rmtree(work / "imported", ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "stress.bench_warm", mode, str(root), str(count),
+    done = subprocess.run([sys.executable, "-m", "stress.bench.warm", mode, str(root), str(count),
                            str(work / "warm.bundle")], capture_output=True, text=True, timeout=1800, cwd=str(PROJECT),
                           env={**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")})
     lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
@@ -112,3 +113,7 @@ def measure(work: Path, count: int, repeats: int, env: dict[str, str]) -> list[d
 
 if __name__ == "__main__":
     child(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    return measure(work / "warm", options.warm_kernels, options.warm_repeats, env)

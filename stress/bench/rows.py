@@ -3,10 +3,12 @@ of their operations, and a row of the bench's table."""
 
 from __future__ import annotations
 
+import compileall
+import os
 from pathlib import Path
 from typing import Any
 
-from .procs import Barrier
+from ..procs import PROJECT, Barrier
 
 BACKENDS = ("kcache", "tilelang")
 
@@ -42,3 +44,11 @@ def run_workers(backend: str, root: Path, procs: int, kernels: int, env: dict[st
 
 def get_seconds(results: list[Any]) -> list[float]:
     return [op["end"] - op["start"] for r in results for op in r.result["ops"]]
+
+
+def bytecode_as_installed() -> dict[str, str]:
+    """Both caches' modules load from bytecode, as after a pip install: kcache's compiled now, and the
+    children may write theirs. The environment for the children."""
+    compileall.compile_dir(str(PROJECT / "kcache"), quiet=1)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    return {"PYTHONDONTWRITEBYTECODE": ""}

@@ -1,6 +1,6 @@
-"""`python -m stress.bench_multigpu`: one multi-GPU job for real (issue 40), in one run.
+"""`python -m stress.bench.multigpu`: one multi-GPU job for real (issue 40), in one run.
 
-torchrun starts one rank per GPU of stress.torchrun_job (NCCL, a tune of the 16-config matmul, the
+torchrun starts one rank per GPU of stress.bench.torchrun_job (NCCL, a tune of the 16-config matmul, the
 kernel pool, each run on its own GPU and checked against torch, a checksum all-reduced):
 - cold: kcache on an empty root. Compiler runs counted by an nvcc wrapper across all ranks (and the
   compile service they share), the picks of every rank, the ranks that benchmarked.
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .nvcc_counter import NvccCounter
+from ..nvcc_counter import NvccCounter
 from .tune_notes import benchmarking_tuner
 
 SCENARIOS = ("cold", "warm", "killed", "takeover", "tilelang")
@@ -41,14 +41,14 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 def run_job(work: Path, name: str, gpus: int, mode: str, env: dict[str, str],
             kill_root: Path | None = None) -> dict[str, Any]:
     """One torchrun job of `gpus` ranks; with `kill_root`, SIGKILL the rank that tunes on it."""
-    from .service_runtime import fresh_runtime, stop_services
+    from ..service_runtime import fresh_runtime, stop_services
 
     counter = NvccCounter(work / f"nvcc-{name}")
     out = work / f"out-{name}"
     out.mkdir()
     runtime = fresh_runtime("km-")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-               "-m", "stress.torchrun_job", "--mode", mode, "--out", str(out)]
+               "-m", "stress.bench.torchrun_job", "--mode", mode, "--out", str(out)]
     full_env = {**os.environ, **NCCL_ENV, **env, **counter.env(), "XDG_RUNTIME_DIR": str(runtime)}
     started = time.monotonic()
     killed = None
@@ -99,7 +99,7 @@ def _kill_the_tuner(root: Path, job: subprocess.Popen) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench_multigpu")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.multigpu")
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
@@ -149,6 +149,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .command_scope import run_command
+    from ..command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench_multigpu", main))
+    sys.exit(run_command("python -m stress.bench.multigpu", main))

@@ -1,4 +1,4 @@
-"""`python -m stress.bench_tune_once`: the tune-once goals (issue 16) on the GPU, in one run.
+"""`python -m stress.bench.tune_once`: the tune-once goals (issue 16) on the GPU, in one run.
 
 - alone: one fresh process tunes the 16-config matmul on an empty root (the baseline: what one rank
   pays for tuning by itself).
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .nvcc_counter import NvccCounter
-from .procs import Barrier
+from ..nvcc_counter import NvccCounter
+from ..procs import Barrier
 from .tune_notes import benchmarking_tuner
 
 SCENARIOS = ("alone", "herd", "killed", "cluster")
@@ -37,12 +37,12 @@ def run_herd(work: Path, name: str, roots: list[Path], env: dict[str, str],
              kill_in_benchmark: bool = False) -> dict[str, Any]:
     """Start one tune_worker per root in `roots`, release them together, collect; optionally kill the
     tuner once its note says it is benchmarking (and has timed at least one config)."""
-    from .service_runtime import fresh_runtime, stop_services
+    from ..service_runtime import fresh_runtime, stop_services
 
     counter = NvccCounter(work / f"nvcc-{name}")
     runtime = fresh_runtime("kt-")
     try:
-        barrier = Barrier("stress.tune_worker", len(roots), [], env={**env, **counter.env(),
+        barrier = Barrier("stress.bench.tune_worker", len(roots), [], env={**env, **counter.env(),
                                                                      "XDG_RUNTIME_DIR": str(runtime)},
                           per_worker=lambda i: ["--root", str(roots[i])])
         barrier.wait_ready()
@@ -84,12 +84,12 @@ def _kill_the_tuner(root: Path, barrier: Barrier, released: float) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench_tune_once")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.tune_once")
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
-    from .gpu import gpu_missing
+    from ..gpu import gpu_missing
 
     missing = gpu_missing()
     if missing is not None:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             killed["wall_over_alone"] = killed["wall_s"] / alone["wall_s"]
         rows.append(killed)
     if "cluster" in only:
-        from .redis_server import redis_server
+        from ..redis_server import redis_server
 
         with redis_server(work) as (url, _server):
             nodes = [work / "node-a", work / "node-b"]
@@ -140,6 +140,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .command_scope import run_command
+    from ..command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench_tune_once", main))
+    sys.exit(run_command("python -m stress.bench.tune_once", main))

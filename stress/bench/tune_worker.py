@@ -1,4 +1,4 @@
-"""One process of `python -m stress.bench_tune_once`: imports, waits at the barrier, tunes the 16-config
+"""One process of `python -m stress.bench.tune_once`: imports, waits at the barrier, tunes the 16-config
 matmul through `autotuner.tune` on its root, and reports its pick, whether it benchmarked, and when it
 finished. Run by the bench, never by hand."""
 
@@ -9,11 +9,11 @@ import os
 import time
 from typing import Any
 
-from .procs import worker_handshake, worker_report
+from ..procs import worker_handshake, worker_report
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.tune_worker")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.tune_worker")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--root", required=True)
     args = parser.parse_args(argv)
@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     import autotuner
     import kcache
 
-    from .gpu import gpu_target
-    from .tune_kernels import CONFIGS, N, matmul
+    from ..gpu import gpu_target
+    from ..tune_kernels import CONFIGS, N, matmul
 
     a, b = (torch.randn(N, N, device="cuda", dtype=torch.float16) for _ in range(2))
     a @ b  # the CUDA context and cuBLAS start before the barrier, as in a rank that already ran

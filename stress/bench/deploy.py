@@ -1,4 +1,4 @@
-"""`python -m stress.bench_deploy`: issue 18's two-machine goal, simulated on one GPU machine with two
+"""`python -m stress.bench.deploy`: issue 18's two-machine goal, simulated on one GPU machine with two
 roots and fresh processes.
 
 - A (build machine): an empty root, KCACHE_RECORD, `kcache.install()`, the unmodified programs of
@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .gpu import gpu_missing, tilelang_target_env
-from .nvcc_counter import NvccCounter
-from .procs import PROJECT, run_for_result, worker_env
-from .service_runtime import fresh_runtime, stop_services
+from ..gpu import gpu_missing, tilelang_target_env
+from ..nvcc_counter import NvccCounter
+from ..procs import PROJECT, run_for_result, worker_env
+from ..service_runtime import fresh_runtime, stop_services
 
 PROGRAMS = ("gemm", "elementwise", "attention")
 BUNDLE_SECRET = "bench-deploy"
@@ -48,13 +48,13 @@ MACHINE_DEFAULTS = {"KCACHE_REMOTE": "", "KCACHE_RECORD": "", "KCACHE_JIT_GUARD"
 
 def run_machine(work: Path, name: str, root: Path, *, launch: bool, plain: bool = False,
                 env: dict[str, str] | None = None) -> dict[str, Any]:
-    """One fresh process of stress.deploy_machine on `root`, its compiles counted by an nvcc wrapper;
+    """One fresh process of stress.bench.deploy_machine on `root`, its compiles counted by an nvcc wrapper;
     its report, with its ready times from the process's start."""
     home = work / name
     (home / "outputs").mkdir(parents=True)
     counter = NvccCounter(home)
     runtime = fresh_runtime("kd-")
-    command = [sys.executable, "-m", "stress.deploy_machine", "--outputs", str(home / "outputs"),
+    command = [sys.executable, "-m", "stress.bench.deploy_machine", "--outputs", str(home / "outputs"),
                *(word for program in PROGRAMS for word in ("--program", program)),
                *(["--no-launch"] if not launch else []), *(["--plain"] if plain else [])]
     machine_env = {**MACHINE_DEFAULTS, "KCACHE_DIR": str(root), "TILELANG_CACHE_DIR": str(home / "tilelang"),
@@ -164,7 +164,7 @@ def print_table(result: dict[str, Any], device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench_deploy")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.deploy")
     parser.add_argument("--no-launch", action="store_true",
                         help="no GPU here: build and load the kernels, run none (outputs are not compared)")
     parser.add_argument("--json", help="write the result here")
@@ -212,6 +212,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .command_scope import run_command
+    from ..command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench_deploy", main))
+    sys.exit(run_command("python -m stress.bench.deploy", main))
