@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stress.bench: unrecognized arguments: {' '.join(passed_on)}", file=sys.stderr)
         return 2
     status = measure(options, names) if any(name in IN_RUN for name in names) else 0
+    if own and options.json:  # the own runs (tune-once, deploy, multigpu) write their rows there themselves
+        passed_on = [*passed_on, "--json", options.json]
     for name in own:
         status = status or own_run(name, passed_on)
     return status

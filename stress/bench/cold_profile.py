@@ -1,7 +1,7 @@
 """Where a fresh process's first compile spends its time, lane by lane: a diagnostic beside
 `python -m stress.bench --only cold`, not a goal.
 
-    python -m stress.bench.cold_profile [--repeats 3] [--kernel add] [--json out.json]
+    python -m stress.bench --only cold --profile [--repeats 3] [--kernel add] [--json out.json]
 
 Each sample is a fresh process, as in the bench's cold scenario, on an empty cache: TileLang alone,
 kcache compiling in-process, kcache with its compile service running (a worker forked from the

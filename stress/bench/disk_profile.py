@@ -1,7 +1,7 @@
 """Where a fresh process's disk hit spends its time: a diagnostic beside `python -m stress.bench --only
 disk` and `--only warm`, not a goal (issue 39's breakdown).
 
-    python -m stress.bench.disk_profile [--repeats 10] [--json out.json]
+    python -m stress.bench --only disk --profile [--repeats 10] [--json out.json]
 
 One kernel (the bench's add) is compiled into a kcache root and into TileLang's own cache; then fresh
 processes, kcache's, TileLang's and the floor's taking turns, each import, open and ask for it once.

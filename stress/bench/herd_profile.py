@@ -1,6 +1,6 @@
 """Where a cold herd's time goes: a diagnostic beside `python -m stress.bench --only herd`, not a goal.
 
-    python -m stress.bench.herd_profile [--procs 32] [--repeats 3]
+    python -m stress.bench --only herd --profile [--procs 32] [--repeats 3]
 
 Each herd is N fresh processes on a fresh root and a fresh runtime directory (so no compile service
 runs), one kernel, released together. Every process reports, on the machine's monotonic clock: when

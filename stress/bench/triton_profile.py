@@ -1,7 +1,7 @@
 """What kcache adds to a fresh process's first Triton hit, timed inside the process: a diagnostic
 beside `python -m stress.bench --only triton` (whose p50s spread over tens of milliseconds), not a goal.
 
-    python -m stress.bench.triton_profile [--repeats 5] [--kernel matmul] [--against DIR]
+    python -m stress.bench --only triton --profile [--repeats 5] [--kernel matmul] [--against DIR]
 
 One fresh process compiles the kernel into an empty root (the miss); then each of `--repeats` fresh
 processes imports Triton, then `kcache.triton.manager` (timed), and compiles the kernel again with
