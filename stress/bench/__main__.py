@@ -75,14 +75,32 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
+def profile_arguments(argv: list[str]) -> list[str]:
+    """The command line without --only NAME and --profile: the rest is the profile's own (its --repeats,
+    --procs and --json mean what the profile says, not what the bench's parser would take them for)."""
+    rest, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--only":
+            skip = True
+        elif arg != "--profile" and not arg.startswith("--only="):
+            rest.append(arg)
+    return rest
+
+
 def profile(names: list[str], passed_on: list[str]) -> int:
-    """Each named scenario's profile, with the arguments the bench does not know (e.g. --kernel matmul)."""
+    """Each named scenario's profile, given every argument but --only and --profile (e.g. --kernel matmul)."""
     missing = [name for name in names if BY_NAME[name].profile is None]
     if missing or not names:
         with_one = ", ".join(s.name for s in SCENARIOS if s.profile)
         print(f"stress.bench: --profile needs --only with one of {with_one}", file=sys.stderr)
         return 2
     for name in names:
+        reason = unavailable(name)  # what the profile needs is what its scenario needs
+        if reason is not None:
+            print(f"{name}: profile skipped: {reason}", file=sys.stderr)
+            return 2
         BY_NAME[name].load_profile().main(passed_on)
     return 0
 
@@ -156,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = options.only or list(IN_RUN)
     if options.profile:
-        return profile(options.only or [], passed_on)
+        return profile(options.only or [], profile_arguments(sys.argv[1:] if argv is None else argv))
     own = [name for name in names if BY_NAME[name].own_run]
     if passed_on and not own:
         print(f"stress.bench: unrecognized arguments: {' '.join(passed_on)}", file=sys.stderr)

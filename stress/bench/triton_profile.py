@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from .rows import bytecode_as_installed
 
-    trees = {"this tree": Path(__file__).resolve().parent.parent}
+    trees = {"this tree": Path(__file__).resolve().parents[2]}  # the checkout: stress/bench/ is two below it
     if args.against is not None:
         trees["--against"] = args.against.resolve()
     # Every tree's kcache from bytecode, as after a pip install (the GPU image sets PYTHONDONTWRITEBYTECODE:
@@ -118,8 +118,11 @@ TRITON_OWN = "Triton's own FileCacheManager"
 
 
 def _hit(tree: Path, kernel: str, env: dict[str, str]) -> dict[str, Any]:
-    """One fresh process of `tree`'s kcache (its directory first on sys.path, as `-m` puts it)."""
-    done = subprocess.run([sys.executable, "-m", "stress.bench.triton_profile", "--child", kernel], cwd=str(tree),
+    """One fresh process of `tree`'s kcache (its directory first on sys.path, as `-m` puts it). The child's
+    code is this file's, run by path: an --against tree from before stress/bench/ has no such module."""
+    run_child = (f"import runpy, sys; sys.argv = ['triton_profile', '--child', {kernel!r}]; "
+                 f"runpy.run_path({__file__!r}, run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", run_child], cwd=str(tree),
                           env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
     if done.returncode != 0 or not lines:
