@@ -1,0 +1,69 @@
+"""The CLI scenario of `python -m stress.bench`: `kcache stats` and `kcache ls` on 10,000 entries.
+
+The entries are copies of one synthetic entry under distinct keys (the CLI
+reads sizes, times and meta.json; it never loads a kernel), and 50 processes'
+stats files. Each command runs in a fresh interpreter, as a user types it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def fabricate(root: Path, entries: int) -> None:
+    from kcache import KernelCache
+
+    from .. import synthetic
+
+    cache = KernelCache(root, backend=synthetic)
+    cache.get_or_compile(synthetic.SyntheticFunc("template"), "synthetic")
+    (template,) = cache.store.keys()
+    source = root / "kernels" / template
+    for i in range(entries - 1):
+        key = hashlib.sha256(f"copy-{i}".encode()).hexdigest()
+        target = root / "kernels" / key
+        target.mkdir()
+        for item in os.scandir(source):
+            shutil.copyfile(item.path, target / item.name)
+    from kcache.maintenance.stats import stats_file
+
+    own = stats_file(root)
+    own.flush()
+    for i in range(50):
+        shutil.copyfile(own.path, own.path.parent / f"otherhost.{1000 + i}.cafe{i:04d}.json")
+
+
+def time_command(root: Path, command: str, repeats: int, env: dict[str, str]) -> list[float]:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), command], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def measure(work: Path, entries: int, repeats: int, env: dict[str, str]) -> dict[str, list[float]]:
+    root = work / "cli"
+    fabricate(root, entries)
+    subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), "gc"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)  # records the size that `stats` reports
+    return {command: time_command(root, command, repeats, env) for command in ("stats", "ls", "verify")}
+
+
+def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    from ..procs import worker_env
+    from .rows import percentile, row
+
+    entries, repeats = options.cli_entries, 5
+    samples = measure(work, entries, repeats, worker_env(env))
+    return [row(f"cli ({entries} entries)", f"kcache {command}, p50 of {repeats}", percentile(s, 50), None, "s", "-")
+            for command, s in samples.items()]

@@ -1,0 +1,54 @@
+"""What the scenarios of `python -m stress.bench` share: a herd of workers behind a barrier, the timing
+of their operations, and a row of the bench's table."""
+
+from __future__ import annotations
+
+import compileall
+import os
+from pathlib import Path
+from typing import Any
+
+from ..procs import PROJECT, Barrier
+
+BACKENDS = ("kcache", "tilelang")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def row(scenario: str, metric: str, kc: float, tl: float | None, unit: str,
+        baseline: str = "tilelang") -> dict[str, Any]:
+    return {"scenario": scenario, "metric": metric, "kcache": kc, "tilelang": tl,
+            "ratio": (kc / tl) if tl else None, "unit": unit, "baseline": baseline}
+
+
+def format_value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def run_workers(backend: str, root: Path, procs: int, kernels: int, env: dict[str, str],
+                extra_args: tuple[str, ...] = ()) -> tuple[float, list[Any]]:
+    barrier = Barrier("stress.worker", procs,
+                      ["--root", str(root), "--kernels", str(kernels), "--backend", backend, *extra_args], env=env)
+    barrier.wait_ready()
+    release = barrier.release()
+    results = barrier.collect()
+    for r in results:
+        if r.result is None or r.result["errors"]:
+            raise RuntimeError(f"{backend} worker {r.index} failed: {r.result and r.result['errors']} {r.stderr[-2000:]}")
+    wall = max(op["end"] for r in results for op in r.result["ops"]) - release
+    return wall, results
+
+
+def get_seconds(results: list[Any]) -> list[float]:
+    return [op["end"] - op["start"] for r in results for op in r.result["ops"]]
+
+
+def bytecode_as_installed() -> dict[str, str]:
+    """Both caches' modules load from bytecode, as after a pip install: kcache's compiled now, and the
+    children may write theirs. The environment for the children."""
+    compileall.compile_dir(str(PROJECT / "kcache"), quiet=1)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    return {"PYTHONDONTWRITEBYTECODE": ""}

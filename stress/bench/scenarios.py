@@ -1,0 +1,61 @@
+"""The benchmark suite's register: every scenario `python -m stress.bench --only NAME` runs, the module
+that measures it, and the profile that breaks its time into phases (`--profile`).
+
+A scenario measured in the bench's run has `rows(options, work, env)` in its module; one with a run of
+its own (a GPU job, a tune, two machines) is its module's `python -m` command, which the bench starts
+with the arguments it does not know itself."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    module: str  # under stress.bench
+    profile: str | None = None  # the module under stress.bench whose main(argv) profiles it
+    own_run: bool = False  # measured by `python -m stress.bench.<module>`, not in the bench's run
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(f"stress.bench.{self.module}")
+
+    def load_profile(self) -> ModuleType:
+        assert self.profile is not None
+        return importlib.import_module(f"stress.bench.{self.profile}")
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("herd", "herd", profile="herd_profile"),
+    Scenario("disk", "disk", profile="disk_profile"),
+    Scenario("memory", "memory"),
+    Scenario("compile", "compile"),
+    Scenario("cli", "cli"),
+    Scenario("remote", "remote"),
+    Scenario("cold", "cold", profile="cold_profile"),
+    Scenario("many", "many"),
+    Scenario("triton", "triton", profile="triton_profile"),
+    Scenario("warm", "warm"),
+    Scenario("tune", "tune", own_run=True),
+    Scenario("tune-once", "tune_once", own_run=True),
+    Scenario("dropin", "dropin", own_run=True),
+    Scenario("deploy", "deploy", own_run=True),
+    Scenario("bundle", "bundle", own_run=True),
+    Scenario("multigpu", "multigpu", own_run=True),
+)
+BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
+IN_RUN = tuple(scenario.name for scenario in SCENARIOS if not scenario.own_run)
+
+
+def scenario_of(label: str) -> str:
+    """The register's name for a row's scenario label ("cold (fresh process)" -> "cold")."""
+    prefixes = {"disk hit": "disk", "memory hit": "memory", "warm start": "warm", "triton": "triton"}
+    for prefix, name in prefixes.items():
+        if label.startswith(prefix):
+            return name
+    name = label.split(" (")[0].strip()
+    if name not in BY_NAME:
+        raise ValueError(f"a row of no registered scenario: {label!r}")
+    return name
