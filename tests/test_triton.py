@@ -123,7 +123,7 @@ MISS_ONLY_MODULES = ("kcache.config", "kcache.store.locks", "kcache.triton.priva
                      "kcache.cache.deployment", "kcache.cache.miss_explain", "kcache.triton.key_fields",
                      "kcache.tiers.remote_chain", "kcache.store.publish_batch", "kcache.store.entries",
                      "kcache.store.fsutil", "kcache.compile.fork.caller_fork", "kcache.triton.crashes",
-                     "kcache.triton.errors")
+                     "kcache.triton.errors", "kcache.triton.isolation", "kcache.triton.parallel_tune")
 
 
 def test_a_fresh_processs_hit_loads_none_of_the_miss_paths_modules(tmp_path: Path, ptxas: Path) -> None:

@@ -29,7 +29,6 @@ from triton.runtime.cache import FileCacheManager
 
 from kcache.errors import CacheLockTimeout, CompilerCrashed, CompileTimeout
 from kcache.store.manifest import is_entry_file_name
-from kcache.triton import isolation, parallel_tune
 from kcache.triton.roots import TritonRoots, roots
 from kcache.triton.store import GroupStore, as_paths, entry_key, kernel_name
 
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
     from kcache.triton.private import PrivateDirectory
 
 log = logging.getLogger("kcache")
-parallel_tune.install_quietly()  # Triton resolved this manager: its tunes compile their configs at once
 
 
 class CacheManager(TritonCacheManager):
@@ -60,14 +58,17 @@ class CacheManager(TritonCacheManager):
             return self._triton_own.get_group(filename)
         self._in_group = True
         found = self._groups.find(self._groups.key, filename)
-        if found is None and isolation.lane() == "fork":
-            frame = isolation.compile_frame()  # Triton's compile asking, as it is for every compile
+        if found is None:
+            from kcache.triton import isolation, parallel_tune  # a miss's
+
+            parallel_tune.install_quietly()  # this process compiles: its later tunes compile their configs at once
+            frame = isolation.compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
             if frame is not None:
                 found = self._compile_in_fork(frame, filename)
         if found is None and self._groups.where.write is not None:
             found = self._wait_or_hold(filename)
         recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
-        if recording is not None and not isolation.in_fork():
+        if recording is not None and not _in_fork():
             recording.note(self._groups.key, kernel_name(filename), "triton")
         if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
             from kcache.cache import deployment
@@ -119,7 +120,8 @@ class CacheManager(TritonCacheManager):
         try:
             files = {name: self._held.read_private(name) if str(self._staged.get(name)) == path
                      else Path(path).read_bytes() for name, path in group.items()}
-            isolation.note_group(self._groups.key, files)  # a fork's answer to its caller
+            if _in_fork():
+                sys.modules["kcache.triton.isolation"].note_group(self._groups.key, files)  # the fork's answer
             published = self._groups.publish(self._groups.key, filename, files)
         finally:
             self._held.release_lock()
@@ -143,7 +145,7 @@ class CacheManager(TritonCacheManager):
         None where this process compiles it itself (a Python error there, which this process's own
         compile then raises; no fork to be had). Raises TritonCompilerCrashed or TritonCompileTimeout."""
         from kcache.compile.fork.caller_fork import ForkUnavailable  # a miss's
-        from kcache.triton import crashes
+        from kcache.triton import crashes, isolation
         from kcache.triton.errors import TritonCompilerCrashed, TritonCompileTimeout
 
         name = isolation.describe(frame, kernel_name(filename))
@@ -289,6 +291,13 @@ def _private_copy(entry: str, name: str, data: bytes) -> str:
     from kcache.triton.private import private_copy
 
     return private_copy(entry, name, data)
+
+
+def _in_fork() -> bool:
+    """Whether this process is a fork that compiles (kcache.triton.isolation), without loading that
+    module on a hit: a process that never missed has no fork."""
+    isolation = sys.modules.get("kcache.triton.isolation")
+    return isolation is not None and isolation.in_fork()
 
 
 def _listed(roots: tuple[Path, ...]) -> str:

@@ -72,10 +72,12 @@ def compile_ahead(tuner: Any, configs: list, kwargs: dict) -> None:
     if tuner.nargs is None or _async_compile.active_mode.get() is not None:
         return  # not from a run (no arguments to specialize on), or the caller compiles async itself
     args = [tuner.nargs[name] for name in tuner.arg_names if name in tuner.nargs]
+    # The run's own keywords, less how it launches (a warmup compiles, and launches nothing)
+    options = {name: value for name, value in kwargs.items() if name not in ("grid", "warmup")}
 
     def warm(config: Any) -> None:
         try:
-            tuner.fn.warmup(*args, grid=(1,), **kwargs, **config.all_kwargs())
+            tuner.fn.warmup(*args, grid=(1,), **options, **config.all_kwargs())
         except Exception as err:  # noqa: BLE001 - the benchmark meets it again, and decides
             log.debug("kcache: compiling %s ahead failed (%s: %s); the tune meets it", config, type(err).__name__, err)
 

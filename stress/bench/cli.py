@@ -7,7 +7,6 @@ stats files. Each command runs in a fresh interpreter, as a user types it.
 
 from __future__ import annotations
 
-from typing import Any
 import argparse
 import hashlib
 import os
@@ -16,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def fabricate(root: Path, entries: int) -> None:

@@ -15,11 +15,11 @@ The modes alternate sample by sample, so that drift in the machine hits them ali
 
 from __future__ import annotations
 
-import statistics
 import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile

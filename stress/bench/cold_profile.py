@@ -235,9 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(*args.child)
         return
-    from .rows import bytecode_as_installed
-    from .cold import _service, _stop
     from ..service_runtime import stop_services
+    from .cold import _service, _stop
+    from .rows import bytecode_as_installed
 
     work = Path(tempfile.mkdtemp(prefix="kcache-phases-"))
     runtime = Path(tempfile.mkdtemp(prefix="kph-", dir="/tmp"))

@@ -13,11 +13,11 @@ Prints one line "result {json}" for the parent bench.
 
 from __future__ import annotations
 
-import subprocess
 import argparse
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time

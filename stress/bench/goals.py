@@ -63,6 +63,8 @@ GOALS: tuple[Goal, ...] = (
     Goal("remote", r"wrong results$", "0 wrong", lambda r: r["kcache"] == 0),
     Goal("triton", r"^p50", "<= Triton's own hit + 1 ms", _plus_at_most(1.0)),
     Goal("triton", r"^compiles$", "1 compile", _one_compile),
+    Goal("triton", r"^cold compile", "<= 1.05x Triton's in-process compile", _ratio_at_most(1.05)),
+    Goal("triton", r"^autotune compile phase", "<= 0.35x Triton's (16 cores)", _ratio_at_most(0.35)),
     Goal("warm", r"^on disk", "<= 0.4x TileLang's", _ratio_at_most(0.4)),
     Goal("tune", r"cold tune", "no slower than TileLang's AutoTuner", _ratio_at_most(1.0)),
     Goal("dropin", r"", "no slower than TileLang's", _ratio_at_most(1.0)),

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .rows import BACKENDS, get_seconds, row, run_workers
 from ..nvcc_counter import NvccCounter
 from ..procs import PROJECT, worker_env
+from .rows import BACKENDS, get_seconds, row, run_workers
 
 HERD_VARIANTS = ("kcache, pool", "kcache, server", "kcache, server, opened first", "kcache, server running", "tilelang")
 # Started in the herd's environment (the service's name depends on it), with one job run so that a

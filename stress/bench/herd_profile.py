@@ -63,10 +63,10 @@ def child(root: str, mode: str) -> None:
 def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) -> dict[str, Any]:
     from kcache.compile.service import connection as service_connection
 
-    from .herd import start_warm_service
-    from .rows import run_workers
     from ..procs import Barrier
     from ..service_runtime import fresh_runtime, stop_services
+    from .herd import start_warm_service
+    from .rows import run_workers
 
     runtime = fresh_runtime("kp-")
     root = tempfile.mkdtemp(prefix="kp-root-", dir="/tmp")

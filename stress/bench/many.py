@@ -21,8 +21,8 @@ printed in the log.
 
 from __future__ import annotations
 
-import json
 import argparse
+import json
 import os
 import shutil
 import sys

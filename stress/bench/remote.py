@@ -12,9 +12,9 @@ moto's server and obstore, `pip install -e '.[test]'`).
 
 from __future__ import annotations
 
-import sys
 import argparse
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any

@@ -7,6 +7,13 @@ no GPU needed):
 - herd: `procs` fresh processes miss one kernel at once (a start barrier after their imports);
   compiles counted by wrappers of Triton's assemblers (stress.triton_program). Goal: 1 compile, against Triton's one per
   process.
+- cold (issue 56): a fresh process's compile of the kernel on empty caches, kcache's in a fork of the
+  process (kcache.triton.isolation) against Triton's in the process, taking turns, `repeats` each
+  (at most 5). Goal: kcache's median at most 1.05x Triton's.
+- autotune (issue 56, GPU only): the compile phase of a 16-config `@triton.autotune` matmul in a fresh
+  process (stress.triton_tune_program: the first tune less the same tune with every config compiled),
+  kcache's configs at once in forks against Triton's one after another, 3 turns. Goal: at most 0.35x
+  Triton's on a 16-core GPU machine.
 """
 
 from __future__ import annotations
@@ -20,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .rows import percentile, row
 from ..procs import PROJECT
 from ..triton_program import assembler_runs, counting_assemblers
+from .rows import percentile, row
 
 KCACHE = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 KERNEL = "matmul"
@@ -82,7 +89,47 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[d
                     "runs", "triton FileCacheManager"))
     rows.append(row(f"triton herd ({procs} procs)", "wall s", hits["herd-kcache"][1], hits["herd-triton"][1], "s",
                     "triton FileCacheManager"))
-    return rows
+    return rows + cold_rows(work, caches, min(repeats, 5)) + autotune_rows(work, env)
+
+
+def cold_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> list[dict[str, Any]]:
+    """A fresh process's compile on empty caches: kcache's in a fork, Triton's in the process."""
+    seconds: dict[str, list[float]] = {"kcache": [], "triton": []}
+    for turn in range(repeats):
+        for name, cache_env in caches.items():
+            empty = str(work / f"cold-{name}-{turn}")
+            seconds[name].append(result(run_program({**cache_env, "KCACHE_DIR": empty, "TRITON_CACHE_DIR": empty}))
+                                 [f"{KERNEL}_seconds"])
+    kcache, triton = statistics.median(seconds["kcache"]), statistics.median(seconds["triton"])
+    print(f"triton: cold compile of {KERNEL}, median of {repeats}: kcache {kcache:.3f} s, Triton {triton:.3f} s, "
+          f"{kcache / triton:.3f}x (goal: at most 1.05x)", flush=True)
+    return [row("triton cold compile (fresh process)", "cold compile median s", kcache, triton, "s",
+                "triton in-process compile")]
+
+
+def autotune_rows(work: Path, env: dict[str, str], turns: int = 3) -> list[dict[str, Any]]:
+    """The compile phase of a 16-config tune on the GPU, kcache's and Triton's in turns (none without a GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("triton: autotune compile phase not measured: Triton's autotuner needs a GPU to benchmark", flush=True)
+        return []
+    phases: dict[str, list[float]] = {"kcache": [], "triton": []}
+    for turn in range(turns):
+        for name, extra in (("kcache", KCACHE), ("triton", {})):
+            folder = work / f"tune-{name}-{turn}"
+            run_env = {key: value for key, value in env.items() if key != "TRITON_CACHE_MANAGER"}
+            done = subprocess.run([sys.executable, "-m", "stress.triton_tune_program"], capture_output=True,
+                                  text=True, cwd=str(PROJECT), timeout=900,
+                                  env={**run_env, **extra, "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
+            if done.returncode != 0:
+                raise RuntimeError(f"stress.triton_tune_program ({name}) exited {done.returncode}: {done.stderr[-800:]}")
+            phases[name].append(json.loads(done.stdout.splitlines()[-1])["compile_phase_s"])
+    kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
+    print(f"triton: autotune compile phase (16 configs), median of {turns}: kcache {kcache:.3f} s, Triton "
+          f"{triton:.3f} s, {kcache / triton:.3f}x (goal: at most 0.35x on 16 cores)", flush=True)
+    return [row("triton autotune (16 configs, fresh process)", "autotune compile phase median s", kcache, triton,
+                "s", "triton in-process compiles")]
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .rows import percentile, row
 from ..procs import PROJECT
+from .rows import percentile, row
 
 MODES = ("kcache", "kcache-bundle", "tilelang")
 SECRET = "bench-warm-secret"

@@ -1,0 +1,96 @@
+"""A 16-config `@triton.autotune` fp16 matmul on the GPU, as an operator library tunes one (issue 56).
+
+    python -m stress.triton_tune_program      (KT_ABORT=1: one config's compile aborts, in its `llir` stage)
+
+Times, in a fresh process: the first call (the tune: every config compiled, then benchmarked) and a
+second tune of the same key with every config already compiled (the benchmarks alone). Their
+difference is the tune's compile phase, for plain Triton (one config after another, in this process)
+and for kcache (the configs at once, each in a fork) alike. Prints one JSON object: tune_s, bench_s,
+compile_phase_s, the best config, whether the result equals torch's, and where the abort fired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+import triton
+import triton.language as tl
+from triton import knobs
+
+M = N = K = 2048
+# 16 configs; the one with num_stages=5 is the only one of its kind: KT_ABORT aborts its compile.
+CONFIGS = [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=warps, num_stages=stages)
+           for bm, bn in ((128, 128), (128, 64), (64, 128), (64, 64))
+           for bk, warps, stages in ((32, 4, 3), (64, 4, 3), (32, 8, 4), (64, 8, 4))]
+CONFIGS[5] = triton.Config({"BM": 128, "BN": 64, "BK": 64}, num_warps=4, num_stages=5)
+ABORTED = CONFIGS[5]
+
+
+@triton.autotune(configs=CONFIGS, key=["M", "N", "K"])
+@triton.jit
+def matmul_kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        a_tile = tl.load(a + rm[:, None] * sam + (k * BK + rk)[None, :] * sak)
+        b_tile = tl.load(b + (k * BK + rk)[:, None] * sbk + rn[None, :] * sbn)
+        acc += tl.dot(a_tile, b_tile)
+    tl.store(c + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.float16))
+
+
+def abort_one_config() -> None:
+    def hook(self=None, stages=None, options=None, language=None, capability=None):  # noqa: ANN001, ANN202
+        if stages is None or options.num_stages != ABORTED.num_stages:
+            return
+        llir = stages["llir"]
+
+        def aborting(src, metadata):  # noqa: ANN001, ANN202
+            with open(os.environ["KT_FIRED"], "a") as fired:
+                fired.write(f"{os.getpid()}\n")
+            os.abort()
+            return llir(src, metadata)
+
+        stages["llir"] = aborting
+
+    knobs.runtime.add_stages_inspection_hook = hook
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    c = torch.empty((M, N), device=a.device, dtype=torch.float16)
+    grid = lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))  # noqa: E731
+    matmul_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    return c
+
+
+def main() -> None:
+    if os.environ.get("KT_ABORT"):
+        abort_one_config()
+    torch.manual_seed(0)
+    a = torch.randn((M, K), device="cuda", dtype=torch.float16)
+    b = torch.randn((K, N), device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    c = matmul(a, b)
+    torch.cuda.synchronize()
+    tune_s = time.perf_counter() - started
+    best = matmul_kernel.best_config
+    matmul_kernel.cache.clear()  # the same tune again: every config compiled, in Triton's memory
+    started = time.perf_counter()
+    matmul(a, b)
+    torch.cuda.synchronize()
+    bench_s = time.perf_counter() - started
+    expected = a @ b
+    print(json.dumps({"tune_s": tune_s, "bench_s": bench_s, "compile_phase_s": tune_s - bench_s,
+                      "best": str(best), "aborted_config": str(ABORTED), "pid": os.getpid(),
+                      "correct": bool(torch.allclose(c.float(), expected.float(), atol=1e-1, rtol=1e-2))}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""On a GPU: Triton's compiles in a fork of the caller (issue 56), where an autotuner really benchmarks.
+
+- `@triton.autotune` over 16 matmul configs, one of whose compiles aborts (Triton's stage hook): plain
+  Triton dies; under kcache the tune completes, its pick is correct against torch, the abort fired in
+  another process, and the configs compiled at once (Triton's assembler runs overlapping in time).
+- Inductor (`torch.compile`) with every kernel's compile aborting: Inductor's error, wrapping kcache's
+  TritonCompilerCrashed, and the process lives; plain Triton dies.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
+
+from stress.triton_program import ASSEMBLERS  # noqa: E402
+
+from .helpers import PROJECT, child_env  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible; run these on the GPU machine"),
+]
+MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
+
+
+def timed_assemblers(folder: Path) -> dict[str, str]:
+    """Wrappers of Triton's assemblers that log each run's start and end (`start|end PID NANOSECONDS`)."""
+    import triton
+
+    env = {}
+    for variable, name in ASSEMBLERS.items():
+        real = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+        wrapper = folder / name
+        wrapper.write_text(f"#!/bin/sh\necho start $$ $(date +%s%N) >> {folder / 'runs'}\n\"{real}\" \"$@\"\n"
+                           f"code=$?\necho end $$ $(date +%s%N) >> {folder / 'runs'}\nexit $code\n")
+        wrapper.chmod(0o755)
+        env[variable] = str(wrapper)
+    return env
+
+
+def most_at_once(runs: Path) -> int:
+    """The most assembler runs that were under way at one time."""
+    events = sorted((int(time), 1 if kind == "start" else -1) for kind, _, time in
+                    (line.split() for line in runs.read_text().splitlines()))
+    running = peak = 0
+    for _, change in events:
+        running += change
+        peak = max(peak, running)
+    return peak
+
+
+def tune(tmp_path: Path, name: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    folder = tmp_path / f"{name}-ptxas"
+    folder.mkdir()
+    env = child_env(**timed_assemblers(folder), KCACHE_DIR=str(tmp_path / f"{name}-root"),
+                    TRITON_CACHE_DIR=str(tmp_path / f"{name}-plain"), KT_FIRED=str(tmp_path / f"{name}-fired"), **extra)
+    if "TRITON_CACHE_MANAGER" not in extra:
+        env.pop("TRITON_CACHE_MANAGER", None)
+    return subprocess.run([sys.executable, "-m", "stress.triton_tune_program"], capture_output=True, text=True,
+                          env=env, cwd=str(PROJECT), timeout=600)
+
+
+def test_an_autotune_whose_config_aborts_completes_correct_with_its_configs_compiled_at_once(tmp_path: Path) -> None:
+    plain = tune(tmp_path, "plain", KT_ABORT="1")
+    assert plain.returncode == -signal.SIGABRT and (tmp_path / "plain-fired").read_text(), plain.stderr[-2000:]
+    done = tune(tmp_path, "kcache", KT_ABORT="1", **MANAGER)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    fired = [int(pid) for pid in (tmp_path / "kcache-fired").read_text().split()]
+    assert fired and result["pid"] not in fired  # the abort fired, in a fork, once (remembered after)
+    assert result["correct"] and result["best"] != result["aborted_config"], result
+    skipped = [line for line in done.stderr.splitlines() if "crashed (SIGABRT)" in line]
+    assert skipped and "num_stages=5" in skipped[0] and "skips this config" in skipped[0], done.stderr[-3000:]
+    assert most_at_once(tmp_path / "kcache-ptxas" / "runs") >= 2, "the configs compiled one after another"
+    assert most_at_once(tmp_path / "plain-ptxas" / "runs") == 1  # plain Triton's: one at a time
+
+
+INDUCTOR = """
+import json, os, sys
+import torch
+from triton import knobs
+
+def hook(self=None, stages=None, options=None, language=None, capability=None):
+    if stages is None:
+        return
+    llir = stages["llir"]
+    def aborting(src, metadata):
+        open(os.environ["KT_FIRED"], "a").write(f"{os.getpid()}\\n")
+        os.abort()
+    stages["llir"] = aborting
+
+knobs.runtime.add_stages_inspection_hook = hook
+model = torch.compile(lambda x, y: torch.relu(x * y + 1.0).sum(dim=-1))
+x = torch.randn(64, 256, device="cuda")
+try:
+    model(x, x)
+    print(json.dumps({"raised": None}))
+except Exception as err:
+    chain, seen = [], err
+    while seen is not None:
+        chain.append(type(seen).__name__)
+        seen = seen.__cause__ or seen.__context__
+    print(json.dumps({"raised": type(err).__name__, "chain": chain, "message": str(err)[-3000:]}))
+"""
+
+
+def test_inductor_with_a_kernel_that_aborts_raises_its_error_wrapping_kcaches_and_lives(tmp_path: Path) -> None:
+    def run(name: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        env = child_env(KCACHE_DIR=str(tmp_path / f"{name}-root"), TRITON_CACHE_DIR=str(tmp_path / f"{name}-plain"),
+                        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"{name}-inductor"), TORCHINDUCTOR_COMPILE_THREADS="1",
+                        KT_FIRED=str(tmp_path / f"{name}-fired"), **extra)
+        if "TRITON_CACHE_MANAGER" not in extra:
+            env.pop("TRITON_CACHE_MANAGER", None)
+        return subprocess.run([sys.executable, "-c", INDUCTOR], capture_output=True, text=True, env=env,
+                              cwd=str(tmp_path), timeout=600)
+
+    plain = run("plain")
+    assert plain.returncode == -signal.SIGABRT and (tmp_path / "plain-fired").exists(), plain.stderr[-2000:]
+    done = run("kcache", **MANAGER)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["raised"] and ("TritonCompilerCrashed" in result["chain"] or "TritonCompilerCrashed" in
+                                 result["message"]), result
+    assert (tmp_path / "kcache-fired").exists()
