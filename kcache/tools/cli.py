@@ -315,13 +315,10 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
 
 
 def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    version = installed_tilelang()
-    if not args.all_versions and version is None:
-        return ({"error": "TileLang is not installed"},
-                "kcache: TileLang is not installed here, so no entry is of 'this' version; use --all-versions", 1)
+    version = installed_tilelang()  # None: no kernel entry is of "this" TileLang (--all-versions clears them)
     removed = 0
     for entry in scan_entries(settings.root):
-        if args.all_versions or entry_meta(entry.path).get("tilelang") == version:
+        if args.all_versions or (version is not None and entry_meta(entry.path).get("tilelang") == version):
             removed += evict_entry(settings.root, entry.path)
     results = 0
     if args.all_versions:
@@ -330,7 +327,7 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     # Triton's entries: every one with --all-versions; else the crashes remembered (kcache.triton.crashes)
     triton = sum(evict_entry(settings.root, entry.path) for entry in scan_entries(settings.root, layout.TRITON)
                  if args.all_versions or is_triton_crash(entry.path))
-    scope = "every version" if args.all_versions else f"TileLang {version}"
+    scope = "every version" if args.all_versions else f"TileLang {version}" if version else "TileLang is not installed"
     what = ("Triton entry", "Triton entries") if args.all_versions else ("remembered Triton crash",
                                                                          "remembered Triton crashes")
     return ({"removed_entries": removed, "removed_autotune_results": results, "removed_triton_entries": triton,

@@ -31,10 +31,6 @@ def enable(environ: MutableMapping[str, str] | None = None) -> bool:
     if environ is None:
         environ = os.environ
     chosen = environ.get(ENV)
-    if environ is os.environ and chosen in (None, "", *ENV_VALUES):
-        from kcache.import_hooks import after_import
-
-        after_import("triton.runtime.autotuner", _compile_tunes_ahead)  # a tune's configs at once
     if chosen:
         return chosen in ENV_VALUES
     environ[ENV] = ENV_VALUE
@@ -57,12 +53,6 @@ def disable(environ: MutableMapping[str, str] | None = None) -> None:
             environ["PYTHONPATH"] = os.pathsep.join(entries)
         else:
             environ.pop("PYTHONPATH", None)
-
-
-def _compile_tunes_ahead() -> None:
-    from kcache.triton.parallel_tune import install_quietly
-
-    install_quietly()
 
 
 def __getattr__(name: str) -> object:

@@ -61,9 +61,10 @@ class CacheManager(TritonCacheManager):
         if found is None:
             from kcache.triton import isolation, parallel_tune  # a miss's
 
-            parallel_tune.install_quietly()  # this process compiles: its later tunes compile their configs at once
             frame = isolation.compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
-            if frame is not None:
+            if frame is not None and parallel_tune.compile_tune_ahead(frame):  # a tune's configs, at once
+                found = self._groups.find(self._groups.key, filename)
+            if frame is not None and found is None:
                 found = self._compile_in_fork(frame, filename)
         if found is None and self._groups.where.write is not None:
             found = self._wait_or_hold(filename)

@@ -1,79 +1,80 @@
-"""`@triton.autotune`'s configs compiled at once, each in its own fork, when a tune starts.
+"""`@triton.autotune`'s configs compiled at once, each in its own fork, when a tune first misses.
 
 Triton's autotuner compiles a config when it first benchmarks it: one compile after another, in the
-user's process. Where kcache's manager is in force (and with it the forks of kcache.triton.isolation),
-kcache wraps `Autotuner.prune_configs`, which Triton calls exactly when a tune starts (and from
-`Autotuner.warmup`): once the configs are pruned, each is compiled ahead through Triton's own
+user's process. Under kcache's manager, the first compile of a tune that misses the cache is where the
+tune's compiles begin: `get_group` finds, up its caller's stack, Triton's `Autotuner._bench` (the
+config being benchmarked, the run's arguments) and `Autotuner.run` (the tune's pruned configs), both
+checked by identity of their code. It then compiles every pruned config ahead, through Triton's own
 `JITFunction.warmup` under Triton's `AsyncCompileMode`, on a thread pool as wide as the usable cores,
-each compile a fork. Triton then benchmarks them as hits of its in-memory cache. A config that fails
-ahead is left to the benchmark, which meets the same error (a crash remembered, a Python error) and
-skips it as it would have.
+each compile a fork of this process (kcache.triton.isolation), and goes on: the config asked for and
+every later one are hits. Once per tune (per tuner and tuning key). A config that fails ahead is left
+to its benchmark, which meets the same error (a crash remembered, a Python error) and skips it as
+Triton would. No tune on the stack (a plain launch, Inductor, a warmup): nothing is done here.
 
-The first config compiles alone, before the others: it loads whatever Triton imports lazily while
-compiling, so that no fork starts while another thread of this process holds an import's lock.
+Found on the stack rather than by patching Triton's classes: nothing of Triton's is changed, and the
+first tune of a process that names the manager by TRITON_CACHE_MANAGER alone is covered too (Triton
+loads the manager at its first compile, after that tune pruned its configs).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+from types import FrameType
 from typing import Any
 
 log = logging.getLogger("kcache")
 
-_MARK = "_kcache_parallel_compiles"
+_DONE = "_kcache_compiled_ahead"  # on a tuner: the tuning keys whose configs were compiled ahead
 
 
-def install() -> None:
-    """Wrap Triton's `Autotuner.prune_configs` (once; Triton's autotuner module must be importable)."""
-    from triton.runtime.autotuner import Autotuner
-
-    original = Autotuner.prune_configs
-    if getattr(original, _MARK, False):
-        return
-
-    def prune_configs(self: Any, kwargs: dict) -> list:
-        configs = original(self, kwargs)
-        if len(configs) > 1 and _in_force():
-            compile_ahead(self, configs, kwargs)
-        return configs
-
-    setattr(prune_configs, _MARK, True)
-    prune_configs.__wrapped__ = original  # type: ignore[attr-defined]
-    Autotuner.prune_configs = prune_configs
+def compile_tune_ahead(compile_frame: FrameType) -> bool:
+    """Compile, at once, every config of the tune that the compile of `compile_frame` belongs to, if
+    any and not done yet; whether it did."""
+    tune = _tune_asking(compile_frame)
+    if tune is None:
+        return False
+    tuner, args, meta, configs, key = tune
+    done = tuner.__dict__.setdefault(_DONE, set())
+    if key in done or len(configs) < 2:
+        return False
+    done.add(key)
+    _compile_ahead(tuner, args, meta, configs)
+    return True
 
 
-def install_quietly() -> None:
-    """`install`, never a failure of the import that triggered it (tunes then compile one config
-    after another, as in plain Triton)."""
-    try:
-        install()
-    except Exception as err:  # noqa: BLE001
-        log.debug("kcache: not compiling tunes ahead: %s: %s", type(err).__name__, err)
+def _tune_asking(frame: FrameType) -> tuple[Any, tuple, dict, list, Any] | None:
+    """(tuner, the run's arguments, its keywords, the pruned configs, the tuning key) of the
+    `Autotuner.run` up the stack from `frame` whose benchmark asks for this compile, or None."""
+    autotuner = sys.modules.get("triton.runtime.autotuner")
+    tuner_class = getattr(autotuner, "Autotuner", None)
+    if tuner_class is None:
+        return None
+    bench_code, run_code = tuner_class._bench.__code__, tuner_class.run.__code__
+    bench: dict[str, Any] | None = None
+    current: FrameType | None = frame
+    while current is not None:
+        if bench is None and current.f_code is bench_code:
+            bench = current.f_locals
+        elif bench is not None and current.f_code is run_code and current.f_locals.get("self") is bench.get("self"):
+            configs, key = current.f_locals.get("pruned_configs"), current.f_locals.get("key")
+            if isinstance(configs, list) and key is not None:
+                return bench["self"], tuple(bench.get("args", ())), dict(bench.get("meta", {})), configs, key
+            return None
+        current = current.f_back
+    return None
 
 
-def _in_force() -> bool:
-    """kcache's manager is Triton's (whichever value of TRITON_CACHE_MANAGER named it), and compiles
-    that miss go to forks."""
-    from triton import knobs
-
-    from kcache.triton import isolation
-
-    manager = knobs.cache.manager_class
-    return getattr(manager, "__module__", None) == "kcache.triton.manager" and isolation.lane() == "fork"
-
-
-def compile_ahead(tuner: Any, configs: list, kwargs: dict) -> None:
-    """Compile each config of `tuner` for the arguments of the run that prunes them, in parallel."""
+def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list) -> None:
+    """Each config's kernel for the run's arguments, compiled at once through Triton's warmup."""
     from concurrent.futures import ThreadPoolExecutor
 
     from triton.runtime import _async_compile
 
-    if tuner.nargs is None or _async_compile.active_mode.get() is not None:
-        return  # not from a run (no arguments to specialize on), or the caller compiles async itself
-    args = [tuner.nargs[name] for name in tuner.arg_names if name in tuner.nargs]
-    # The run's own keywords, less how it launches (a warmup compiles, and launches nothing)
-    options = {name: value for name, value in kwargs.items() if name not in ("grid", "warmup")}
+    if _async_compile.active_mode.get() is not None:
+        return  # the program compiles asynchronously itself
+    options = {name: value for name, value in meta.items() if name not in ("grid", "warmup")}
 
     def warm(config: Any) -> None:
         try:
@@ -81,9 +82,9 @@ def compile_ahead(tuner: Any, configs: list, kwargs: dict) -> None:
         except Exception as err:  # noqa: BLE001 - the benchmark meets it again, and decides
             log.debug("kcache: compiling %s ahead failed (%s: %s); the tune meets it", config, type(err).__name__, err)
 
-    warm(configs[0])
-    workers = max(1, min(len(configs) - 1, len(os.sched_getaffinity(0))))
+    workers = max(1, min(len(configs), len(os.sched_getaffinity(0))))
+    log.debug("kcache: compiling the %d configs of %s at once (%d at a time)", len(configs), tuner.fn, workers)
     with ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
         with _async_compile.AsyncCompileMode(pool, ignore_errors=True):
-            for config in configs[1:]:
+            for config in configs:
                 warm(config)

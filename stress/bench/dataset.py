@@ -57,7 +57,11 @@ def this_machine() -> tuple[str, int | None]:
 
 
 def this_commit() -> str | None:
-    """The checkout's commit, with "+dirty" where its tracked files differ from it; None outside git."""
+    """The checkout's commit, with "+dirty" where its tracked files differ from it; None outside git.
+    KCACHE_BENCH_COMMIT names it instead, where the tree was copied from a checkout (a GPU machine's
+    copy carries no history of its own)."""
+    if os.environ.get("KCACHE_BENCH_COMMIT"):
+        return os.environ["KCACHE_BENCH_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                               cwd=PROJECT, check=True).stdout.strip()

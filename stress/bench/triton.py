@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT
+from ..procs import PROJECT, worker_env
 from ..triton_program import assembler_runs, counting_assemblers
 from .rows import percentile, row
 
@@ -118,7 +118,7 @@ def autotune_rows(work: Path, env: dict[str, str], turns: int = 3) -> list[dict[
     for turn in range(turns):
         for name, extra in (("kcache", KCACHE), ("triton", {})):
             folder = work / f"tune-{name}-{turn}"
-            run_env = {key: value for key, value in env.items() if key != "TRITON_CACHE_MANAGER"}
+            run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
             done = subprocess.run([sys.executable, "-m", "stress.triton_tune_program"], capture_output=True,
                                   text=True, cwd=str(PROJECT), timeout=900,
                                   env={**run_env, **extra, "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
