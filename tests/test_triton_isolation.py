@@ -100,7 +100,10 @@ def test_a_crash_is_remembered_by_the_next_process_until_kcache_clear(tmp_path: 
     assert "`kcache clear` forgets it" in done.stderr
     listed = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "ls"], capture_output=True,
                             text=True, cwd=str(PROJECT), timeout=120)
-    assert "crash" in listed.stdout and "add_kernel" in listed.stdout, listed.stdout
+    assert "triton crash" in listed.stdout and "add_kernel" in listed.stdout, listed.stdout
+    stats = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "--json", "stats"],
+                           capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
+    assert json.loads(stats.stdout)["triton_crashes_remembered"] == 1, stats.stdout
     cleared = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "clear"],
                              capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
     assert cleared.returncode == 0, cleared.stderr

@@ -58,20 +58,31 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     counters = read_persisted(settings.root)
     entries, triton_entries = (_count_keys(settings.root / namespace) for namespace in (KERNELS, layout.TRITON))
     size = measure_size(settings.root, entries + triton_entries)
+    crashes = _count_triton_crashes(settings.root) if triton_entries else 0
     result = {"root": str(settings.root), "entries": entries, "triton_entries": triton_entries,
+              "triton_crashes_remembered": crashes,
               "size_bytes": size.size_bytes,
               "size_measured_at": size.measured_at, "size_is_live": size.live,
               "max_size_bytes": settings.max_size_bytes, **counters}
     looked_up = counters["memory_hits"] + counters["disk_hits"] + counters["misses"]
     hit_rate = (counters["memory_hits"] + counters["disk_hits"]) / looked_up if looked_up else 0.0
     limit = human_size(settings.max_size_bytes) if settings.max_size_bytes else "no limit"
-    rows = [("root", str(settings.root)), ("entries", str(entries) + (f" (and {triton_entries} of Triton's)" if
-                                                                     triton_entries else "")),
+    tritons = f" (and {triton_entries} of Triton's" + (f", {crashes} of them crashes remembered" if crashes else "") + ")"
+    rows = [("root", str(settings.root)), ("entries", str(entries) + (tritons if triton_entries else "")),
             ("size", _size_text(size, limit, entries + triton_entries)),
             ("hit rate", f"{hit_rate:.1%}")]
     rows += [(name.replace("_", " "), f"{value:.1f}" if isinstance(value, float) else str(value))
              for name, value in counters.items()]
     return result, format_table(["", ""], rows, show_header=False), 0
+
+
+def _count_triton_crashes(root: Path) -> int:
+    """Triton compiles remembered as crashed (kcache.triton.crashes): `kcache clear` forgets them."""
+    directory = root / layout.TRITON
+    try:
+        return sum(1 for name in os.listdir(directory) if layout.is_key(name) and is_triton_crash(directory / name))
+    except FileNotFoundError:
+        return 0
 
 
 def _count_keys(directory: Path) -> int:

@@ -216,8 +216,39 @@ def triton(readings: list[Reading], axes: Any) -> list[Reading]:
     return found
 
 
+TRITON_COMPILES = (("cold compile median s", "cold compile\n(fresh process)", 1.05),
+                   ("autotune compile phase median s", "16-config autotune:\ncompile phase", 0.35))
+
+
+def triton_compiles(readings: list[Reading], axes: Any) -> list[Reading]:
+    """Triton's compiles under kcache (in forks; a tune's configs at once) against plain Triton's, in
+    the process: the newest ratio per device, each beside its goal."""
+    used: list[Reading] = []
+    devices = sorted({r["device"] for r in readings if r["scenario"] == "triton"
+                      and r["metric"] in {metric for metric, _, _ in TRITON_COMPILES}})
+    width = 0.8 / max(1, len(devices))
+    for slot, (metric, _, goal) in enumerate(TRITON_COMPILES):
+        axes.hlines(goal, slot - 0.45, slot + 0.45, colors="tab:red", linestyles="--", linewidth=1,
+                    label="goal" if slot == 0 else None)
+        for index, device in enumerate(devices):
+            found = [r for r in readings if r["scenario"] == "triton" and r["metric"] == metric and r["device"] == device]
+            if found:
+                newest = max(found, key=lambda r: r["date"])
+                used.append(newest)
+                axes.bar(slot - 0.4 + width * (index + 0.5), newest["ratio"], width * 0.9, color=f"C{index}",
+                         label=device if slot == 0 or not any(u["device"] == device for u in used[:-1]) else None)
+    axes.axhline(1, color="gray", linewidth=1)
+    axes.set_xticks(range(len(TRITON_COMPILES)), [label for _, label, _ in TRITON_COMPILES], fontsize=8)
+    if used:
+        axes.legend(fontsize=7, loc="upper right")
+    axes.set_ylabel("kcache / plain Triton (lower is better)")
+    axes.set_title("Triton's compiles in forks against plain Triton's in the process", fontsize=10)
+    return used
+
+
 PLOTS: dict[str, Callable[[list[Reading], Any], list[Reading]]] = {
-    "cold.png": cold, "herd.png": herd, "hits.png": hits, "tune.png": tune, "triton.png": triton}
+    "cold.png": cold, "herd.png": herd, "hits.png": hits, "tune.png": tune, "triton.png": triton,
+    "triton-compiles.png": triton_compiles}
 
 
 def draw(results: Path, out: Path) -> list[Path]:
