@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cache", ("kcache.cache",)),
     ("results", ("kcache.results",)),
     ("triton", ("kcache.triton",)),
+    ("helion", ("kcache.helion",)),
     ("drop-in", ("kcache.dropin",)),
     ("tools", ("kcache.tools",)),
     ("facade", ("kcache", "kcache.__main__")),
@@ -132,7 +133,7 @@ def test_the_checker_sees_cycles_and_lazy_imports(tmp_path: Path) -> None:
     source.write_text("def f():\n    from kcache.store import layout\n    import kcache.cache\n")
     assert imports_of("kcache.x", source, modules) == {"kcache.store.layout", "kcache.cache"}
     assert layer_of("kcache.store.layout") == (1, "kcache.store")
-    assert layer_of("kcache") == (11, "kcache")
+    assert layer_of("kcache") == (12, "kcache")
 
 
 def test_no_import_circles_among_modules_nor_between_packages() -> None:

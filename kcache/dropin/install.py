@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from kcache import helion as kcache_helion
 from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
@@ -36,6 +37,9 @@ def install(cache: KernelCache | None = None) -> None:
     # the user named a cache manager of their own. An environment variable: nothing of Triton is imported.
     triton_was_unset = kcache_triton.ENV not in os.environ
     kcache_triton.enable()
+    # Helion's autotune picks too (kcache.helion), unless the user named a backend of their own.
+    helion_was_unset = kcache_helion.BACKEND_ENV not in os.environ
+    kcache_helion.enable()
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
 
@@ -47,6 +51,7 @@ def install(cache: KernelCache | None = None) -> None:
                 "load": AutoTuner._load_result_from_disk,
                 "run": AutoTuner.run,
                 "triton_was_unset": triton_was_unset,  # uninstall() gives Triton its own cache back
+                "helion_was_unset": helion_was_unset,
             }
         state.installed["cache"] = cache
         jit_module.cached = routing.cached
@@ -71,6 +76,8 @@ def uninstall() -> None:
         AutoTuner.run = state.installed["run"]
         if state.installed.get("triton_was_unset"):
             kcache_triton.disable()
+        if state.installed.get("helion_was_unset"):
+            kcache_helion.disable()
         state.installed = None
 
 

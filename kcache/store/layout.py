@@ -33,7 +33,8 @@ ROOT_MARKER = ".kcache-root"
 GC_STAMP = ".gc-stamp"
 # Subdirectories that hold entries of a kind other than kernels (each with its own .staging).
 TRITON = "triton"  # Triton's compile groups (kcache.triton)
-NAMESPACES = ("autotuner", TRITON)
+HELION = "helion"  # Helion's autotune picks (kcache.helion)
+NAMESPACES = ("autotuner", TRITON, HELION)
 
 _HEX_DIGITS = frozenset("0123456789abcdef")
 

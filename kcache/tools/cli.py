@@ -327,6 +327,8 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     # Triton's entries: every one with --all-versions; else the crashes remembered (kcache.triton.crashes)
     triton = sum(evict_entry(settings.root, entry.path) for entry in scan_entries(settings.root, layout.TRITON)
                  if args.all_versions or is_triton_crash(entry.path))
+    if args.all_versions:  # Helion's picks: every one, as TileLang's autotune results
+        results += sum(evict_entry(settings.root, entry.path) for entry in scan_entries(settings.root, layout.HELION))
     scope = "every version" if args.all_versions else f"TileLang {version}" if version else "TileLang is not installed"
     what = ("Triton entry", "Triton entries") if args.all_versions else ("remembered Triton crash",
                                                                          "remembered Triton crashes")

@@ -20,6 +20,7 @@ from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERN
 from kcache.store.entries import EntryStore
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, human_time, short_key
+from kcache.tools.cli_helion import helion_entries, helion_row
 from kcache.tools.entry_params import describe_params, kernel_params
 from kcache.triton.crashes import CRASH_FILE
 from kcache.triton.store import META as TRITON_META
@@ -59,7 +60,8 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     entries, triton_entries = (_count_keys(settings.root / namespace) for namespace in (KERNELS, layout.TRITON))
     size = measure_size(settings.root, entries + triton_entries)
     crashes = _count_triton_crashes(settings.root) if triton_entries else 0
-    result = {"root": str(settings.root), "entries": entries, "triton_entries": triton_entries,
+    helion = _count_keys(settings.root / layout.HELION)
+    result = {"root": str(settings.root), "entries": entries, "triton_entries": triton_entries, "helion_picks": helion,
               "triton_crashes_remembered": crashes,
               "size_bytes": size.size_bytes,
               "size_measured_at": size.measured_at, "size_is_live": size.live,
@@ -68,7 +70,8 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     hit_rate = (counters["memory_hits"] + counters["disk_hits"]) / looked_up if looked_up else 0.0
     limit = human_size(settings.max_size_bytes) if settings.max_size_bytes else "no limit"
     tritons = f" (and {triton_entries} of Triton's" + (f", {crashes} of them crashes remembered" if crashes else "") + ")"
-    rows = [("root", str(settings.root)), ("entries", str(entries) + (tritons if triton_entries else "")),
+    rows = [("root", str(settings.root)), ("entries", str(entries) + (tritons if triton_entries else "")
+                                          + (f" (and {count_of(helion, 'Helion pick', 'Helion picks')})" if helion else "")),
             ("size", _size_text(size, limit, entries + triton_entries)),
             ("hit rate", f"{hit_rate:.1%}")]
     rows += [(name.replace("_", " "), f"{value:.1f}" if isinstance(value, float) else str(value))
@@ -115,6 +118,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
                         "target": _arch(meta.get("target")), "size_bytes": entry.size,
                         "created": meta.get("created"), "last_used": entry.last_used})
     listing += [_triton_row(entry) for entry in scan_entries(settings.root, layout.TRITON)]
+    listing += [helion_row(entry) for entry in helion_entries(settings.root)]
     listing.sort(key=lambda e: -e["last_used"])
     rows = [(short_key(e["key"]), e["kind"], e["kernel"], _clipped(describe_params(e["params"]), LS_PARAMS_WIDTH),
              json.dumps(e["out_idx"]) if e["out_idx"] is not None else "-", e["target"], human_size(e["size_bytes"]),

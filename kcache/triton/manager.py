@@ -45,7 +45,7 @@ class CacheManager(TritonCacheManager):
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         self.key = key
         self._triton_own = FileCacheManager(key, override=override, dump=dump) if override or dump else None
-        self._groups = GroupStore(key, roots())
+        self._groups = GroupStore(key, _candidates_unsaved(roots()))
         self._staged: dict[str, Path] = {}  # file name -> its path in the private directory
         self._in_group = False  # get_group was asked: the puts that follow are the group's
         self._held = _Held()
@@ -292,6 +292,15 @@ def _private_copy(entry: str, name: str, data: bytes) -> str:
     from kcache.triton.private import private_copy
 
     return private_copy(entry, name, data)
+
+
+def _candidates_unsaved(where: TritonRoots) -> TritonRoots:
+    """While Helion autotunes, it points TRITON_CACHE_DIR at a throwaway directory (`helion_autotune_*`)
+    for its candidates, and compiles the winner again afterwards: kcache honours it. Candidates are read
+    from the root where they are there, and compiled (in forks, as any miss) without being saved."""
+    if not os.path.basename(os.environ.get("TRITON_CACHE_DIR", "")).startswith("helion_autotune_"):
+        return where
+    return TritonRoots(None, where.reads, where.lock_timeout_s)
 
 
 def _in_fork() -> bool:

@@ -1,0 +1,133 @@
+"""Helion's autotune picks as kcache entries: `<root>/helion/<key>/`, published whole with one rename.
+
+Helion hands its remote cache backend a key (`stable_hash()` of the kernel, its arguments' shapes and
+types, the device and Helion's version) and a value: the best config's JSON record, never an artifact.
+Here the value is one entry of kcache's store (`EntryStore`: staged, manifest of sizes and sha256,
+fsynced, one rename), named by the sha256 of Helion's key, beside a `kcache-helion.json` that names both
+keys. A reader verifies the entry whole, trust checked on every descriptor from the cache root down,
+and checks the value before Helion sees it: bounded JSON, an object with a `config` object, never
+executed. The remote tiers (KCACHE_REMOTE) carry the entries with their signing and key binding, in a
+namespace of their own (`helion:v1`).
+
+This module knows nothing of Helion's classes (kcache.helion.backend adapts them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kcache.errors import CorruptEntry, UntrustedEntry
+from kcache.store import layout
+from kcache.store.manifest import read_verified
+
+if TYPE_CHECKING:
+    from kcache.store.entries import EntryStore
+
+log = logging.getLogger("kcache")
+
+NAMESPACE = layout.HELION
+META = "kcache-helion.json"
+VALUE = "best_config.json"
+MAX_VALUE_BYTES = 1 << 20  # a config's record is a few KiB
+_REQUIRED = frozenset({META, VALUE})
+
+
+def entry_key(helion_key: str) -> str:
+    return hashlib.sha256(helion_key.encode()).hexdigest()
+
+
+def store_of(root: Path) -> EntryStore:
+    from kcache.store.entries import EntryStore
+
+    return EntryStore(root / NAMESPACE, "", _REQUIRED, bind_key=False, trust_root=root)
+
+
+def checked_value(data: str | bytes, where: str) -> str:
+    """`data` as a value Helion may read: at most MAX_VALUE_BYTES of JSON, an object whose `config` is an
+    object. Raises ValueError naming `where` otherwise."""
+    raw = data.encode() if isinstance(data, str) else data
+    if len(raw) > MAX_VALUE_BYTES:
+        raise ValueError(f"{where}: {len(raw)} bytes, more than {MAX_VALUE_BYTES} (a config's record is KiBs)")
+    try:
+        record = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{where}: not JSON ({type(err).__name__})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        raise ValueError(f"{where}: not a Helion config record (an object with a 'config' object)")
+    return raw.decode()
+
+
+def read_value(root: Path, helion_key: str) -> str | None:
+    """The verified, checked value of `helion_key` under `root`, or None (a miss, or a refused entry:
+    one warning; an untrusted entry is never moved, a corrupt one is moved aside)."""
+    key = entry_key(helion_key)
+    directory = root / NAMESPACE / key
+    try:
+        files = read_verified(directory, _REQUIRED, trust_root=root, exact=True)
+    except UntrustedEntry as untrusted:
+        log.warning("kcache: ignoring the Helion entry %s: %s", directory, untrusted.reason)
+        return None
+    except CorruptEntry as corrupt:
+        _quarantine(root, key, corrupt.reason)
+        return None
+    if files is None:
+        return None
+    try:
+        meta = json.loads(files[META])
+        if not isinstance(meta, dict) or meta.get("key") != key or meta.get("helion_key") != helion_key:
+            raise ValueError(f"{META} names another key: an entry copied from another key")
+        return checked_value(files[VALUE], str(directory / VALUE))
+    except ValueError as err:
+        _quarantine(root, key, str(err))
+        return None
+
+
+def publish_value(root: Path, helion_key: str, value: str) -> bool:
+    """Publish `value` (checked) as the entry of `helion_key`: whole, or not at all; whether it is there."""
+    key = entry_key(helion_key)
+    meta = {"key": key, "helion_key": helion_key, "created": time.time()}
+    files = {VALUE: value.encode(), META: json.dumps(meta, sort_keys=True).encode()}
+    try:
+        store_of(root).publish_files(key, files)
+    except OSError as err:
+        log.warning("kcache: cannot save Helion's pick %s in %s (%s)", key[:16], root, getattr(err, "strerror", err))
+        return False
+    return True
+
+
+def newest_values(root: Path, limit: int | None) -> list[str]:
+    """The checked values of the entries under `root`, newest first (Helion's warm start)."""
+    directory = root / NAMESPACE
+    try:
+        names = [name for name in directory.iterdir() if layout.is_key(name.name)]
+    except FileNotFoundError:
+        return []
+    names.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+    values: list[str] = []
+    for path in names:
+        if limit is not None and len(values) >= limit:
+            break
+        meta: Any = None
+        try:
+            meta = json.loads((path / META).read_bytes()[:MAX_VALUE_BYTES])
+        except (OSError, ValueError):
+            continue
+        value = read_value(root, meta.get("helion_key", "")) if isinstance(meta, dict) else None
+        if value is not None:
+            values.append(value)
+    return values
+
+
+def _quarantine(root: Path, key: str, reason: str) -> None:
+    from kcache.errors import PublishError
+
+    try:
+        store_of(root).quarantine(key, reason)
+    except (OSError, PublishError) as err:
+        log.warning("kcache: ignoring the Helion entry %s: %s; it cannot be moved aside (%s)",
+                    root / NAMESPACE / key, reason, getattr(err, "strerror", None) or err)

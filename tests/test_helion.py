@@ -1,0 +1,158 @@
+"""Helion's autotune picks on kcache's store (issue 57), on the CPU machine: Helion imports here but
+compiles nothing without a GPU, so what is tested is what needs none: the backend as Helion loads it
+(`HELION_REMOTE_CACHE_BACKEND`, its own loader and subclass check), two processes tuning one key (one
+tune, the other gets its pick), a real redis-server and a real S3 server between two roots, and values
+that are planted, oversized or not Helion's refused. Each process is a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
+
+from .helpers import PROJECT, child_env  # noqa: E402
+from .redis_server import redis_server  # noqa: E402
+from .s3_server import s3_server  # noqa: E402
+
+PICK = {"key": {"kernel": "matmul"}, "config": {"block_sizes": [64, 64, 32], "num_warps": 4, "num_stages": 3}}
+
+# One process's use of the backend, as Helion's RemoteAutotuneCache uses it: loaded by Helion's own loader,
+# get(key) before a tune, put(key, record) after it (KT_TUNE_S: how long "tuning" takes, KT_GATE: wait for
+# a line on stdin between the get and the put).
+PROCESS = """
+import json, os, sys, time
+from helion.autotuner.remote_cache import _load_remote_backend
+backend = _load_remote_backend()
+key, pick = sys.argv[1], sys.argv[2]
+started = time.monotonic()
+found = backend.get(key)
+waited = time.monotonic() - started
+if found is None:
+    print("tuning", flush=True)
+    if os.environ.get("KT_GATE"):
+        sys.stdin.readline()
+    backend.put(key, pick)
+print(json.dumps({"found": json.loads(found) if found else None, "tuned": found is None, "waited": waited,
+                  "listed": [json.loads(value) for value in backend.list(10)]}))
+"""
+
+
+def helion_env(root: Path, **extra: str) -> dict[str, str]:
+    return child_env(KCACHE_DIR=str(root), HELION_REMOTE_CACHE_BACKEND="kcache.helion.Backend",
+                     HELION_AUTOTUNE_CACHE="RemoteAutotuneCache", **extra)
+
+
+def start(env: dict[str, str], key: str = "k" * 40, pick: dict = PICK) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", PROCESS, key, json.dumps(pick)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(PROJECT))
+
+
+def finish(process: subprocess.Popen[str]) -> dict:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.splitlines()[-1]) | {"stderr": err}
+
+
+def test_helion_loads_the_backend_and_a_second_process_gets_the_pick_without_tuning(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    first = finish(start(helion_env(root)))
+    assert first["tuned"] and first["found"] is None
+    second = finish(start(helion_env(root)))
+    assert not second["tuned"] and second["found"] == PICK and second["listed"] == [PICK]
+    (entry,) = [path for path in (root / "helion").iterdir() if not path.name.startswith(".")]
+    assert sorted(path.name for path in entry.iterdir()) == ["best_config.json", "kcache-helion.json", "manifest.json"]
+
+    def kcache_cli(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(root), *argv], capture_output=True,
+                              text=True, cwd=str(PROJECT), timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert json.loads(kcache_cli("--json", "stats"))["helion_picks"] == 1
+    assert any(row["kind"] == "helion" and row["key"] == entry.name for row in json.loads(kcache_cli("--json", "ls")))
+    kcache_cli("clear", "--all-versions")
+    assert json.loads(kcache_cli("--json", "stats"))["helion_picks"] == 0
+
+
+def test_helions_throwaway_triton_directory_keeps_candidates_out_of_the_root(tmp_path: Path) -> None:
+    """While Helion tunes, TRITON_CACHE_DIR names a `helion_autotune_*` directory: kcache compiles the
+    candidates (in forks) but saves none of them; outside a tune the same kernel is saved."""
+    from .test_triton import compile_in_fresh_process, triton_entries
+
+    root = tmp_path / "root"
+    env = child_env(KCACHE_DIR=str(root), TRITON_CACHE_MANAGER="kcache.triton:CacheManager",
+                    TRITON_CACHE_DIR=str(tmp_path / "helion_autotune_x1"))
+    candidate = compile_in_fresh_process("add", env)
+    assert "add" in candidate and triton_entries(root) == []
+    saved = compile_in_fresh_process("add", {**env, "TRITON_CACHE_DIR": str(tmp_path / "plain")})
+    assert saved["add"] == candidate["add"] and len(triton_entries(root)) == 1
+
+
+def test_two_processes_missing_one_key_at_once_get_one_tune(tmp_path: Path) -> None:
+    """The first holds the key's claim while it tunes (gated); the second waits, then loads its pick."""
+    env = helion_env(tmp_path / "root")
+    tuner = start({**env, "KT_GATE": "1"})
+    assert tuner.stdout.readline().strip() == "tuning", tuner.stderr.read()
+    waiter = start(env)
+    tuner.stdin.write("go\n")
+    tuner.stdin.flush()
+    tuned, waited = finish(tuner), finish(waiter)
+    assert tuned["tuned"] and not waited["tuned"] and waited["found"] == PICK
+
+
+@pytest.fixture(params=["redis", "s3"])
+def remote(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+    if request.param == "redis":
+        with redis_server(tmp_path) as (url, _server):
+            yield {"KCACHE_REMOTE": url, "KCACHE_REMOTE_SECRET": "s3cret"}
+    else:
+        with s3_server() as server:
+            yield {**server.env, "KCACHE_REMOTE": server.url("helion"), "KCACHE_REMOTE_SECRET": "s3cret"}
+
+
+def test_a_pick_reaches_another_node_through_the_remote_tier(tmp_path: Path, remote: dict[str, str]) -> None:
+    tuned = finish(start(helion_env(tmp_path / "node-a", **remote)))
+    other = finish(start(helion_env(tmp_path / "node-b", **remote)))
+    assert tuned["tuned"] and not other["tuned"] and other["found"] == PICK
+    forged = finish(start(helion_env(tmp_path / "node-c", **{**remote, "KCACHE_REMOTE_SECRET": "another"})))
+    assert forged["tuned"] and "ignoring remote entry" in forged["stderr"]  # signed with another secret: refused
+
+
+@pytest.mark.parametrize("planted", ["not JSON", "no config", "oversized", "another key"])
+def test_a_planted_or_oversized_value_is_refused_and_tuned_again(tmp_path: Path, planted: str) -> None:
+    root = tmp_path / "root"
+    finish(start(helion_env(root)))
+    (entry,) = [path for path in (root / "helion").iterdir() if not path.name.startswith(".")]
+    if planted == "another key":  # a valid entry of another key, copied under this one
+        finish(start(helion_env(root), key="o" * 40))
+        (other,) = [path for path in (root / "helion").iterdir() if path.name not in (".locks", entry.name)
+                    and not path.name.startswith(".")]
+        import shutil
+
+        shutil.rmtree(entry)
+        shutil.copytree(other, entry)
+    else:
+        value = {"not JSON": b"{not json", "no config": json.dumps({"key": 1}).encode(),
+                 "oversized": json.dumps({"config": {}, "pad": "x" * (2 << 20)}).encode()}[planted]
+        from kcache.store.manifest import build_manifest
+
+        (entry / "best_config.json").chmod(0o644)
+        (entry / "best_config.json").write_bytes(value)
+        (entry / "manifest.json").chmod(0o644)
+        (entry / "manifest.json").unlink()
+        (entry / "manifest.json").write_bytes(build_manifest(entry))  # a planter who rewrites the manifest too
+    again = finish(start(helion_env(root)))
+    assert again["tuned"], again  # refused, never handed to Helion: tuned again
+    assert "Helion" in again["stderr"] or "quarantined" in again["stderr"], again["stderr"]
+
+
+def test_a_value_that_is_not_a_config_record_is_never_published(tmp_path: Path) -> None:
+    done = finish(start(helion_env(tmp_path / "root"), pick={"no": "config"}))
+    assert done["tuned"] and "not a Helion config record" in done["stderr"], done["stderr"]
+    assert not any(path for path in (tmp_path / "root" / "helion").iterdir() if not path.name.startswith("."))
