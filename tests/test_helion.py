@@ -20,7 +20,9 @@ from .helpers import PROJECT, child_env  # noqa: E402
 from .redis_server import redis_server  # noqa: E402
 from .s3_server import s3_server  # noqa: E402
 
-PICK = {"key": {"kernel": "matmul"}, "config": {"block_sizes": [64, 64, 32], "num_warps": 4, "num_stages": 3}}
+# A record as Helion's LocalAutotuneCache writes it: the config as its own JSON string (Config.to_json).
+PICK = {"key": {"type": "LooseAutotuneCacheKey", "fields": {"kernel_source_hash": "ab12"}},
+        "config": json.dumps({"block_sizes": [64, 64, 32], "num_warps": 4, "num_stages": 3}, indent=2)}
 
 # One process's use of the backend, as Helion's RemoteAutotuneCache uses it: loaded by Helion's own loader,
 # get(key) before a tune, put(key, record) after it (KT_TUNE_S: how long "tuning" takes, KT_GATE: wait for
@@ -138,8 +140,8 @@ def test_a_planted_or_oversized_value_is_refused_and_tuned_again(tmp_path: Path,
         shutil.rmtree(entry)
         shutil.copytree(other, entry)
     else:
-        value = {"not JSON": b"{not json", "no config": json.dumps({"key": 1}).encode(),
-                 "oversized": json.dumps({"config": {}, "pad": "x" * (2 << 20)}).encode()}[planted]
+        value = {"not JSON": b"{not json", "no config": json.dumps({"key": 1, "config": {"num_warps": 4}}).encode(),
+                 "oversized": json.dumps({"config": "{}", "pad": "x" * (2 << 20)}).encode()}[planted]
         from kcache.store.manifest import build_manifest
 
         (entry / "best_config.json").chmod(0o644)

@@ -6,7 +6,7 @@ Helion's `RemoteAutotuneCache` (HELION_AUTOTUNE_CACHE) builds the backend with n
   from the remote tiers (KCACHE_REMOTE); a miss takes the key's tune claim (kcache.results.tune_once):
   processes and nodes that miss one key at once get one tune between them, the others wait for its
   pick (bounded by KCACHE_TUNE_WAIT, backing off) and take over if the tuner dies;
-- `put` checks the value (bounded JSON, an object with a `config` object), publishes it whole,
+- `put` checks the value (bounded JSON, a record whose `config` is a config's JSON), publishes it whole,
   uploads it to the tiers, and releases the claim; a backend that Helion drops (a tune that failed)
   releases it too.
 Helion's own local cache still writes its file; kcache's entry is the one shared.

@@ -5,8 +5,8 @@ types, the device and Helion's version) and a value: the best config's JSON reco
 Here the value is one entry of kcache's store (`EntryStore`: staged, manifest of sizes and sha256,
 fsynced, one rename), named by the sha256 of Helion's key, beside a `kcache-helion.json` that names both
 keys. A reader verifies the entry whole, trust checked on every descriptor from the cache root down,
-and checks the value before Helion sees it: bounded JSON, an object with a `config` object, never
-executed. The remote tiers (KCACHE_REMOTE) carry the entries with their signing and key binding, in a
+and checks the value before Helion sees it: bounded JSON, an object whose `config` is a config's JSON
+object (as Helion's `Config.to_json` writes it), never executed. The remote tiers (KCACHE_REMOTE) carry the entries with their signing and key binding, in a
 namespace of their own (`helion:v1`).
 
 This module knows nothing of Helion's classes (kcache.helion.backend adapts them).
@@ -57,8 +57,14 @@ def checked_value(data: str | bytes, where: str) -> str:
         record = json.loads(raw)
     except (ValueError, RecursionError) as err:
         raise ValueError(f"{where}: not JSON ({type(err).__name__})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
-        raise ValueError(f"{where}: not a Helion config record (an object with a 'config' object)")
+    # Helion's record: {"config": Config.to_json(), "key": ..., ...}; its reader does Config.from_json(record["config"])
+    config = record.get("config") if isinstance(record, dict) else None
+    try:
+        parsed = json.loads(config) if isinstance(config, str) else None
+    except (ValueError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{where}: not a Helion config record (an object whose 'config' is a config's JSON object)")
     return raw.decode()
 
 

@@ -24,7 +24,11 @@ def helion_row(entry: EntryUsage) -> dict[str, Any]:
     meta = _json(entry.path / META)
     fields = record.get("key", {}).get("fields", {}) if isinstance(record.get("key"), dict) else {}
     kernel = next((str(fields[name]) for name in ("kernel_name", "name", "kernel") if name in fields), "?")
-    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    try:  # Helion keeps the config as its own JSON string inside the record
+        config = json.loads(record["config"]) if isinstance(record.get("config"), str) else {}
+    except ValueError:
+        config = {}
+    config = config if isinstance(config, dict) else {}
     params = {name: config[name] for name in ("block_sizes", "num_warps", "num_stages") if name in config}
     return {"key": entry.key, "kind": "helion", "kernel": kernel, "params": None, "config": params,
             "out_idx": None, "target": "-", "size_bytes": entry.size, "created": meta.get("created"),

@@ -134,6 +134,8 @@ def without_caller_frames(text: str) -> str:
     kept: list[str] = []
     in_caller = False
     for line in text.splitlines():
+        if line.startswith("Extension modules:"):  # Python's list of every loaded extension: hundreds, no cause
+            continue
         is_frame = line.startswith("  File ")
         if in_caller and is_frame:
             continue

@@ -1,0 +1,88 @@
+"""A Helion kernel autotuned on the GPU, as Helion's examples write one (issue 57): a matmul, searched by
+Helion's RandomSearch over 8 configs through Helion's autotune cache (`autotuner_fn`, the path Helion's
+default autotuner takes; a fixed `configs=[...]` list bypasses that cache by Helion's design).
+
+    python -m stress.helion_program      (KT_GATE=1: wait for a line on stdin first;
+                                          KT_ABORT=1: the first compile of all, in any process, aborts)
+
+Prints one JSON object: the seconds until the kernel's first result (its tune included), the config
+Helion picked, whether the result equals torch's, and the pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import helion
+import helion.language as hl
+import torch
+from triton import knobs
+
+
+def small_search(bound_kernel, args, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    """Helion's default autotuner_fn, with a RandomSearch of 8 configs: wrapped by Helion's cache class."""
+    from helion.autotuner import RandomSearch, cache_classes
+
+    def factory():  # noqa: ANN202
+        return RandomSearch(bound_kernel, args, count=8)
+
+    return cache_classes[bound_kernel.settings.autotune_cache](factory(), autotuner_factory=factory)
+
+
+@helion.kernel(static_shapes=True, autotuner_fn=small_search)
+def matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    m, k = x.size()
+    _, n = y.size()
+    out = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, x[tile_m, tile_k], y[tile_k, tile_n])
+        out[tile_m, tile_n] = acc.to(x.dtype)
+    return out
+
+
+def abort_the_first_compile() -> None:
+    def hook(self=None, stages=None, options=None, language=None, capability=None):  # noqa: ANN001, ANN202
+        if stages is None:
+            return
+        llir = stages["llir"]
+
+        def aborting(src, metadata):  # noqa: ANN001, ANN202
+            try:  # the first compile anywhere creates the file, and aborts; every later one compiles
+                fd = os.open(os.environ["KT_FIRED"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return llir(src, metadata)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            os.close(fd)
+            os.abort()
+
+        stages["llir"] = aborting
+
+    knobs.runtime.add_stages_inspection_hook = hook
+
+
+def main() -> None:
+    if os.environ.get("KT_ABORT"):
+        abort_the_first_compile()
+    torch.manual_seed(0)
+    x = torch.randn((1024, 1024), device="cuda", dtype=torch.float16)
+    y = torch.randn((1024, 1024), device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+    if os.environ.get("KT_GATE"):
+        print("ready", flush=True)
+        sys.stdin.readline()
+    started = time.perf_counter()
+    out = matmul(x, y)
+    torch.cuda.synchronize()
+    ready_s = time.perf_counter() - started
+    bound = matmul.bind((x, y))
+    picked = getattr(bound, "_config", None) or getattr(bound, "config", None)
+    print(json.dumps({"ready_s": ready_s, "config": str(picked), "pid": os.getpid(),
+                      "correct": bool(torch.allclose(out.float(), (x.float() @ y.float()), atol=0.5, rtol=1e-2))}))
+
+
+if __name__ == "__main__":
+    main()
