@@ -132,3 +132,34 @@ def test_isolation_off_compiles_in_the_caller_as_before(tmp_path: Path, ptxas: P
     assert done.returncode == -signal.SIGABRT and fired(tmp_path / "fired")
     bad = run(faulty(tmp_path, ptxas, "none", KCACHE_TRITON_ISOLATION="sometimes"))
     assert bad.returncode != 0 and "KCACHE_TRITON_ISOLATION='sometimes' must be one of fork, off" in bad.stderr
+
+
+INDUCTOR_WORKERS = """
+import json, os, sys
+sys.path.insert(0, os.path.join({project!r}, "tests"))
+from torch._inductor.compile_worker.subproc_pool import SubprocPool
+import triton_faults_program
+pool = SubprocPool(2)
+try:
+    results = {{str(w): pool.submit(triton_faults_program.compile_one, w).result(timeout=300) for w in (4, 8)}}
+    results["after"] = pool.submit(triton_faults_program.compile_one, 2).result(timeout=300)
+finally:
+    pool.shutdown()
+print(json.dumps(results))
+"""
+
+
+def test_inductors_compile_workers_compile_through_kcache_and_a_crash_kills_a_fork_not_the_worker(
+        tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    """Inductor's compile workers (its SubprocPool, as torch.compile starts them) inherit kcache's
+    manager: their compiles land in kcache's root, and an abort in one compile kills that compile's
+    fork, not the worker: the same worker serves the next job."""
+    done = subprocess.run([sys.executable, "-c", INDUCTOR_WORKERS.format(project=str(PROJECT))], capture_output=True,
+                          text=True, env=faulty(tmp_path, ptxas, "abort"), cwd=str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.splitlines()[-1])
+    assert results["4"].startswith("TritonCompilerCrashed") and "SIGABRT" in results["4"], results
+    assert len(results["8"]) == 64 and len(results["after"]) == 64, results  # cubins' sha256
+    assert fired(tmp_path / "fired"), "the abort never fired"
+    entries = [name for name in os.listdir(tmp_path / "root" / "triton") if not name.startswith(".")]
+    assert len(entries) >= 3  # the two groups, and the crash remembered

@@ -108,3 +108,16 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def compile_one(warps: int) -> str:
+    """A job for Inductor's compile workers (tests/test_triton_isolation.py): the add kernel with
+    `warps`, the fault of KT_FAULT injected, compiled in the worker; its cubin's sha256, or the error."""
+    inject(os.environ.get("KT_FAULT", "none"))
+    signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    try:
+        kernel = triton.compile(ASTSource(add_kernel, signature, {"BLOCK": 1024}), target=TARGET,
+                                options={"num_warps": warps})
+    except Exception as err:  # noqa: BLE001 - what the worker's caller sees
+        return f"{type(err).__name__}: {str(err)[:300]}"
+    return cubin(kernel)
