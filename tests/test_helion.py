@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ import pytest
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
 from .helpers import PROJECT, child_env  # noqa: E402
-from .redis_server import redis_server  # noqa: E402
-from .s3_server import s3_server  # noqa: E402
+from .test_triton import remote  # noqa: E402, F401 - a fixture: a real redis-server or S3 server, with a secret
 
 # A record as Helion's LocalAutotuneCache writes it: the config as its own JSON string (Config.to_json).
 PICK = {"key": {"type": "LooseAutotuneCacheKey", "fields": {"kernel_source_hash": "ab12"}},
@@ -108,17 +106,7 @@ def test_two_processes_missing_one_key_at_once_get_one_tune(tmp_path: Path) -> N
     assert tuned["tuned"] and not waited["tuned"] and waited["found"] == PICK
 
 
-@pytest.fixture(params=["redis", "s3"])
-def remote(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
-    if request.param == "redis":
-        with redis_server(tmp_path) as (url, _server):
-            yield {"KCACHE_REMOTE": url, "KCACHE_REMOTE_SECRET": "s3cret"}
-    else:
-        with s3_server() as server:
-            yield {**server.env, "KCACHE_REMOTE": server.url("helion"), "KCACHE_REMOTE_SECRET": "s3cret"}
-
-
-def test_a_pick_reaches_another_node_through_the_remote_tier(tmp_path: Path, remote: dict[str, str]) -> None:
+def test_a_pick_reaches_another_node_through_the_remote_tier(tmp_path: Path, remote: dict[str, str]) -> None:  # noqa: F811
     tuned = finish(start(helion_env(tmp_path / "node-a", **remote)))
     other = finish(start(helion_env(tmp_path / "node-b", **remote)))
     assert tuned["tuned"] and not other["tuned"] and other["found"] == PICK

@@ -25,15 +25,10 @@ from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from stress.triton_program import add_kernel  # the operator library's elementwise add
+
 TARGET = GPUTarget("cuda", 90, 32)
 FAULTY_WARPS = 4
-
-
-@triton.jit
-def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
-    tl.store(out + offsets, tl.load(x + offsets, mask=mask) + tl.load(y + offsets, mask=mask), mask=mask)
 
 
 @triton.jit

@@ -52,15 +52,19 @@ def private_copy(entry: str, name: str, data: bytes) -> str:
             return str(copy)
         directory.mkdir(mode=0o700, exist_ok=True)
         partial = directory / f".{name}.partial"
-        fd = os.open(partial, _FLAGS, 0o500)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        _write_all(os.open(partial, _FLAGS, 0o500), data)
         os.replace(partial, copy)
     return str(copy)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """`data` into the new file `fd`, which is then closed."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def _private_directory(name: str) -> Path:
@@ -87,13 +91,8 @@ class PrivateDirectory:
         self.fd = fd
 
     def write(self, name: str, data: bytes) -> Path:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=self.fd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        _write_all(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600,
+                           dir_fd=self.fd), data)
         return self.path / name
 
     def read(self, name: str) -> bytes:
