@@ -9,7 +9,8 @@ named with --only (arguments the bench does not know go to them). A scenario who
 here (redis-server for remote, a CUDA toolkit for the ones that compile) is skipped with one line saying
 why and what to install.
 
-  --record        appends the run's readings to the dataset (benchmarks/results.jsonl, or --results).
+  --record        appends the run's readings to the dataset (benchmarks/results.jsonl, or --results); an own
+                  run writes its readings as rows to a file the bench names (--rows FILE), recorded alike.
   --profile       breaks a scenario's time into phases instead of measuring it (herd, disk, cold, triton).
   --plots         draws the dataset's plots into docs/img/ (or --out) and measures nothing.
 
@@ -112,6 +113,23 @@ def own_run(name: str, passed_on: list[str]) -> int:
     return subprocess.run(command, cwd=PROJECT, check=False).returncode
 
 
+def own_run_recorded(name: str, passed_on: list[str], results: Path) -> int:
+    """The own run, asked for its rows (--rows FILE), which are recorded as the bench's own: whatever its
+    exit status (a missed goal is a reading too); none where it wrote none (skipped, or failed first)."""
+    with tempfile.TemporaryDirectory(prefix="kcache-bench-rows-") as scratch:
+        rows_file = Path(scratch) / "rows.json"
+        status = own_run(name, [*passed_on, "--rows", str(rows_file)])
+        rows = json.loads(rows_file.read_text()) if rows_file.exists() else []
+    if not rows:
+        print(f"stress.bench: --record: {name} wrote no rows (exit status {status}): nothing recorded",
+              file=sys.stderr)
+        return status
+    print_table(rows)
+    readings = record(rows, results)
+    print(f"stress.bench: {len(readings)} readings of {name} appended to {results}", flush=True)
+    return status
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'scenario':<26} {'metric':<44} {'kcache':>10} {'baseline':>10} {'ratio':>7} unit  baseline")
     for r in rows:
@@ -181,16 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stress.bench: unrecognized arguments: {' '.join(passed_on)}", file=sys.stderr)
         return 2
     status = measure(options, names) if any(name in IN_RUN for name in names) else 0
-    if own and options.record:
-        # Each own run has a result of its own shape (three only print it), which no converter turns
-        # into readings yet: say so rather than record nothing silently.
-        print(f"stress.bench: --record: {', '.join(own)} not recorded (their own runs write no dataset "
-              f"rows; see docs/benchmarks.md)", file=sys.stderr)
     for name in own:
         # Only tune-once, deploy and multigpu take --json (their rows, in their own shape); the others'
-        # parsers would refuse it or ignore it.
+        # parsers would refuse it. Every own run takes --rows FILE, the bench's rows for --record.
         json_out = ["--json", options.json] if options.json and name in WRITES_JSON else []
-        status = status or own_run(name, [*passed_on, *json_out])
+        if options.record:
+            ran = own_run_recorded(name, [*passed_on, *json_out], options.results)
+        else:
+            ran = own_run(name, [*passed_on, *json_out])
+        status = status or ran
     return status
 
 

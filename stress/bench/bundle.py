@@ -6,7 +6,8 @@ hundred KB); `--entries` of them are exported signed, then imported into an empt
 filesystem (verify everything, then publish each with staging and rename), timed from the call to
 its return. Two references: the bundle file copied once (`shutil.copyfile` and fsync: what the disk
 does for the same bytes in one file), and the bundle extracted by GNU tar, then synced (`tar -xf`
-and `sync -f`: what the disk does for the same files, unverified). Prints one line "result {json}".
+and `sync -f`: what the disk does for the same files, unverified). Prints one line "result {json}";
+`--rows FILE` writes the import rate against each reference as the bench's rows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from .rows import row, rows_option, write_rows
+
+
+def rate_rows(entries: int, entry_kb: int, rates: dict[str, float]) -> list[dict[str, Any]]:
+    """The import rate (GB/s) against a plain copy's and against tar's: the bench's rows."""
+    label = f"import rate, {entries:,} entries of {entry_kb} KiB"
+    return [row("bundle", label, rates["import"], rates["copy"], "GB/s", "a plain copy of the bundle"),
+            row("bundle", "import rate against GNU tar's extract and sync", rates["import"], rates["tar"],
+                "GB/s", "tar")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--entry-kb", type=int, default=512)
     parser.add_argument("--dir", help="where to work (default: the temporary directory)")
+    rows_option(parser)
     args = parser.parse_args(argv)
     os.environ["KCACHE_SYNTHETIC_COMPILE_S"] = "0"
     import dataclasses
@@ -62,14 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         tar_s = time.perf_counter() - started
         imported = import_bundle(bundle, root=work / "b", secret="bench", toolchain=None)
         gb = imported.bytes / 1e9
+        rates = {"import": gb / imported.seconds, "copy": bundle.stat().st_size / 1e9 / copy_s, "tar": gb / tar_s}
         print("result " + json.dumps({
             "entries": imported.imported, "bytes": imported.bytes, "bundle_bytes": bundle.stat().st_size,
             "export_s": round(export_s, 3), "import_s": round(imported.seconds, 3),
-            "import_gb_per_s": round(gb / imported.seconds, 3), "stage_s": round(imported.stage_seconds, 3),
+            "import_gb_per_s": round(rates["import"], 3), "stage_s": round(imported.stage_seconds, 3),
             "publish_s": round(imported.publish_seconds, 3), "copy_s": round(copy_s, 3),
-            "tar_extract_sync_s": round(tar_s, 3), "tar_gb_per_s": round(gb / tar_s, 3),
-            "copy_gb_per_s": round(bundle.stat().st_size / 1e9 / copy_s, 3), "exported": exported.entries,
+            "tar_extract_sync_s": round(tar_s, 3), "tar_gb_per_s": round(rates["tar"], 3),
+            "copy_gb_per_s": round(rates["copy"], 3), "exported": exported.entries,
         }), flush=True)
+        write_rows(args.rows, rate_rows(imported.imported, args.entry_kb, rates))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

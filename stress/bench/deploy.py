@@ -18,7 +18,8 @@ synchronized) comes after its kernel is ready, and is reported apart (launched_s
 `--no-launch` (a machine with no GPU) builds and loads every kernel but runs none: outputs are not
 compared, and the JSON says so.
 
-Prints a table and one line "result {json}" (`--json PATH` writes the same); exits 1 if B compiled
+Prints a table and one line "result {json}" (`--json PATH` writes the same; `--rows PATH` the bench's
+rows: B's compiles, and import plus B's first kernel ready against each baseline); exits 1 if B compiled
 anything, refused a kernel, or computed another output than A.
 """
 
@@ -38,6 +39,7 @@ from ..gpu import gpu_missing, tilelang_target_env
 from ..nvcc_counter import NvccCounter
 from ..procs import PROJECT, run_for_result, worker_env
 from ..service_runtime import fresh_runtime, stop_services
+from .rows import row, rows_option, write_rows
 
 PROGRAMS = ("gemm", "elementwise", "attention")
 BUNDLE_SECRET = "bench-deploy"
@@ -134,6 +136,17 @@ def summarize(machines: dict[str, dict[str, Any]], exported: dict[str, Any], imp
     }
 
 
+def bench_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """B's compiles, and the import plus B's first kernel ready (where B had one) against each baseline."""
+    first, ready = "import plus first kernel ready on B", result["import_plus_first_ready_s"]
+    rows = [row("deploy", "compiles on B", result["compiles_on_b"], None, "runs", "")]
+    if ready is not None:
+        rows += [row("deploy", first, ready, result["cold_kcache_first_ready_s"], "s", "a cold kcache"),
+                 row("deploy", f"{first}, against TileLang alone", ready, result["plain_tilelang_first_ready_s"],
+                     "s", "TileLang alone")]
+    return rows
+
+
 def print_table(result: dict[str, Any], device: str) -> None:
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
@@ -170,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--dir", help="where to work (default: the temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the roots, bundle and outputs")
+    rows_option(parser)
     args = parser.parse_args(argv)
     launch = not args.no_launch
     missing = gpu_missing()
@@ -205,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kept: {work}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
+    write_rows(args.rows, bench_rows(result))
     print("result " + json.dumps(result), flush=True)
     served = (result["compiles_on_b"] == 0 and result["nvcc_runs_on_b"] == 0 and not result["refused_on_b"]
               and result["sources_equal"] and result["outputs_equal"] is not False)

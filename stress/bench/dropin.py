@@ -7,11 +7,13 @@ measured in the same run, on the GEMM of stress/tilelang_programs/gemm.py.
 - fresh process, first call: a new interpreter (imports done, untimed) calls `matmul(...)` once, the
   kernel already on disk: the PrimFunc build plus a disk hit; p50 and p90 of 6 processes each.
 
-Prints one line "result {json}" with the ratios (kcache / TileLang; below 1 is better for kcache).
+Prints one line "result {json}" with the ratios (kcache / TileLang; below 1 is better for kcache);
+`--rows FILE` writes the seen call and the first call's p50 and p90 as the bench's rows.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -20,9 +22,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ..gpu import tilelang_target_env
 from ..procs import worker_env
+from .rows import row, rows_option, write_rows
 
 PROGRAM = Path(__file__).resolve().parent / "tilelang_programs"
 ARGS = (1024, 1024, 1024, 128, 128, 32)
@@ -65,7 +69,18 @@ def seen_call_seconds(matmul, calls: int = 20_000) -> float:
     return statistics.median(samples)
 
 
-def main() -> int:
+def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The seen call (us) and a fresh process's first call (ms, p50 and p90), kcache's against TileLang's."""
+    first = "a fresh process's first call, kernel on disk"
+    return [row("dropin", "a seen call, median", out["kcache_seen_call_us"], out["tilelang_seen_call_us"], "us"),
+            *(row("dropin", f"{first}, {q}", out[f"kcache_first_call_ms_{q}"], out[f"tilelang_first_call_ms_{q}"],
+                  "ms") for q in ("p50", "p90"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.dropin")
+    rows_option(parser)
+    rows: Path | None = parser.parse_args(argv).rows
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-dropin-"))
     env = worker_env({"KCACHE_DIR": str(work / "kcache"), "TILELANG_CACHE_DIR": str(work / "tilelang"),
                       **tilelang_target_env()})
@@ -99,6 +114,7 @@ def main() -> int:
     out["ratio_seen_call"] = out["kcache_seen_call_us"] / out["tilelang_seen_call_us"]
     out["ratio_first_call_p50"] = out["kcache_first_call_ms_p50"] / out["tilelang_first_call_ms_p50"]
     print("result " + json.dumps(out), flush=True)
+    write_rows(rows, bench_rows(out))
     return 0
 
 

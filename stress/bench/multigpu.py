@@ -11,8 +11,9 @@ kernel pool, each run on its own GPU and checked against torch, a checksum all-r
 - tilelang: the same job under plain TileLang (its AutoTuner, each rank for itself) on an empty
   TileLang cache: the baseline.
 Each scenario has its own compile service (a fresh runtime directory), stopped afterwards; NVLink
-multicast is off (NCCL_NVLS_ENABLE=0 and its kin). Prints a table and, with --json, writes the rows. With fewer
-than 2 GPUs visible, one line saying why, and exits 0.
+multicast is off (NCCL_NVLS_ENABLE=0 and its kin). Prints a table and, with --json, writes the rows; with
+--rows, the bench's rows (compiler runs and ready time of each kcache job, against the TileLang job's). With
+fewer than 2 GPUs visible, one line saying why, and exits 0.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..nvcc_counter import NvccCounter
+from .rows import row, rows_option, write_rows
 from .tune_notes import benchmarking_tuner
 
 SCENARIOS = ("cold", "warm", "killed", "takeover", "tilelang")
@@ -98,10 +100,27 @@ def _kill_the_tuner(root: Path, job: subprocess.Popen) -> dict[str, Any]:
     raise RuntimeError("no rank reached the tune's benchmark phase")
 
 
+def bench_rows(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each finished kcache job's compiler runs and ready time, against the TileLang job's where it ran."""
+    tilelang = next((job for job in jobs if job["mode"] == "tilelang"), {})
+    found = []
+    for job in jobs:
+        if job["mode"] != "kcache" or not job["finished"]:
+            continue
+        name = job["scenario"]
+        found.append(row("multigpu", f"compiler runs, {name}", job["compiler_runs"], tilelang.get("compiler_runs"),
+                         "runs", "TileLang alone"))
+        if job["ready_s"] is not None:
+            found.append(row("multigpu", f"ready, {name}", job["ready_s"], tilelang.get("ready_s"), "s",
+                             "TileLang alone"))
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stress.bench.multigpu")
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", help="write the rows here")
+    rows_option(parser)
     args = parser.parse_args(argv)
     import torch
 
@@ -134,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "gpus": gpus, "rows": rows, "failed": failed},
                                               indent=1))
+    write_rows(args.rows, bench_rows(rows))
     print(f"multi-GPU job: torchrun, {gpus} x {device}, 16 matmul configs + 4 kernels, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{'scenario':9} {'rc':>3} {'ranks':>5} {'picks':>5} {'compiles':>8} {'tuned':>5} {'ready s':>8} "

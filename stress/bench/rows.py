@@ -1,9 +1,12 @@
 """What the scenarios of `python -m stress.bench` share: a herd of workers behind a barrier, the timing
-of their operations, and a row of the bench's table."""
+of their operations, and a row of the bench's table (which an own run writes to `--rows FILE`, for the
+bench to record)."""
 
 from __future__ import annotations
 
+import argparse
 import compileall
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,17 @@ def row(scenario: str, metric: str, kc: float, tl: float | None, unit: str,
         baseline: str = "tilelang") -> dict[str, Any]:
     return {"scenario": scenario, "metric": metric, "kcache": kc, "tilelang": tl,
             "ratio": (kc / tl) if tl else None, "unit": unit, "baseline": baseline}
+
+
+def rows_option(parser: argparse.ArgumentParser) -> None:
+    """An own run's `--rows FILE`: where it writes its readings as the bench's rows, for `--record`."""
+    parser.add_argument("--rows", type=Path, help="write the readings here as the bench's rows (JSON), "
+                        "which `python -m stress.bench --record` appends to the dataset")
+
+
+def write_rows(path: Path | None, rows: list[dict[str, Any]]) -> None:
+    if path is not None:
+        path.write_text(json.dumps(rows, indent=1))
 
 
 def format_value(value: float | None) -> str:

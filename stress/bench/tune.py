@@ -4,25 +4,42 @@ AutoTuner, in the same run, on the GPU (the autotuner issue's goal: kcache no sl
 Both start cold: kcache on an empty root (its compile workers not yet started), TileLang with its
 cache off. Each is timed from the call to the returned result, with the same warmup and rep. kcache
 runs first, so anything the first run warms (the page cache, nvcc's files) favours TileLang.
-Prints one line "result {json}"; with no GPU visible, one line saying why, and exits 0. SIGINT or
+Prints one line "result {json}" (`--rows FILE` writes both kcache tunes against TileLang's as the bench's
+rows); with no GPU visible, one line saying why, and exits 0. SIGINT or
 SIGTERM: one line naming the tunes that finished, exit status 130 or 143, nothing left running.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 from kcache.tools.interruption import Interrupted, ignore_further_signals
 
 from ..command_scope import command_scope
+from .rows import row, rows_option, write_rows
 
 
-def main() -> int:
+def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cold tune and the tune with kcache's workers started, each against TileLang's AutoTuner."""
+    configs = out["configs"]
+    return [row("tune", f"cold tune of {configs} configs", out["kcache_s"], out["tilelang_s"], "s",
+                "TileLang's AutoTuner"),
+            row("tune", f"tune of {configs} configs, pool workers started", out["kcache_warm_pool_s"],
+                out["tilelang_s"], "s", "TileLang's AutoTuner")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.tune")
+    rows_option(parser)
+    rows: Path | None = parser.parse_args(argv).rows
     from ..gpu import gpu_missing
 
     missing = gpu_missing()
@@ -45,6 +62,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("result " + json.dumps(out, default=str), flush=True)
+    write_rows(rows, bench_rows(out))
     return 0
 
 

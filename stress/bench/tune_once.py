@@ -11,7 +11,8 @@
   KCACHE_REMOTE_SECRET set: picks and compiler runs in total. Needs redis-server on PATH.
 
 Every scenario starts with its own compile service (a fresh runtime directory), stopped afterwards.
-Prints a table and, with --json, writes the rows. With no GPU visible, one line saying why, and exits 0.
+Prints a table and, with --json, writes the rows; with --rows, the bench's rows (each herd's compiler
+runs, and its wall against the alone run's). With no GPU visible, one line saying why, and exits 0.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from ..nvcc_counter import NvccCounter
 from ..procs import Barrier
+from .rows import row, rows_option, write_rows
 from .tune_notes import benchmarking_tuner
 
 SCENARIOS = ("alone", "herd", "killed", "cluster")
@@ -83,11 +85,28 @@ def _kill_the_tuner(root: Path, barrier: Barrier, released: float) -> dict[str, 
     raise RuntimeError("no process reached the benchmark phase within 900 s")
 
 
+def bench_rows(herds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each herd's wall (against the alone run's, where it ran) and compiler runs; the alone run is their
+    baseline, no row of its own."""
+    alone = next((herd for herd in herds if herd["scenario"] == "alone"), None)
+    found = []
+    for herd in herds:
+        name = herd["scenario"]
+        if name == "alone":
+            continue
+        if alone is not None:
+            found.append(row("tune-once", f"{name}: {herd['processes']} processes, wall", herd["wall_s"],
+                             alone["wall_s"], "s", "one process tuning alone"))
+        found.append(row("tune-once", f"{name}: compiler runs", herd["compiler_runs"], None, "runs", ""))
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stress.bench.tune_once")
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", help="write the rows here")
+    rows_option(parser)
     args = parser.parse_args(argv)
     from ..gpu import gpu_missing
 
@@ -127,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+    write_rows(args.rows, bench_rows(rows))
     print(f"tune once: {args.procs} processes, 16 matmul configs, {device}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{'scenario':10} {'finished':>8} {'picks':>5} {'compiles':>8} {'benchmarked':>11} {'wall s':>8} {'/alone':>7} correct")
     for r in rows:
