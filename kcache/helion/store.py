@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,21 +108,33 @@ def publish_value(root: Path, helion_key: str, value: str) -> bool:
 
 
 def newest_values(root: Path, limit: int | None) -> list[str]:
-    """The checked values of the entries under `root`, newest first (Helion's warm start)."""
-    directory = root / NAMESPACE
+    """The checked values of the entries under `root`, newest first (Helion's warm start). Each entry's
+    record is read bounded and without following a link, only to learn Helion's key; its value is then
+    read as `read_value` reads it."""
+    from kcache.store import dirfd
+    from kcache.store.bounded_read import read_regular_at
+
+    dated: list[tuple[float, str]] = []
     try:
-        names = [name for name in directory.iterdir() if layout.is_key(name.name)]
+        for entry in os.scandir(root / NAMESPACE):
+            if layout.is_key(entry.name):
+                try:
+                    dated.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+                except FileNotFoundError:  # evicted meanwhile
+                    continue
     except FileNotFoundError:
         return []
-    names.sort(key=lambda path: path.stat().st_mtime, reverse=True)
     values: list[str] = []
-    for path in names:
+    for _, name in sorted(dated, reverse=True):
         if limit is not None and len(values) >= limit:
             break
-        meta: Any = None
         try:
-            meta = json.loads((path / META).read_bytes()[:MAX_VALUE_BYTES])
-        except (OSError, ValueError):
+            entry_fd = os.open(root / NAMESPACE / name, dirfd.DIR_FLAGS)
+            try:
+                meta: Any = json.loads(read_regular_at(entry_fd, META, MAX_VALUE_BYTES))
+            finally:
+                os.close(entry_fd)
+        except (OSError, ValueError, RecursionError):
             continue
         value = read_value(root, meta.get("helion_key", "")) if isinstance(meta, dict) else None
         if value is not None:
@@ -130,10 +143,17 @@ def newest_values(root: Path, limit: int | None) -> list[str]:
 
 
 def _quarantine(root: Path, key: str, reason: str) -> None:
-    from kcache.errors import PublishError
+    """Move a corrupt entry aside under its key's lock (so that a pick published meanwhile is never the
+    one moved), else one warning: the caller tunes either way."""
+    from kcache.config import Settings
+    from kcache.errors import CacheLockTimeout
+    from kcache.store.locks import KeyLock
 
+    lock = KeyLock(root / NAMESPACE / layout.LOCKS / f"{key}.lock", key)
     try:
-        store_of(root).quarantine(key, reason)
-    except (OSError, PublishError) as err:
+        lock.acquire(Settings.from_env().lock_timeout_s)
+        with lock:
+            store_of(root).quarantine(key, reason)
+    except (OSError, CacheLockTimeout) as err:  # PublishError, a failed move, is an OSError
         log.warning("kcache: ignoring the Helion entry %s: %s; it cannot be moved aside (%s)",
                     root / NAMESPACE / key, reason, getattr(err, "strerror", None) or err)
