@@ -1,6 +1,7 @@
-"""A Helion kernel autotuned on the GPU, as Helion's examples write one (issue 57): a matmul, searched by
-Helion's RandomSearch over 8 configs through Helion's autotune cache (`autotuner_fn`, the path Helion's
-default autotuner takes; a fixed `configs=[...]` list bypasses that cache by Helion's design).
+"""A Helion kernel autotuned on the GPU, as Helion's examples write one (issue 57): a matmul (or, with
+KT_KERNEL=softmax, the softmax of Helion's examples/softmax.py), searched by Helion's RandomSearch over 8
+configs through Helion's autotune cache (`autotuner_fn`, the path Helion's default autotuner takes; a
+fixed `configs=[...]` list bypasses that cache by Helion's design).
 
     python -m stress.helion_program      (KT_GATE=1: wait for a line on stdin first;
                                           KT_ABORT=1: the first compile of all, in any process, aborts)
@@ -44,6 +45,15 @@ def matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@helion.kernel(autotuner_fn=small_search)
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    n, _m = x.size()
+    out = torch.empty_like(x)
+    for tile_n in hl.tile(n):
+        out[tile_n, :] = torch.nn.functional.softmax(x[tile_n, :], dim=1)
+    return out
+
+
 def abort_the_first_compile() -> None:
     def hook(self=None, stages=None, options=None, language=None, capability=None):  # noqa: ANN001, ANN202
         if stages is None:
@@ -70,18 +80,21 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn((1024, 1024), device="cuda", dtype=torch.float16)
     y = torch.randn((1024, 1024), device="cuda", dtype=torch.float16)
+    kernel, args = (softmax, (x,)) if os.environ.get("KT_KERNEL") == "softmax" else (matmul, (x, y))
     torch.cuda.synchronize()
     if os.environ.get("KT_GATE"):
         print("ready", flush=True)
         sys.stdin.readline()
     started = time.perf_counter()
-    out = matmul(x, y)
+    out = kernel(*args)
     torch.cuda.synchronize()
     ready_s = time.perf_counter() - started
-    bound = matmul.bind((x, y))
+    bound = kernel.bind(args)
     picked = getattr(bound, "_config", None) or getattr(bound, "config", None)
+    expected = torch.softmax(x.float(), dim=1) if kernel is softmax else x.float() @ y.float()
+    tolerance = {"atol": 1e-2, "rtol": 1e-2} if kernel is softmax else {"atol": 0.5, "rtol": 1e-2}
     print(json.dumps({"ready_s": ready_s, "config": str(picked), "pid": os.getpid(),
-                      "correct": bool(torch.allclose(out.float(), (x.float() @ y.float()), atol=0.5, rtol=1e-2))}))
+                      "correct": bool(torch.allclose(out.float(), expected, **tolerance))}))
 
 
 if __name__ == "__main__":

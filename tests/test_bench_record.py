@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench import deploy, dropin, multigpu, tune, tune_once
+from stress.bench import deploy, dropin, helion, multigpu, tune, tune_once
 from stress.bench.__main__ import main
 from stress.bench.dataset import FIELDS, reading, this_commit, this_machine
 
@@ -75,3 +75,12 @@ def test_each_own_run_writes_the_metrics_its_goals_name() -> None:
             {"scenario": "tilelang", "mode": "tilelang", "finished": 2, "compiler_runs": 40, "ready_s": 30.0}]
     assert _judged(multigpu.bench_rows(jobs)) == {
         "compiler runs, cold": ("each kernel compiled once across ranks", True), "ready, cold": (None, None)}
+    lanes = {"plain": [{"ready_s": 40.0, "compiles": 10}], "first": [{"ready_s": 38.0, "compiles": 10}],
+             "second": [{"ready_s": 4.5, "compiles": 0}]}
+    assert _judged(helion.bench_rows({"kernel": "matmul", "procs": 8, **lanes,
+                                      "herd": {"compiles": 11, "picks": 1}})) == {
+        "matmul: first tune, ready": ("<= 1.0x Helion's fork default", True),
+        "matmul: second process, ready": ("<= 0.1x the first process", False),
+        "matmul: second process, compiles": ("0 compiles", True),
+        "matmul: herd of 8, compiles": ("one tune: at most one plain tune's compiles", False),
+        "matmul: herd of 8, distinct picks": ("every pick equal", True)}

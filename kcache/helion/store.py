@@ -35,7 +35,7 @@ NAMESPACE = layout.HELION
 META = "kcache-helion.json"
 VALUE = "best_config.json"
 MAX_VALUE_BYTES = 1 << 20  # a config's record is a few KiB
-_REQUIRED = frozenset({META, VALUE})
+FILES = frozenset({META, VALUE})  # an entry's files, its manifest aside
 
 
 def entry_key(helion_key: str) -> str:
@@ -45,7 +45,7 @@ def entry_key(helion_key: str) -> str:
 def store_of(root: Path) -> EntryStore:
     from kcache.store.entries import EntryStore
 
-    return EntryStore(root / NAMESPACE, "", _REQUIRED, bind_key=False, trust_root=root)
+    return EntryStore(root / NAMESPACE, "", FILES, bind_key=False, trust_root=root)
 
 
 def checked_value(data: str | bytes, where: str) -> str:
@@ -75,7 +75,7 @@ def read_value(root: Path, helion_key: str) -> str | None:
     key = entry_key(helion_key)
     directory = root / NAMESPACE / key
     try:
-        files = read_verified(directory, _REQUIRED, trust_root=root, exact=True)
+        files = read_verified(directory, FILES, trust_root=root, exact=True)
     except UntrustedEntry as untrusted:
         log.warning("kcache: ignoring the Helion entry %s: %s", directory, untrusted.reason)
         return None
@@ -85,13 +85,27 @@ def read_value(root: Path, helion_key: str) -> str | None:
     if files is None:
         return None
     try:
-        meta = json.loads(files[META])
-        if not isinstance(meta, dict) or meta.get("key") != key or meta.get("helion_key") != helion_key:
-            raise ValueError(f"{META} names another key: an entry copied from another key")
-        return checked_value(files[VALUE], str(directory / VALUE))
+        named, value = bound_value(files, key, str(directory))
+        if named != helion_key:
+            raise ValueError(f"{META} names another Helion key: an entry copied from another key")
+        return value
     except ValueError as err:
         _quarantine(root, key, str(err))
         return None
+
+
+def bound_value(files: dict[str, bytes], key: str, where: str) -> tuple[str, str]:
+    """The Helion key and the checked value of the entry `key` whose verified files are `files`: its
+    record must name `key` and a Helion key whose entry key is `key` (an entry moved under another key
+    is refused), and its value must pass `checked_value`. ValueError naming `where` otherwise."""
+    try:
+        meta = json.loads(files[META])
+    except (ValueError, RecursionError):
+        meta = None
+    helion_key = meta.get("helion_key") if isinstance(meta, dict) else None
+    if not isinstance(helion_key, str) or meta.get("key") != key or entry_key(helion_key) != key:  # type: ignore[union-attr]
+        raise ValueError(f"{where}: {META} names another key: an entry copied from another key")
+    return helion_key, checked_value(files[VALUE], f"{where}/{VALUE}")
 
 
 def publish_value(root: Path, helion_key: str, value: str) -> bool:

@@ -9,12 +9,16 @@ size) of, in this order:
     kernels/<key>/<component>    each entry's files, manifest.json included
     triton/<key>/<file>          each Triton entry's files (kcache.triton: a compile group, or a
                                  file Triton put alone), kcache-triton.json and manifest.json included
+    helion/<key>/<file>          each Helion pick's files (kcache.helion): its value, kcache-helion.json
+                                 and manifest.json
 
 Import trusts nothing in the file but what the signature covers: member names must be exactly
 those the manifest lists (no `..`, no absolute path, no link or device, no duplicate), every file
 must match its size and sha256, every entry must hold exactly a kernel entry's components and its
 meta.json must name its key (a Triton entry: its kcache-triton.json must name its key, the Triton
-key that key is the name of, and exactly its files). The file is opened once, by one descriptor (kcache.tools.bundle_reader:
+key that key is the name of, and exactly its files; a Helion pick: its kcache-helion.json must name its
+key and the Helion key that key is the name of, and its value must be a pick Helion may read:
+kcache.tools.bundle_sections). The file is opened once, by one descriptor (kcache.tools.bundle_reader:
 a FIFO or a link at the path is refused at once), and read once, in order (the manifest first, each
 entry's files together). Nothing is read before its size is checked: a header's payload against a
 small cap, the manifest and signature against theirs, an entry's file against the size the manifest
@@ -52,7 +56,7 @@ from kcache.store.entries import EntryStore, PublishOutcome
 from kcache.store.publish_batch import publish_batch
 from kcache.tilelang.installed import require_tilelang
 from kcache.tools.bundle_coverage import bundle_keys, missing_coverage, read_key_list, read_key_records
-from kcache.tools.bundle_entries import TRITON, BundleError, EntryFate, EntryImport
+from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport
 from kcache.tools.bundle_export import ExportReport, export_bundle
 from kcache.tools.bundle_manifest import (
     FROM_ENVIRONMENT,
@@ -65,9 +69,9 @@ from kcache.tools.bundle_manifest import (
     toolchain_mismatch,
 )
 from kcache.tools.bundle_reader import BundleMember, BundleReader, open_bundle
+from kcache.tools.bundle_sections import SECTIONS
 from kcache.tools.bundle_stager import ProcessStaging, stager_count
 from kcache.tools.interruption import Interrupted, signals_deferred
-from kcache.triton.store import store_of as triton_store_of
 
 __all__ = [
     "BundleError", "CURRENT_TOOLCHAIN", "ExportReport", "FROM_ENVIRONMENT", "ImportReport", "MANIFEST_MEMBER",
@@ -91,6 +95,7 @@ class ImportReport:
     already_present: int = 0
     filtered_out: int = 0  # entries of other archs (`archs=`)
     triton: int = 0  # of `imported`, Triton's entries (kcache.triton)
+    helion: int = 0  # of `imported`, Helion's picks (kcache.helion)
     bytes: int = 0
     seconds: float = 0.0
     stage_seconds: float = 0.0  # reading, verifying and staging every entry (the checks included)
@@ -149,46 +154,48 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         # The toolchain is TileLang's: Triton's key holds Triton's own version and compiler hash.
         if toolchain is not None and manifest["entries"] and manifest["toolchains"] != [toolchain]:
             raise BundleError(str(path), toolchain_mismatch(manifest["toolchains"], toolchain))
-        entries: dict[str, Any] = manifest["entries"]
-        triton_entries: dict[str, Any] = manifest[TRITON]
+        listings: dict[str, dict[str, Any]] = {KERNELS: manifest["entries"],
+                                               **{section.folder: manifest[section.folder] for section in SECTIONS}}
         allowed_archs = set(archs) if archs is not None else None
         create_root(root)  # not the staging's mkdir: a root is private, and marked as kcache's
         store = EntryStore(root, KERNELS, COMPONENTS, bind_key=True)
         with contextlib.ExitStack() as batches:
-            batch = batches.enter_context(publish_batch(store))
-            triton_job = None
-            if triton_entries:
-                triton_store = triton_store_of(root)
-                triton_job = EntryImport(triton_store, batches.enter_context(publish_batch(triton_store)),
-                                         allowed_archs, path, TRITON)
+            jobs = {KERNELS: EntryImport(store, batches.enter_context(publish_batch(store)), allowed_archs, path)}
+            for section in SECTIONS:
+                if listings[section.folder]:
+                    section_store = section.store_of(root)
+                    jobs[section.folder] = EntryImport(section_store, batches.enter_context(publish_batch(section_store)),
+                                                       allowed_archs, path, section.folder, section.check_bound)
             staging_started = time.perf_counter()
-            fates, triton_fates = _verify_and_stage_all(reader, entries, EntryImport(store, batch, allowed_archs, path),
-                                                        triton_entries, triton_job)
+            fates = _verify_and_stage_all(reader, listings, jobs)
             report.stage_seconds = time.perf_counter() - staging_started
             # Every entry of the bundle is verified and every wanted one staged: only now is any visible,
             # and then all of them: a SIGINT or SIGTERM waits for the last rename.
-            outcomes: dict[str, PublishOutcome] | None = None
-            triton_outcomes: dict[str, PublishOutcome] = {}
+            outcomes: dict[str, dict[str, PublishOutcome]] = {}
             try:
                 with signals_deferred():
-                    outcomes = batch.publish()
-                    if triton_job is not None:
-                        triton_outcomes = triton_job.batch.publish()
+                    for folder, job in jobs.items():
+                        outcomes[folder] = job.batch.publish()
             except Interrupted as stop:
-                if outcomes is not None:  # published whole, then interrupted: say what it did
-                    _count_outcomes(report, fates, outcomes, entries)
-                    _count_outcomes(report, triton_fates, triton_outcomes, triton_entries)
+                if len(outcomes) == len(jobs):  # published whole, then interrupted: say what it did
+                    _count_all(report, fates, outcomes, listings)
                     stop.done = (f"its renames were under way, and finished first: imported {report.imported} "
                                  f"entries into {root}, {report.already_present} already there")
                 raise
             report.publish_seconds = time.perf_counter() - staging_started - report.stage_seconds
-    assert outcomes is not None  # published, or raised above
-    _count_outcomes(report, fates, outcomes, entries)
-    imported_before = report.imported
-    _count_outcomes(report, triton_fates, triton_outcomes, triton_entries)
-    report.triton = report.imported - imported_before
+    _count_all(report, fates, outcomes, listings)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _count_all(report: ImportReport, fates: dict[str, dict[str, EntryFate]],
+               outcomes: dict[str, dict[str, PublishOutcome]], listings: dict[str, dict[str, Any]]) -> None:
+    """The report's counts, of every section: `report.triton` and `report.helion` are theirs."""
+    for folder, folder_outcomes in outcomes.items():
+        imported_before = report.imported
+        _count_outcomes(report, fates.get(folder, {}), folder_outcomes, listings[folder])
+        if folder != KERNELS:
+            setattr(report, folder, report.imported - imported_before)
 
 
 def _count_outcomes(report: ImportReport, fates: dict[str, EntryFate], outcomes: dict[str, PublishOutcome],
@@ -203,18 +210,18 @@ def _count_outcomes(report: ImportReport, fates: dict[str, EntryFate], outcomes:
             report.already_present += 1
 
 
-def _verify_and_stage_all(reader: BundleReader, entries: dict[str, Any], job: EntryImport,
-                          triton_entries: dict[str, Any], triton_job: EntryImport | None,
-                          ) -> tuple[dict[str, EntryFate], dict[str, EntryFate]]:
+def _verify_and_stage_all(reader: BundleReader, listings: dict[str, dict[str, Any]], jobs: dict[str, EntryImport],
+                          ) -> dict[str, dict[str, EntryFate]]:
     """Read the archive's headers in order, once, in this thread, and have each entry verified and
-    staged as soon as its last member is reached: in stager processes for a large bundle
+    staged as soon as its last member is reached: the kernels in stager processes for a large bundle
     (kcache.tools.bundle_stager, handed the bundle's descriptor), else in threads (`_ThreadStaging`);
-    Triton's entries (`triton_job`, small groups) always in threads. The fates of each.
+    each section's entries (`jobs` beside KERNELS: small groups, picks) always in threads. The fates
+    of each, by folder.
     Each member's size must be the one the manifest lists before a byte of it is read, and an entry's
     files must lie together, so memory stays bounded (by the manifest's sizes) whatever the archive's
     headers claim. The first failure stops the reading and is raised once every worker has stopped."""
-    path = job.path
-    listings = {KERNELS: entries, TRITON: triton_entries}
+    path = jobs[KERNELS].path
+    entries = listings[KERNELS]
     expected = {f"{folder}/{key}/{component}": (folder, key, component)
                 for folder, listed in listings.items() for key, entry in listed.items() for component in entry["files"]}
     processes = stager_count(len(entries), sum(size for entry in entries.values()
@@ -223,9 +230,11 @@ def _verify_and_stage_all(reader: BundleReader, entries: dict[str, Any], job: En
     collecting: tuple[str, str] | None = None  # the entry whose members are being reached
     members: dict[str, BundleMember] = {}
     try:
-        stagings[KERNELS] = ProcessStaging(job, processes, reader.fd) if processes else _ThreadStaging(job, reader)
-        if triton_job is not None:
-            stagings[TRITON] = _ThreadStaging(triton_job, reader)
+        kernels = jobs[KERNELS]
+        stagings[KERNELS] = ProcessStaging(kernels, processes, reader.fd) if processes else _ThreadStaging(kernels, reader)
+        for folder, job in jobs.items():
+            if folder != KERNELS:
+                stagings[folder] = _ThreadStaging(job, reader)
         for member in reader:
             if member.name not in expected:
                 raise BundleError(str(path), f"it holds a member its manifest does not list: {member.name!r}")
@@ -247,8 +256,7 @@ def _verify_and_stage_all(reader: BundleReader, entries: dict[str, Any], job: En
         missing = sorted(set(expected) - reader.seen)
         if missing:
             raise BundleError(str(path), f"{len(missing)} file(s) its manifest lists are missing, e.g. {missing[0]!r}")
-        fates = {folder: staging.finish() for folder, staging in stagings.items()}
-        return fates[KERNELS], fates.get(TRITON, {})
+        return {folder: staging.finish() for folder, staging in stagings.items()}
     except BaseException:
         for staging in stagings.values():
             staging.abort()

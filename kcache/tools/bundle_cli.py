@@ -25,7 +25,7 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
         stop.done = stop.done or f"no bundle was written ({args.bundle} is as it was; its partial file was removed)"
         raise
     text = (f"exported {count_of(report.entries, 'entry', 'entries')}"
-            + (f" ({report.triton} of them Triton's)" if report.triton else "")
+            + _of_them(report)
             + f" ({human_size(report.bytes)}; archs "
             f"{', '.join(report.archs) or '-'}) to {report.bundle}, {'signed' if report.signed else 'unsigned'}")
     if report.missing:
@@ -46,7 +46,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
                                   "was removed)")
         raise
     text = (f"imported {count_of(report.imported, 'entry', 'entries')}"
-            + (f" ({report.triton} of them Triton's)" if report.triton else "")
+            + _of_them(report)
             + f" ({human_size(report.bytes)}) into "
             f"{settings.root} in {report.seconds:.2f} s; {report.already_present} already there"
             + (f", {report.filtered_out} of other archs skipped" if report.filtered_out else ""))
@@ -73,3 +73,10 @@ def _arch_of_target(target: Any) -> str:
     except ValueError:
         return str(target)
     return str(parsed.get("arch") or parsed.get("kind")) if isinstance(parsed, dict) else str(parsed or "?")
+
+
+def _of_them(report: Any) -> str:
+    """" (2 of them Triton's, 1 Helion's)": how many of a report's entries each section holds."""
+    counts = [f"{report.triton} Triton's"] if report.triton else []
+    counts += [f"{report.helion} Helion's"] if report.helion else []
+    return f" ({counts[0].replace(' ', ' of them ', 1)}{''.join(', ' + c for c in counts[1:])})" if counts else ""

@@ -11,10 +11,9 @@ from kcache.store import owned_files
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore
 from kcache.store.layout import is_key
-from kcache.tools.bundle_entries import TRITON
 from kcache.tools.bundle_manifest import parse_manifest
 from kcache.tools.bundle_reader import open_bundle
-from kcache.triton.store import store_of as triton_store_of
+from kcache.tools.bundle_sections import SECTIONS
 
 
 def read_key_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -43,12 +42,13 @@ def read_key_list(path: str | os.PathLike[str]) -> list[str]:
 
 
 def bundle_keys(bundle: str | os.PathLike[str]) -> dict[str, str]:
-    """The keys a bundle holds (Triton's entries too), with their archs, from its manifest (checked in form, not in content:
-    `import_bundle` verifies the rest)."""
+    """The keys a bundle holds (its sections' entries too: Triton's, Helion's), with their archs, from its
+    manifest (checked in form, not in content: `import_bundle` verifies the rest)."""
     path = Path(bundle)
     with open_bundle(path) as reader:
         manifest = parse_manifest(reader.read_manifest(), path)
-    return {key: entry["arch"] for section in ("entries", TRITON) for key, entry in manifest[section].items()}
+    return {key: entry["arch"] for listing in ("entries", *(section.folder for section in SECTIONS))
+            for key, entry in manifest[listing].items()}
 
 
 def missing_coverage(records: list[dict[str, Any]], *, bundle: str | os.PathLike[str] | None = None,
@@ -60,5 +60,6 @@ def missing_coverage(records: list[dict[str, Any]], *, bundle: str | os.PathLike
         held |= set(bundle_keys(bundle))
     if root is not None:
         held |= set(EntryStore(Path(root), KERNELS, COMPONENTS, bind_key=True).keys())
-        held |= set(triton_store_of(Path(root)).keys())  # Triton's groups (kcache.triton)
+        for section in SECTIONS:  # Triton's groups, Helion's picks
+            held |= set(section.store_of(Path(root)).keys())
     return [record for record in records if record["key"] not in held]

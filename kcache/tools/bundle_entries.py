@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -83,10 +84,11 @@ class EntryImport:
     batch: PublishBatch
     allowed_archs: set[str] | None
     path: Path
-    folder: str = KERNELS  # the members' folder: KERNELS, or TRITON for Triton's entries
+    folder: str = KERNELS  # the members' folder: KERNELS, or a section's (kcache.tools.bundle_sections)
+    check_section_bound: Callable[[str, dict[str, bytes], Path], None] | None = None  # a section's; None: a kernel's
 
     def verify_and_stage(self, key: str, entry: dict[str, Any], files: dict[str, bytes]) -> EntryFate:
-        """Every file of `key` against the signed bundle manifest and its meta.json (kcache-triton.json)
+        """Every file of `key` against the signed bundle manifest and its meta.json (a section's record)
         naming `key` (filtered and present entries too: a bundle is refused whole), then staged where
         wanted."""
         digests = {component: hashlib.sha256(data).hexdigest() for component, data in files.items()}
@@ -95,8 +97,8 @@ class EntryImport:
             if len(data) != size or digests[component] != digest:
                 raise BundleError(str(self.path), f"{self.folder}/{key}/{component} does not match the bundle "
                                   "manifest (changed or swapped)")
-        if self.folder == TRITON:
-            check_triton_bound(key, files, self.path)
+        if self.check_section_bound is not None:
+            self.check_section_bound(key, files, self.path)
         else:
             check_bound(key, files[META], self.path)
         if not arch_allowed(entry["arch"], self.allowed_archs):
@@ -107,7 +109,10 @@ class EntryImport:
         return EntryFate.STAGED
 
 
+ANY_ARCH = frozenset({"triton", "helion"})  # a lone Triton file's, a Helion pick's (keyed on its device)
+
+
 def arch_allowed(arch: str, allowed: set[str] | None) -> bool:
     """Whether an entry of `arch` is wanted where `allowed` archs are: Triton names CUDA's 90 `sm_90`,
-    which TileLang's `sm_90a` asks for too; a lone Triton file (`triton`) goes with any arch."""
-    return allowed is None or arch in allowed or f"{arch}a" in allowed or arch == "triton"
+    which TileLang's `sm_90a` asks for too; a lone Triton file and a Helion pick go with any arch."""
+    return allowed is None or arch in allowed or f"{arch}a" in allowed or arch in ANY_ARCH

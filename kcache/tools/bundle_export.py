@@ -30,7 +30,7 @@ from kcache.store import sharing
 from kcache.store.components import COMPONENTS, KERNELS, META
 from kcache.store.entries import EntryStore
 from kcache.store.fsutil import create_temporary_at
-from kcache.tools.bundle_entries import TRITON, TRITON_META, BundleError, arch_allowed, check_triton_bound
+from kcache.tools.bundle_entries import BundleError, arch_allowed
 from kcache.tools.bundle_manifest import (
     BUNDLE_FORMAT,
     FROM_ENVIRONMENT,
@@ -39,11 +39,9 @@ from kcache.tools.bundle_manifest import (
     arch_of,
     bundle_secret,
     sign,
-    triton_arch,
 )
+from kcache.tools.bundle_sections import SECTIONS, Section
 from kcache.tools.interruption import Interrupted, signals_deferred
-from kcache.triton.store import kernel_name
-from kcache.triton.store import store_of as triton_store_of
 
 log = logging.getLogger("kcache")
 
@@ -59,6 +57,7 @@ class ExportReport:
     archs: list[str] = field(default_factory=list)
     signed: bool = False
     triton: int = 0  # of `entries`, Triton's (kcache.triton)
+    helion: int = 0  # of `entries`, Helion's picks (kcache.helion)
     missing: list[str] = field(default_factory=list)  # asked-for keys this root does not hold
     skipped: list[str] = field(default_factory=list)  # entries that failed verification here
 
@@ -80,7 +79,8 @@ def export_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     report = ExportReport(str(bundle), signed=bool(secret))
     present = set(store.keys())
     if wanted is not None:
-        report.missing = sorted(wanted - present - set(triton_store_of(root_path).keys()))
+        report.missing = sorted(wanted - present - {key for section in SECTIONS
+                                                    for key in section.store_of(root_path).keys()})
     chosen: dict[str, dict[str, bytes]] = {}
     listing: dict[str, Any] = {}
     toolchains: list[Any] = []
@@ -104,19 +104,25 @@ def export_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
         listing[key] = {"kernel": meta.get("kernel"), "arch": arch_of(meta),
                         "files": {name: [len(data), hashlib.sha256(data).hexdigest()]
                                   for name, data in sorted(files.items())}}
-    triton_chosen, triton_listing = _triton_entries(root_path, wanted, allowed_archs, since, report)
-    report.entries = len(chosen) + len(triton_chosen)
-    report.triton = len(triton_chosen)
-    report.archs = sorted({entry["arch"] for entry in (*listing.values(), *triton_listing.values())})
+    sections = {section.folder: _section_entries(section, root_path, wanted, allowed_archs, since, report)
+                for section in SECTIONS}
+    for folder, (section_chosen, _listing) in sections.items():
+        setattr(report, folder, len(section_chosen))  # ExportReport.triton, .helion
+    report.entries = len(chosen) + sum(len(section_chosen) for section_chosen, _listing in sections.values())
+    report.archs = sorted({entry["arch"] for entry in listing.values()}
+                          | {entry["arch"] for _chosen, section_listing in sections.values()
+                             for entry in section_listing.values()})
     manifest_bytes = json.dumps({"format": BUNDLE_FORMAT, "created": time.time(), "toolchains": toolchains,
-                                 "archs": report.archs, "entries": listing, TRITON: triton_listing},
+                                 "archs": report.archs, "entries": listing,
+                                 **{folder: section_listing for folder, (_chosen, section_listing) in sections.items()}},
                                 indent=1, sort_keys=True).encode()
 
     def write(tar: tarfile.TarFile) -> None:
         _add(tar, MANIFEST_MEMBER, manifest_bytes)
         if secret:
             _add(tar, SIGNATURE_MEMBER, sign(secret, manifest_bytes))
-        for folder, entries in ((KERNELS, chosen), (TRITON, triton_chosen)):
+        for folder, entries in ((KERNELS, chosen), *((folder, section_chosen)
+                                                     for folder, (section_chosen, _listing) in sections.items())):
             for key, files in entries.items():
                 for name, data in sorted(files.items()):
                     _add(tar, f"{folder}/{key}/{name}", data)
@@ -126,11 +132,11 @@ def export_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     return report
 
 
-def _triton_entries(root: Path, wanted: set[str] | None, allowed_archs: set[str] | None, since: float | None,
-                    report: ExportReport) -> tuple[dict[str, dict[str, bytes]], dict[str, Any]]:
-    """The verified Triton entries of `root` (kcache.triton) to export, chosen as the kernel entries
-    are, and their listing in the bundle manifest."""
-    store = triton_store_of(root)
+def _section_entries(section: Section, root: Path, wanted: set[str] | None, allowed_archs: set[str] | None,
+                     since: float | None, report: ExportReport) -> tuple[dict[str, dict[str, bytes]], dict[str, Any]]:
+    """The verified entries of one section of `root` (Triton's, Helion's) to export, chosen as the
+    kernel entries are, and their listing in the bundle manifest."""
+    store = section.store_of(root)
     chosen: dict[str, dict[str, bytes]] = {}
     listing: dict[str, Any] = {}
     for key in sorted(store.keys() if wanted is None else wanted & set(store.keys())):
@@ -138,17 +144,17 @@ def _triton_entries(root: Path, wanted: set[str] | None, allowed_archs: set[str]
             files = store.read_with_manifest(key)
             if files is None:
                 continue
-            check_triton_bound(key, files, Path(TRITON))
+            section.check_bound(key, files, Path(section.folder))
         except (CorruptEntry, BundleError, OSError) as err:
             report.skipped.append(key)
-            log.warning("kcache: not exporting the Triton entry %s: %s", key[:16], getattr(err, "reason", err))
+            log.warning("kcache: not exporting the %s entry %s: %s", section.owner.removesuffix("'s"), key[:16],
+                        getattr(err, "reason", err))
             continue
-        meta = json.loads(files[TRITON_META])
-        arch = triton_arch(files)
-        if not arch_allowed(arch, allowed_archs) or (since is not None and not float(meta.get("created", 0)) >= since):
+        arch = section.arch(files)
+        if not arch_allowed(arch, allowed_archs) or (since is not None and not section.created(files) >= since):
             continue
         chosen[key] = files
-        listing[key] = {"kernel": kernel_name(str(meta.get("group") or (meta["files"] or ["?"])[0])), "arch": arch,
+        listing[key] = {"kernel": section.kernel(files), "arch": arch,
                         "files": {name: [len(data), hashlib.sha256(data).hexdigest()]
                                   for name, data in sorted(files.items())}}
     return chosen, listing

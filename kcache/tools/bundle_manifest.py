@@ -15,8 +15,9 @@ from typing import Any
 
 from kcache.store.components import COMPONENTS
 from kcache.store.layout import is_key
-from kcache.store.manifest import MANIFEST_NAME, is_entry_file_name
-from kcache.tools.bundle_entries import TRITON, TRITON_META, BundleError
+from kcache.store.manifest import MANIFEST_NAME
+from kcache.tools.bundle_entries import BundleError
+from kcache.tools.bundle_sections import SECTIONS
 
 BUNDLE_FORMAT = 1
 MANIFEST_MEMBER = "kcache-bundle.json"
@@ -52,38 +53,25 @@ def arch_of(meta: dict[str, Any]) -> str:
     return str(target.get("arch") or target.get("kind") or "?")
 
 
-def triton_arch(files: dict[str, bytes]) -> str:
-    """The arch a Triton entry was compiled for, from its group's metadata (Triton's `target`):
-    `sm_90` for CUDA's 90; `triton` where no metadata says (a lone file: a launcher, timings)."""
-    for name, data in sorted(files.items()):
-        if name.endswith(".json") and name != TRITON_META and name != MANIFEST_NAME:
-            try:
-                target = json.loads(data).get("target")
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(target, dict) and target.get("backend") == "cuda" and isinstance(target.get("arch"), int):
-                return f"sm_{target['arch']}"
-    return "triton"
-
-
 def parse_manifest(data: bytes, path: Path) -> dict[str, Any]:
     """The bundle manifest, every field of the expected type (it is signed, but may be unsigned), each
-    file's size within MAX_ENTRY_FILE_BYTES: the sizes an import reads are these. Its Triton entries
-    (kcache.triton) are under "triton" (none where the bundle has no such section)."""
+    file's size within MAX_ENTRY_FILE_BYTES: the sizes an import reads are these. Each section's entries
+    (kcache.tools.bundle_sections: Triton's, Helion's) are under its name (none where the bundle has no
+    such section)."""
     try:
         manifest: dict[str, Any] = json.loads(data)
         if manifest.get("format") != BUNDLE_FORMAT:
             raise ValueError(f"bundle format {manifest.get('format')!r}; this kcache reads {BUNDLE_FORMAT}")
-        manifest.setdefault(TRITON, {})
+        for section in SECTIONS:
+            manifest.setdefault(section.folder, {})
         if not isinstance(manifest.get("toolchains"), list) or not isinstance(manifest.get("entries"), dict) \
-                or not isinstance(manifest[TRITON], dict):
+                or not all(isinstance(manifest[section.folder], dict) for section in SECTIONS):
             raise ValueError("no toolchains or entries")
         for key, entry in manifest["entries"].items():
             _check_entry(key, entry, set(entry["files"]) == ENTRY_FILES, "a kernel entry's files")
-        for key, entry in manifest[TRITON].items():
-            names = set(entry["files"])
-            whole = {TRITON_META, MANIFEST_NAME} <= names and all(is_entry_file_name(n) for n in names - {MANIFEST_NAME})
-            _check_entry(key, entry, whole, "a Triton entry's files")
+        for section in SECTIONS:
+            for key, entry in manifest[section.folder].items():
+                _check_entry(key, entry, section.listed_files_fit(set(entry["files"])), f"{section.owner} entry's files")
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise BundleError(str(path), f"its manifest is not a kcache bundle manifest: {err}") from None
     except RecursionError:  # JSON nested deeper than Python's recursion limit: no manifest of ours
