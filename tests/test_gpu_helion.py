@@ -3,7 +3,8 @@ stress.helion_program` (a matmul, Helion's RandomSearch over 8 configs through i
 compiles are counted by the runs of Triton's assemblers (counting wrappers), not by kcache.
 
 - A second fresh process gets the pick from kcache and compiles nothing.
-- 8 processes at once: one tune, every pick equal, every result correct against torch.
+- 8 processes at once: one tune (Helion's own log line, counted), every pick equal, every result correct
+  against torch, and one tune's compiles.
 - A config whose compile aborts (Triton's stage hook): the session lives, its result correct.
 """
 
@@ -72,8 +73,13 @@ def test_8_processes_at_once_run_one_tune_and_get_one_pick(tmp_path: Path) -> No
     results = [finish(process) for process in herd]
     assert all(result["correct"] for result in results)
     assert len({result["config"] for result in results}) == 1
+    tuned = sum("Starting autotuning process" in result["stderr"] for result in results)  # Helion's own line
     runs = assembler_runs(tmp_path / "ptxas")
-    assert runs <= 9, runs  # the 8 candidates once, in the one tune; the winner at most once more
+    print(f"helion: herd of 8: {tuned} tune(s), {runs} compiles")
+    assert tuned == 1, tuned
+    # One tune's compiles: the 8 candidates and the accuracy baseline, each once (Helion's precompile
+    # children publish into its throwaway directory, where its parent finds them), and the winner once more.
+    assert runs <= 10, runs
 
 
 def test_a_config_whose_compile_aborts_leaves_the_session_alive(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
 from .helpers import PROJECT, child_env  # noqa: E402
-from .test_triton import remote  # noqa: E402, F401 - a fixture: a real redis-server or S3 server, with a secret
+from .test_triton import ptxas, remote  # noqa: E402, F401 - fixtures: counting assemblers; a real redis-server or S3 server
 
 # A record as Helion's LocalAutotuneCache writes it: the config as its own JSON string (Config.to_json).
 PICK = {"key": {"type": "LooseAutotuneCacheKey", "fields": {"kernel_source_hash": "ab12"}},
@@ -80,18 +80,29 @@ def test_helion_loads_the_backend_and_a_second_process_gets_the_pick_without_tun
     assert json.loads(kcache_cli("--json", "stats"))["helion_picks"] == 0
 
 
-def test_helions_throwaway_triton_directory_keeps_candidates_out_of_the_root(tmp_path: Path) -> None:
-    """While Helion tunes, TRITON_CACHE_DIR names a `helion_autotune_*` directory: kcache compiles the
-    candidates (in forks) but saves none of them; outside a tune the same kernel is saved."""
-    from .test_triton import compile_in_fresh_process, triton_entries
+def test_helions_throwaway_triton_directory_keeps_candidates_out_of_the_root(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    """While Helion tunes, TRITON_CACHE_DIR names its private `helion_autotune_*` directory: a candidate is
+    compiled once (as Helion's precompile child compiles it), published there and not in the root, and
+    found there by the next process (Helion's parent, which benchmarks it): one compile, as with Triton's
+    own manager. Outside a tune the same kernel is compiled and saved in the root. A throwaway directory
+    that others may write is not written."""
+    from .test_triton import compile_in_fresh_process, program_env, runs, triton_entries
 
-    root = tmp_path / "root"
-    env = child_env(KCACHE_DIR=str(root), TRITON_CACHE_MANAGER="kcache.triton:CacheManager",
-                    TRITON_CACHE_DIR=str(tmp_path / "helion_autotune_x1"))
+    root, throwaway = tmp_path / "root", tmp_path / "helion_autotune_x1"
+    throwaway.mkdir(mode=0o700)
+    env = {**program_env(ptxas, root, TRITON_CACHE_MANAGER="kcache.triton:CacheManager"),
+           "TRITON_CACHE_DIR": str(throwaway)}
     candidate = compile_in_fresh_process("add", env)
-    assert "add" in candidate and triton_entries(root) == []
+    assert runs(ptxas) == 1 and triton_entries(root) == [] and len(triton_entries(throwaway)) == 1
+    again = compile_in_fresh_process("add", env)
+    assert runs(ptxas) == 1 and again["add"] == candidate["add"]
     saved = compile_in_fresh_process("add", {**env, "TRITON_CACHE_DIR": str(tmp_path / "plain")})
-    assert saved["add"] == candidate["add"] and len(triton_entries(root)) == 1
+    assert runs(ptxas) == 2 and saved["add"] == candidate["add"] and len(triton_entries(root)) == 1
+    shared = tmp_path / "helion_autotune_x2"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    compile_in_fresh_process("softmax", {**env, "TRITON_CACHE_DIR": str(shared)})
+    assert runs(ptxas) == 3 and triton_entries(shared) == [] and len(triton_entries(root)) == 1
 
 
 def test_two_processes_missing_one_key_at_once_get_one_tune(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
 import time
 import weakref
@@ -45,7 +46,7 @@ class CacheManager(TritonCacheManager):
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         self.key = key
         self._triton_own = FileCacheManager(key, override=override, dump=dump) if override or dump else None
-        self._groups = GroupStore(key, _candidates_unsaved(roots()))
+        self._groups = GroupStore(key, _candidates_apart(roots()))
         self._staged: dict[str, Path] = {}  # file name -> its path in the private directory
         self._in_group = False  # get_group was asked: the puts that follow are the group's
         self._held = _Held()
@@ -294,13 +295,25 @@ def _private_copy(entry: str, name: str, data: bytes) -> str:
     return private_copy(entry, name, data)
 
 
-def _candidates_unsaved(where: TritonRoots) -> TritonRoots:
-    """While Helion autotunes, it points TRITON_CACHE_DIR at a throwaway directory (`helion_autotune_*`)
-    for its candidates, and compiles the winner again afterwards: kcache honours it. Candidates are read
-    from the root where they are there, and compiled (in forks, as any miss) without being saved."""
-    if not os.path.basename(os.environ.get("TRITON_CACHE_DIR", "")).startswith("helion_autotune_"):
+def _candidates_apart(where: TritonRoots) -> TritonRoots:
+    """While Helion autotunes, it points TRITON_CACHE_DIR at a throwaway directory (`helion_autotune_*`,
+    its own mkdtemp, removed when the tune ends) for its candidates, and compiles the winner again
+    afterwards: kcache honours it. A candidate already in the root is read from there; the others are
+    compiled (in forks, as any miss) and published into that directory, a root of their own, where
+    Helion's parent finds what its precompile children built (as it would with Triton's own manager),
+    and none reaches the root. A directory that is not this user's own and private is not written: the
+    candidates are then compiled without being saved."""
+    directory = os.environ.get("TRITON_CACHE_DIR", "")
+    if not os.path.basename(directory).startswith("helion_autotune_"):
         return where
-    return TritonRoots(None, where.reads, where.lock_timeout_s)
+    try:
+        info = os.lstat(directory)
+        private = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+    except OSError:
+        private = False
+    if not private:
+        return TritonRoots(None, where.reads, where.lock_timeout_s)
+    return TritonRoots(Path(directory), (*where.reads, Path(directory)), where.lock_timeout_s)
 
 
 def _in_fork() -> bool:
