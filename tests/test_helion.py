@@ -157,3 +157,33 @@ def test_a_value_that_is_not_a_config_record_is_never_published(tmp_path: Path) 
     done = finish(start(helion_env(tmp_path / "root"), pick={"no": "config"}))
     assert done["tuned"] and "not a Helion config record" in done["stderr"], done["stderr"]
     assert not any(path for path in (tmp_path / "root" / "helion").iterdir() if not path.name.startswith("."))
+
+
+# Helion's own precompile child, as Helion starts one: its entry function, in a fork, compiling a config whose
+# llir stage aborts (tests/triton_faults_program.py, the config num_warps=4).
+HELION_CHILD = """
+import json, os, sys
+sys.path.insert(0, os.path.join({project!r}, "tests"))
+import triton_faults_program as faults
+from helion.autotuner.precompile_future import _run_kernel_in_subprocess_fork
+child = os.fork()
+if child == 0:
+    _run_kernel_in_subprocess_fork(lambda: print(faults.compile_one(4)), None, None, sys.argv[1], "")
+_, status = os.waitpid(child, 0)
+print(json.dumps({{"child": child, "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}}))
+"""
+
+
+def test_a_compile_in_helions_own_precompile_child_is_not_forked_again(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    """Helion's precompile child is isolated already (a crash there is that config's failure, which Helion
+    skips): kcache compiles in place there, so the abort kills Helion's child itself, not a fork of it."""
+    from .test_triton import program_env
+
+    env = {**program_env(ptxas, tmp_path / "root", TRITON_CACHE_MANAGER="kcache.triton:CacheManager"),
+           "KT_FAULT": "abort", "KT_FIRED": str(tmp_path / "fired")}
+    done = subprocess.run([sys.executable, "-c", HELION_CHILD.format(project=str(PROJECT)), str(tmp_path / "result")],
+                          capture_output=True, text=True, env=env, cwd=str(PROJECT), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    child = json.loads(done.stdout.splitlines()[-1])
+    fired = [int(pid) for pid in (tmp_path / "fired").read_text().split()]
+    assert fired == [child["child"]] and child["signal"] == 6, (fired, child, done.stderr[-2000:])

@@ -29,6 +29,7 @@ resolved in the caller), and its effects on objects stay in the fork.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from types import FrameType
 from typing import Any
@@ -41,10 +42,30 @@ _in_fork = False  # True in a fork that compiles: its manager compiles in place
 _groups: dict[str, dict[str, bytes]] = {}  # in a fork: the groups its compile put, by entry key
 
 
+# Where Helion's precompile children start (helion.autotuner.precompile_future, Helion 1.5.0 and 1.5.1).
+HELION_CHILD_FILE = os.path.join("helion", "autotuner", "precompile_future.py")
+HELION_CHILD_ENTRIES = frozenset({"_run_kernel_in_subprocess_fork", "_run_kernel_in_subprocess_spawn"})
+
+
 def lane() -> str:
     """KCACHE_TRITON_ISOLATION's lane, `fork` by default (a bad value fails with one line); in the
-    fork itself, `off`: it compiles in place."""
-    return "off" if _in_fork else values.triton_isolation_setting()
+    fork itself, and in one of Helion's precompile children, `off`: it compiles in place."""
+    if _in_fork or _in_helions_child():
+        return "off"
+    return values.triton_isolation_setting()
+
+
+def _in_helions_child() -> bool:
+    """Whether this compile runs in one of Helion's precompile children: a process of its own already,
+    whose crash Helion reports as that config's failure and skips. A second fork there would cost a
+    fork per candidate and protect nothing more (docs/design/triton.md, "Isolation")."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in HELION_CHILD_ENTRIES and code.co_filename.endswith(HELION_CHILD_FILE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def in_fork() -> bool:

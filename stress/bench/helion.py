@@ -14,7 +14,7 @@ compile and the run. Compiles are counted by the runs of Triton's assemblers (co
 - herd: `--procs` fresh processes (default 8) at once on one fresh root. Goals: one tune (compiles at
   most the configs plus the winner), every pick equal, every result correct against torch.
 
-plain and first take turns, `--repeats` times (medians). Prints a table; with --rows, the bench's rows.
+plain and first take turns, `--turns` times (medians). Prints a table; with --rows, the bench's rows.
 With no GPU visible, or without Helion, one line saying why, and exits 0.
 """
 
@@ -92,10 +92,10 @@ def finish(process: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(out.splitlines()[-1])
 
 
-def measure(kernel: str, repeats: int, procs: int) -> dict[str, Any]:
+def measure(kernel: str, turns: int, procs: int) -> dict[str, Any]:
     lane = Lane(Path(tempfile.mkdtemp(prefix="kcache-bench-helion-")), kernel)
     plain, first, second = [], [], []
-    for turn in range(repeats):  # taking turns: a drift of the machine falls on both lanes
+    for turn in range(turns):  # taking turns: a drift of the machine falls on both lanes
         plain.append(lane.one("plain", None))
         root = str(lane.work / f"root-{turn}")
         first.append(lane.one("first", root))
@@ -129,9 +129,9 @@ def bench_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stress.bench.helion")
     parser.add_argument("--kernel", action="append", choices=("matmul", "softmax"))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=3, help="readings of each lane, taking turns (medians)")
     parser.add_argument("--procs", type=int, default=8)
-    parser.add_argument("--json", type=Path, help="write every reading here")
+    parser.add_argument("--readings", type=Path, help="write every process's reading here (JSON)")
     rows_option(parser)
     args = parser.parse_args(argv)
     from ..gpu import gpu_missing
@@ -146,12 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    found = [measure(kernel, args.repeats, args.procs) for kernel in args.kernel or ["matmul"]]
-    if args.json:
-        args.json.write_text(json.dumps(found, indent=1))
+    found = [measure(kernel, args.turns, args.procs) for kernel in args.kernel or ["matmul"]]
+    if args.readings:
+        args.readings.write_text(json.dumps(found, indent=1))
     rows = [r for one in found for r in bench_rows(one)]
     write_rows(args.rows, rows)
-    print(f"helion: {CONFIGS} configs, RandomSearch, {args.repeats} turns, {torch.cuda.get_device_name()}, "
+    print(f"helion: {CONFIGS} configs, RandomSearch, {args.turns} turns, {torch.cuda.get_device_name()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
