@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from . import background
-from .leftovers import Scratch, processes_of
+from .leftovers import Scratch, mounts_under, processes_of
+from .unprivileged import leftover_users
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -28,6 +29,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     background.order(items)  # the tests whose drivers run beside the others go last (tests/background.py)
+
+
+_BASE_TEMP: list[Path] = []  # this session's pytest temporary directory, where the tests mount
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _base_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _BASE_TEMP.append(tmp_path_factory.getbasetemp())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The machine as the session found it: a mount under the session's temporary directory, or a user or
+    group that test sessions created and no running session holds (tests/unprivileged.py), fails the run."""
+    left = [f"mount {point}" for base in _BASE_TEMP for point in mounts_under(base)]
+    left += [f"user or group {name}" for name in leftover_users()]
+    if left:
+        session.config.get_terminal_writer().line(
+            f"FAILED: the tests left the machine changed: {', '.join(left)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)
