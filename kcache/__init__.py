@@ -115,6 +115,6 @@ after_import("tvm_ffi", _watch_callbacks)
 
 if os.environ.get("KCACHE_TILELANG", "").strip():
     # KCACHE_TILELANG=1: install into TileLang now, or as soon as it is imported.
-    from kcache.dropin import install_from_environment
+    from kcache.dropin.on_import import install_from_environment
 
     install_from_environment()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from . import background
-from .leftovers import Scratch, processes_of
+from .leftovers import Scratch, mounts_under, processes_of
+from .unprivileged import leftover_users
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -24,10 +25,55 @@ if str(ROOT) not in sys.path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped, with the reason, where none is visible)")
     config.addinivalue_line("markers", "tilelang: compiles real TileLang kernels (slow: seconds each)")
+    config.addinivalue_line("markers", "quick: the quick tier, no root nor apt (set by tests/conftest.py, not by hand)")
 
 
+# The quick tier, `python -m pytest -m quick` (README, "Develop"): the modules whose tests need neither
+# root nor apt (no test users, mounts or redis-server) and compile no real TileLang kernel, less the tests
+# of theirs that are marked `tilelang` or use a fixture that needs the machine. Timed on the 2-core machine
+# (docs/operations.md, "The tests"). Everything else runs in the full suite, the README's test command.
+QUICK_MODULES = frozenset({
+    "test_arch_safety", "test_arrivals", "test_autotune_store", "test_bench_cli", "test_bench_plots",
+    "test_bench_record", "test_bundles", "test_cli", "test_deployment", "test_eviction", "test_import_hooks",
+    "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance", "test_packed_blob",
+    "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust", "test_user_errors",
+    "test_why_miss", "test_pool_close", "test_service_scheduler", "test_tune_trials",
+})
+NEEDS_THE_MACHINE = frozenset({"unprivileged_env", "world_dir", "redis_url", "remote"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    background.order(items)  # the tests whose drivers run beside the others go last (tests/background.py)
+    for item in items:
+        module = getattr(item, "module", None)
+        if (module is not None and module.__name__.rpartition(".")[2] in QUICK_MODULES
+                and item.get_closest_marker("tilelang") is None
+                and not NEEDS_THE_MACHINE & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.quick)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    background.order(session.items)  # the selected tests whose drivers run beside the others go last
+
+
+_BASE_TEMP: list[Path] = []  # this session's pytest temporary directory, where the tests mount
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _base_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _BASE_TEMP.append(tmp_path_factory.getbasetemp())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The machine as the session found it: a mount under the session's temporary directory, or a user or
+    group that test sessions created and no running session holds (tests/unprivileged.py), fails the run."""
+    left = [f"mount {point}" for base in _BASE_TEMP for point in mounts_under(base)]
+    left += [f"user or group {name}" for name in leftover_users()]
+    if left:
+        session.config.get_terminal_writer().line(
+            f"FAILED: the tests left the machine changed: {', '.join(left)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -58,6 +58,14 @@ def processes_of(scratch: Scratch) -> list[str]:
     return found
 
 
+def mounts_under(directory: Path) -> list[str]:
+    """The mount points at or under `directory` (/proc/self/mountinfo; its octal escapes decoded)."""
+    prefix = str(directory).rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].encode().decode("unicode_escape") for line in f]
+    return [point for point in points if point == prefix[:-1] or point.startswith(prefix)]
+
+
 def wait_for(condition: Callable[[], T], child: Popen, what: str, timeout: float = 120.0) -> T:
     """Until `condition()` is truthy (a file appeared); fails at once if `child` exited first. Polls:
     a file has no line to block on."""

@@ -220,6 +220,7 @@ def test_run_leaves_the_program_its_arguments(argv: list[str], module: list[str]
 
 
 PROGRAM = """import json, os, sys
+import tilelang  # kcache installs into TileLang at its import (issue 58): "installed" below says it did
 print("PROGRAM " + json.dumps({"argv": sys.argv[1:], "root": os.environ.get("KCACHE_DIR"), "name": __name__,
                                "installed": "kcache" in sys.modules and sys.modules["kcache"].is_installed()}))
 """

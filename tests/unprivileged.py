@@ -2,8 +2,14 @@
 
 Root ignores permission bits, so a test that runs as root can only pretend
 that a directory is unwritable; the kernel must say no to a real user. The
-users are kcache-a and kcache-b (own primary groups, both in kcache-share),
-created once and left in place. They cannot run the project's interpreter:
+users are kcache-a and kcache-b (own primary groups, both in kcache-share).
+A session creates those that are missing and removes them when it ends, pass
+or fail (the fixture's finally, `release_users`): sessions that run at once
+(pytest-xdist workers, two developers' runs) each register as a holder, and
+the last holder to leave removes what test sessions created, never a user or
+group that was there before (made by hand, or by a suite older than this
+rule: remove those by hand once, `userdel kcache-a; userdel kcache-b;
+groupdel kcache-share`). They cannot run the project's interpreter:
 it lives under /root, which is 0700. So each session builds a venv from
 Debian's /usr/bin/python3.11 in a world-readable directory under /tmp and
 copies kcache and its pure-Python dependencies into it (no pip, no network).
@@ -23,6 +29,7 @@ import importlib.util
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -107,23 +114,114 @@ def _user_exists(name: str) -> bool:
     return True
 
 
-def _ensure_users() -> tuple[dict[str, tuple[int, int]], int]:
-    """The users and the shared group, created where missing (they outlive the session: harmless)."""
+# Per user set (named by its shared group), in a directory of root's own (checked: /tmp is everyone's):
+# the sessions using the users now (a file per holder: pid and start time), and what test sessions created
+# (one name a line). The last holder to leave removes those, and the set's directory.
+STATE = Path("/tmp/kcache-test-users")
+
+
+def _state(group: str) -> Path:
+    directory = STATE / group
+    for checked in (STATE, directory, directory / "holders"):
+        checked.mkdir(mode=0o700, exist_ok=True)
+        found = os.lstat(checked)
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o077:
+            raise RuntimeError(f"{checked} is not a private directory of this user's: remove it")
+    return directory
+
+
+def _holder_name(pid: int) -> str | None:
+    """`pid.starttime` of a live process (the start time tells a reused pid apart), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f"{pid}.{f.read().rpartition(')')[2].split()[19]}"
+    except (OSError, IndexError):
+        return None
+
+
+def _live_holders(state: Path) -> list[str]:
+    """The holders whose process still runs; the files of those that died (a killed session) removed."""
+    live = []
+    for name in os.listdir(state / "holders"):
+        if _holder_name(int(name.split(".")[0])) == name:
+            live.append(name)
+        else:
+            (state / "holders" / name).unlink(missing_ok=True)
+    return live
+
+
+def _created(state: Path) -> list[str]:
+    return (state / "created").read_text().split() if (state / "created").exists() else []
+
+
+def _note_created(state: Path, name: str) -> None:
+    (state / "created").write_text("".join(f"{n}\n" for n in [*_created(state), name]))
+
+
+def acquire_users(users: tuple[str, ...] = USERS, group: str = SHARE_GROUP) -> tuple[dict[str, tuple[int, int]], int]:
+    """Register this process as a holder of the set, and create its users and shared group where missing
+    (noting that a test session made them). Returns {user: (uid, primary gid)} and the group's gid."""
     with _user_creation_lock():
-        if not _group_exists(SHARE_GROUP):
-            _run_checked("groupadd", "--system", SHARE_GROUP)
-        for user in USERS:
+        state = _state(group)
+        holder = _holder_name(os.getpid())
+        assert holder is not None
+        (state / "holders" / holder).touch()
+        if not _group_exists(group):
+            _run_checked("groupadd", "--system", group)
+            _note_created(state, group)
+        for user in users:
             if not _user_exists(user):
                 _run_checked("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                             "-G", SHARE_GROUP, user)
-            elif user not in grp.getgrnam(SHARE_GROUP).gr_mem:
-                _run_checked("usermod", "--append", "--groups", SHARE_GROUP, user)
-    share_gid = grp.getgrnam(SHARE_GROUP).gr_gid
-    users = {user: (pwd.getpwnam(user).pw_uid, pwd.getpwnam(user).pw_gid) for user in USERS}
-    for user, (_, gid) in users.items():
+                             "-G", group, user)
+                _note_created(state, user)
+            elif user not in grp.getgrnam(group).gr_mem:
+                _run_checked("usermod", "--append", "--groups", group, user)
+    share_gid = grp.getgrnam(group).gr_gid
+    found = {user: (pwd.getpwnam(user).pw_uid, pwd.getpwnam(user).pw_gid) for user in users}
+    for user, (_, gid) in found.items():
         if gid == share_gid:
-            raise RuntimeError(f"{user}'s primary group is {SHARE_GROUP}; the tests need it to be its own")
-    return users, share_gid
+            raise RuntimeError(f"{user}'s primary group is {group}; the tests need it to be its own")
+    return found, share_gid
+
+
+def release_users(group: str = SHARE_GROUP) -> list[str]:
+    """This process no longer holds the set. If no live holder remains, what test sessions created of it
+    is removed: the users' processes killed, then the users, then the group. Returns what it removed."""
+    removed: list[str] = []
+    with _user_creation_lock():
+        state = _state(group)
+        holder = _holder_name(os.getpid())
+        if holder is not None:
+            (state / "holders" / holder).unlink(missing_ok=True)
+        if _live_holders(state):
+            return removed
+        made = _created(state)
+        for user in [name for name in made if name != group and _user_exists(name)]:
+            # What the test users left running (their compile services, idle for minutes) ends with them.
+            subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
+            _run_checked("userdel", user)  # its own primary group, which useradd made, goes with it
+            removed.append(user)
+        if group in made and _group_exists(group):
+            _run_checked("groupdel", group)
+            removed.append(group)
+        shutil.rmtree(state)
+        with contextlib.suppress(OSError):
+            STATE.rmdir()  # where no other set is held
+    return removed
+
+
+def leftover_users() -> list[str]:
+    """Users and groups that test sessions created and that remain with no session holding them (or a
+    set's directory whose holders are all gone): what the session's end check (tests/conftest.py) reports."""
+    if not STATE.is_dir():
+        return []
+    left = []
+    with _user_creation_lock():
+        for group in os.listdir(STATE):
+            state = _state(group)
+            if not _live_holders(state):
+                left += [name for name in _created(state) if _user_exists(name) or _group_exists(name)]
+    return left
 
 
 def _installed_location(module: str) -> Path:
@@ -192,9 +290,9 @@ def unprivileged_env() -> Iterator[UnprivilegedEnv]:
     if reason is not None:
         pytest.skip(reason)
     started = time.monotonic()
-    users, share_gid = _ensure_users()
     base = Path(tempfile.mkdtemp(prefix="kcache-unprivileged-"))
     try:
+        users, share_gid = acquire_users()
         python = build_venv(base)
         _make_world_readable(base)
         homes = {}
@@ -212,8 +310,10 @@ def unprivileged_env() -> Iterator[UnprivilegedEnv]:
         print(f"\nunprivileged venv ready in {time.monotonic() - started:.1f} s: {python}")
         yield environment
     finally:
-        # What the test users left running (their compile services, started by default, idle for
-        # minutes) ends with the session: these users exist for the tests alone.
-        for user in users:
-            subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
+        # What the test users left running ends with the session, whether or not the users stay (another
+        # session may still hold them): these users exist for the tests alone.
+        for user in USERS:
+            if _user_exists(user):
+                subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
+        release_users()
         shutil.rmtree(base)

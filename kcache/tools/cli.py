@@ -1,5 +1,5 @@
 """`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a TileLang program
-with kcache installed. Only `run` imports TileLang."""
+with kcache installed (into TileLang when the program imports it: `run` itself imports none of it)."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def _run(argv: list[str] | None) -> int | Callable[[], int]:
     if args.command == "help":
         return cli_help.show_help(parser, args.topic)
     if args.command == "run":
-        from kcache.tools.run import prepare_program  # the one command that imports TileLang
+        from kcache.tools.run import prepare_program  # TileLang's hooks wait for the program's import
 
         return prepare_program(args)
     if args.command == "doctor":

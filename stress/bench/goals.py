@@ -54,6 +54,7 @@ GOALS: tuple[Goal, ...] = (
     Goal("many", r"barrier to all compiled", "<= the per-process pools' wall", _ratio_at_most(1.0)),
     Goal("many", r"peak compile workers", "<= the usable cores", _within_usable_cores),
     Goal("cli", r"kcache stats", "<= 0.5 s", _value_at_most(0.5)),
+    Goal("run", r"^kcache run empty.py", "<= python empty.py + 0.1 s", _plus_at_most(0.1)),
     Goal("compile", r"sequential compiles", "<= 1.10x in-process", _ratio_at_most(1.10)),
     Goal("compile", r"parallel \(pool\)", ">= 8x faster than sequential (<= 0.125)", _ratio_at_most(0.125)),
     Goal("remote", r"compiler runs", "1 compile", _one_compile),

@@ -52,7 +52,7 @@ def unavailable(scenario: str) -> str | None:
         import importlib.util
 
         return None if importlib.util.find_spec("triton") else "Triton is not installed: pip install triton"
-    if scenario != "cli" and not tilelang_installed():  # cli: synthetic entries, no compiler
+    if scenario not in ("cli", "run") and not tilelang_installed():  # cli: synthetic entries; run: no compiler
         return str(TileLangMissing())
     if scenario == "remote":
         return _remote_missing()

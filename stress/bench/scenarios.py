@@ -33,6 +33,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("memory", "memory"),
     Scenario("compile", "compile"),
     Scenario("cli", "cli"),
+    Scenario("run", "run_cost"),
     Scenario("remote", "remote"),
     Scenario("cold", "cold", profile="cold_profile"),
     Scenario("many", "many"),

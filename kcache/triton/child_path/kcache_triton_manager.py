@@ -6,6 +6,14 @@ its own manager, with one line on stderr, instead of failing the child's first c
 3, whatever that interpreter is; it imports nothing else of kcache's unless kcache imports."""
 
 try:
+    import importlib.util
+
+    # kcache's own dependencies, which its compile path imports only at a miss: their absence (kcache's
+    # source on the path, not its install) must show here, not fail that compile. Looked up, not
+    # imported: a hit does not pay for them.
+    for _dependency in ("cloudpickle", "platformdirs"):
+        if importlib.util.find_spec(_dependency) is None:
+            raise ModuleNotFoundError(f"No module named {_dependency!r}", name=_dependency)
     from kcache.triton.manager import CacheManager
 except Exception as err:  # noqa: BLE001 - no kcache here, or a broken one: Triton's own cache, not a failure
     import sys

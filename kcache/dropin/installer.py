@@ -1,11 +1,10 @@
-"""Installing the drop-in into TileLang, now or as soon as TileLang is imported (KCACHE_TILELANG=1)."""
+"""Installing the drop-in into TileLang now (kcache.install()); as soon as TileLang is imported, kcache.dropin.on_import."""
 
 from __future__ import annotations
 
 import importlib
 import logging
 import os
-import sys
 from typing import Any
 
 from kcache import helion as kcache_helion
@@ -13,8 +12,6 @@ from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
 from kcache.dropin import autotuner_results, routing, state
-from kcache.import_hooks import after_import, before_import
-from kcache.setting_values import parse_flag
 from kcache.tilelang.installed import require_tilelang
 
 log = logging.getLogger("kcache")
@@ -83,34 +80,3 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     return state.installed is not None
-
-
-def install_from_environment() -> None:
-    """KCACHE_TILELANG=1 at `import kcache`: install now if TileLang is loaded, else as soon as it is
-    (a process that never imports TileLang, such as the `kcache` CLI, never pays for it)."""
-    raw = os.environ.get(state.ENV, "").strip()
-    try:
-        wanted = bool(raw) and parse_flag(raw)
-    except ValueError as err:
-        raise ValueError(f"{state.ENV}={raw!r}: {err}") from None
-    global _hooked
-    if not wanted or _hooked:  # once: a second call would install twice at the import
-        return
-    _hooked = True
-    if _LAST_PATCHED not in sys.modules:
-        # When TileLang's import begins, the default cache opens, so that the compile service's start
-        # (server mode) overlaps that import rather than following it.
-        before_import("tilelang", _open_default_cache)
-    after_import(_LAST_PATCHED, install)
-
-
-# The last module `install` patches: `import tilelang` loads tilelang.jit before it.
-_LAST_PATCHED = "tilelang.autotuner.tuner"
-_hooked = False  # install_from_environment has run (and installed, or set its hooks)
-
-
-def _open_default_cache() -> None:
-    try:
-        default_cache()
-    except Exception as err:  # noqa: BLE001 - install(), after the import, raises it with its message
-        log.debug("kcache: the default cache did not open at TileLang's import: %s", err)
