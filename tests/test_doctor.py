@@ -117,6 +117,9 @@ def test_a_class_is_never_imported_from_the_working_directory(root: Path, tmp_pa
     for module in ("planted_manager", "planted_backend"):
         (here / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass CacheManager: pass\n"
                                            "class RemoteCacheBackend: pass\n")
+    subprocess.run([sys.executable, "-c", "import planted_manager"], cwd=str(here), check=True)
+    assert marker.exists()  # a plain `python -c` there imports it: the case is real
+    marker.unlink()
     status, found = doctor(root, cwd=here, TRITON_CACHE_MANAGER="planted_manager:CacheManager",
                            HELION_REMOTE_CACHE_BACKEND="planted_backend.RemoteCacheBackend")
     assert not marker.exists()

@@ -7,24 +7,23 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, files, version
 from pathlib import Path
 
+from kcache.compile.interpreter import internal_environment, python_command
 from kcache.config import SETTING_NAMES, describe_unknown_settings, unknown_settings
 
 # Resolving a class imports its module (Triton's, Helion's, the user's): a bound on a hung import.
 RESOLVE_TIMEOUT_S = 60.0
 # What the child says of a class it could not resolve: a line, cut to this length.
 RESOLVE_MESSAGE_CHARS = 300
-# Run in a child so that neither the import's side effects nor its crash reach the doctor; its first
-# line drops the working directory from the path (`python -c` puts it first; -P is 3.11's), and the
-# child runs in "/", so that nothing of the user's working directory is imported.
+# Run in a child so that neither the import's side effects nor its crash reach the doctor: started as
+# kcache starts its own interpreters (kcache.compile.interpreter: no working directory nor relative
+# entry on its path), in "/", so that nothing of the user's working directory is imported.
 RESOLVE_CLASS = """
-import importlib, sys
-sys.path[:] = [entry for entry in sys.path if entry not in ("", ".")]
+import importlib
 module, name, base = sys.argv[1:4]
 try:
     imported = importlib.import_module(module)
@@ -129,8 +128,8 @@ def resolve_class(module: str, name: str, base: str) -> str | None:
     """Why `module`.`name` does not resolve to a subclass of a class named `base` (a line), or None
     when it does: imported in a child, outside the working directory."""
     try:
-        done = subprocess.run([sys.executable, "-c", RESOLVE_CLASS, module, name, base], capture_output=True,
-                              text=True, cwd="/", timeout=RESOLVE_TIMEOUT_S, check=False)
+        done = subprocess.run([*python_command(RESOLVE_CLASS), module, name, base], capture_output=True, text=True,
+                              cwd="/", env=internal_environment({}), timeout=RESOLVE_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return f"importing {module} took over {RESOLVE_TIMEOUT_S:.0f} s"
     if done.returncode == 0:
