@@ -139,3 +139,26 @@ def test_a_bad_setting_gets_one_verdict(root: Path) -> None:
     _, found = doctor(root, KCACHE_READONLY="1")
     assert not found["settings"]["problem"], found["settings"]
     assert "KCACHE_READONLY" in found["settings"]["detail"].removeprefix("set: ").split(", ")
+
+
+AGREE_WITH_TILELANG = """
+from kcache.tools.doctor_environment import find_cuda_home
+from tilelang.env import _find_cuda_home
+print(repr(find_cuda_home()), repr(_find_cuda_home() or None))
+"""
+
+
+@pytest.mark.parametrize("case", ["as set up", "nvcc off PATH", "CUDA_HOME", "CUDA_PATH"])
+def test_the_cuda_toolkit_found_is_the_one_tilelang_finds(case: str) -> None:
+    """find_cuda_home mirrors TileLang 0.1.15's private _find_cuda_home: both, in one environment."""
+    env = child_env()
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        env.pop(name, None)
+    if case == "nvcc off PATH":
+        env["PATH"] = NO_NVCC_PATH
+    elif case != "as set up":
+        env[case] = str(CUDA_DIR.resolve())
+    done = subprocess.run([sys.executable, "-c", AGREE_WITH_TILELANG], capture_output=True, text=True, env=env,
+                          cwd=str(PROJECT), timeout=300, check=True)
+    ours, tilelangs = done.stdout.split()
+    assert ours == tilelangs and ours != "None", done.stdout
