@@ -29,8 +29,9 @@ MIN_FREE_BYTES = 1 << 30
 def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool = False) -> list[Finding]:
     """Every condition of a cache root that can hurt, each with its fix: existence, who can write it
     and what kcache then does, trust, group sharing, noexec, free space, size, leftovers, the
-    toolchain, the remote tier, the compile service. `fix` repairs what is safe to repair (create the root, chmod o-w a
-    root you own, gc)."""
+    toolchain, the remote tier, the compile service, the classes TRITON_CACHE_MANAGER and
+    HELION_REMOTE_CACHE_BACKEND name (kcache.tools.doctor_environment). `fix` repairs what is safe to
+    repair (create the root, chmod o-w a root you own, gc)."""
     bad_value = None
     if isinstance(root, Settings):
         settings = root
