@@ -57,10 +57,11 @@ class ArchMismatch(KCacheError, RuntimeError):
 class CompileError(KCacheError, RuntimeError):
     """TileLang or nvcc rejected a kernel.
 
-    The message starts with the compiler's first errors (`summary`), then holds TileLang's own
-    message whole (`compiler_message`: for an nvcc failure or timeout, the source, nvcc's output and
-    its `Command:` line), as plain TileLang would raise it, and ends with kcache's log, which has the
-    whole traceback (`log_path`).
+    The message starts with the kernel's name and the compiler's first errors (`summary`), then
+    TileLang's own message, bounded (`bounded_compiler_message`: for an nvcc failure or timeout,
+    nvcc's output and its `Command:` line, without the CUDA source before them, which ran to
+    20,000 characters), and ends with kcache's log, which has the whole traceback, source included
+    (`log_path`). `compiler_message` keeps TileLang's message whole.
     """
 
     def __init__(self, kernel_name: str, summary: str, log_path: str | None, compiler_message: str = "") -> None:
@@ -69,9 +70,37 @@ class CompileError(KCacheError, RuntimeError):
         self.log_path = log_path
         self.compiler_message = compiler_message
         self._init_args = (kernel_name, summary, log_path, compiler_message)
-        where = f"full log: {log_path}" if log_path else "no log could be written"
-        whole = f"\nTileLang's message:\n{compiler_message.rstrip()}\n" if compiler_message else ""
+        where = f"full log: {log_path}" if log_path else "no log could be written: CompileError.compiler_message is whole"
+        told = bounded_compiler_message(compiler_message)
+        whole = f"\nTileLang's message:\n{told}\n" if told else ""
         super().__init__(f"compiling kernel {kernel_name!r} failed:\n{summary}\n{whole}({where})")
+
+
+# TileLang's message in a CompileError: at most this many characters of nvcc's output, and of its
+# Command: line (a long list of include paths); the log has them whole.
+COMPILER_OUTPUT_CHARS = 3000
+COMMAND_LINE_CHARS = 1500
+
+
+def bounded_compiler_message(message: str) -> str:
+    """TileLang's message as a CompileError tells it: for nvcc's failures ("<source> Compilation
+    error: <nvcc output> Command: <command line>"), the output and the command without the source;
+    any other message, its head and tail around a cut. Every cut says so."""
+    message = message.strip()
+    source, marker, after = message.partition("Compilation error:")
+    if not marker:
+        return _clipped(message, COMPILER_OUTPUT_CHARS + COMMAND_LINE_CHARS)
+    output, command_marker, command = after.partition("\nCommand:")
+    told = f"(the CUDA source before it, {len(source.strip())} characters, is in the log)\n{marker}\n" \
+        f"{_clipped(output.strip(), COMPILER_OUTPUT_CHARS)}"
+    return told + (f"\nCommand: {_clipped(command.strip(), COMMAND_LINE_CHARS)}" if command_marker else "")
+
+
+def _clipped(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = text[:limit // 3], text[-(limit - limit // 3):]
+    return f"{head}\n... ({len(text) - len(head) - len(tail)} characters cut: the log has them) ...\n{tail}"
 
 
 class CacheLockTimeout(KCacheError, TimeoutError):

@@ -135,7 +135,30 @@ def test_compile_errors_carry_kernel_summary_and_full_log(cache_root: Path) -> N
     assert "no-such-nvcc-flag" in err.summary and len(err.summary.splitlines()) <= 8
     assert err.log_path and Path(err.log_path).is_file()
     assert "no-such-nvcc-flag" in Path(err.log_path).read_text()
+    # The message names the kernel, nvcc's error, its command and the log; the source is in the log only.
+    told = str(err)
+    assert "'add_4096_256_float32'" in told and "Command: " in told and f"(full log: {err.log_path})" in told
+    assert "__global__" not in told and "__global__" in Path(err.log_path).read_text()
     assert not (cache_root / "kernels").exists() or not os.listdir(cache_root / "kernels")
+
+
+def test_a_compile_errors_message_is_bounded_however_long_the_source() -> None:
+    """TileLang's nvcc failure carries the whole CUDA source before nvcc's output (19,718 characters
+    in issue 58): the message keeps the kernel, the error lines, the command and the log's path."""
+    import pickle
+
+    source = 'extern "C" __global__ void big_kernel(float* A) { A[0] = 1.0f; }\n' * 320  # about 20,000 characters
+    nvcc_error = 'big.cu(12): error: identifier "undefined_thing" is undefined'
+    message = f"{source}\nCompilation error:\n{nvcc_error}\n\nCommand: nvcc --cubin -arch=sm_90a big.cu"
+    err = kcache.CompileError("big_kernel", nvcc_error, "/root/.logs/compile-big_kernel.log", message)
+    told = str(err)
+    assert len(message) > 20000 and len(told) < 1000, len(told)
+    assert "kernel 'big_kernel'" in told and nvcc_error in told and "Command: nvcc --cubin -arch=sm_90a big.cu" in told
+    assert "(full log: /root/.logs/compile-big_kernel.log)" in told and "__global__" not in told
+    assert f"the CUDA source before it, {len(source.strip())} characters, is in the log" in told
+    assert err.compiler_message == message and str(pickle.loads(pickle.dumps(err))) == told
+    endless = kcache.CompileError("k", "error", None, "x" * 50000)  # no nvcc marker: head and tail, the cut said
+    assert len(str(endless)) < 6000 and "characters cut" in str(endless)
 
 
 def test_the_next_call_after_a_compile_error_still_works(cache_root: Path) -> None:

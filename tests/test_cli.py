@@ -134,6 +134,7 @@ def test_doctor_finds_and_fixes_a_world_writable_root(cache_root: Path, populate
 
 
 def test_the_cli_never_imports_tilelang_and_stats_works_on_an_empty_root(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
     code = ("import sys, contextlib, io\nfrom kcache.tools.cli import main\n"
             f"for cmd in (['stats'], ['ls'], ['verify'], ['gc'], ['doctor'], ['prune']):\n"
             f"    with contextlib.redirect_stdout(io.StringIO()):\n"
@@ -174,6 +175,7 @@ def test_dir_and_json_work_before_and_after_the_command(cache_root: Path, popula
 
 def test_the_option_after_the_command_wins(cache_root: Path, populated: dict, tmp_path: Path) -> None:
     other = tmp_path / "other-root"
+    other.mkdir()
     status, stats = kcache_json("--dir", str(other), "stats", "--dir", str(cache_root), "--json")
     assert status == 0 and (stats["root"], stats["entries"]) == (str(cache_root), 6)
     status, stats = kcache_json("--json", "--dir", str(cache_root), "stats", "--dir", str(other))

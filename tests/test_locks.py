@@ -171,3 +171,37 @@ def test_a_note_through_a_planted_link_is_not_read(tmp_path: Path) -> None:
     (tmp_path / ".locks").mkdir()
     (tmp_path / ".locks" / "tune-x.lock").symlink_to(secret)
     assert read_note(tmp_path / ".locks" / "tune-x.lock") == b""
+
+
+def test_a_lock_file_removed_by_its_holder_is_never_held_through_two_files(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """take_file_lock and unlink_held (the compile service's runtime files): a taker whose file its
+    holder removed between the taker's open and its flock drops that flock and takes the path's new
+    file, so the lock still has one holder."""
+    from kcache.store import locks
+
+    path = tmp_path / "compile-x.lock"
+    holder = locks.take_file_lock(path)
+    assert holder is not None and locks.take_file_lock(path) is None  # held: one holder
+    real_flock, removed = locks.try_flock, []
+
+    def flock_after_the_holder_removed_it(fd: int) -> bool:
+        if not removed:  # the holder removes the file and exits between this taker's open and flock
+            os.link(path, tmp_path / "kept")  # keeps the removed file's inode from being reused
+            locks.unlink_held(holder, path)
+            os.close(holder)
+            removed.append(os.fstat(fd).st_ino)
+        return real_flock(fd)
+
+    monkeypatch.setattr(locks, "try_flock", flock_after_the_holder_removed_it)
+    taker = locks.take_file_lock(path)
+    monkeypatch.setattr(locks, "try_flock", real_flock)
+    assert removed and taker is not None  # the fault fired, and the taker holds a lock
+    assert removed[0] == (tmp_path / "kept").stat().st_ino  # the taker had opened the file its holder removed
+    assert os.fstat(taker).st_ino == path.stat().st_ino != removed[0]  # it holds the path's new file instead
+    assert locks.take_file_lock(path) is None
+    assert not locks.remove_free_lock_file(path) and path.exists()  # held: it stays
+    os.close(taker)
+    assert locks.remove_free_lock_file(path) and not path.exists()  # free: removed
+    assert not locks.remove_free_lock_file(path)  # nothing there: nothing created
+    assert not path.exists()

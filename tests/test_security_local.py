@@ -131,6 +131,7 @@ def test_a_record_file_is_private_unless_the_cache_is_shared_by_a_group(
 def test_a_key_list_another_user_owns_is_refused_in_one_line(tmp_path: Path) -> None:
     """Another user may change their key list's records at any time (`export --keys`, `verify-coverage`
     and `why-miss` would act on theirs): refused, with the fix; the user's own and root's are read."""
+    (tmp_path / "root").mkdir()
     keys = tmp_path / "keys.jsonl"
     keys.write_text(json.dumps({"key": "ab" * 32}) + "\n")
     keys.chmod(0o644)
@@ -159,6 +160,7 @@ def test_a_second_link_to_the_record_file_is_refused(tmp_path: Path, recording: 
 
 @pytest.mark.parametrize("case", ["anyone_may_write", "fifo", "link"])
 def test_a_key_list_that_may_be_anyone_s_or_would_block_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
+    (tmp_path / "root").mkdir()
     keys = tmp_path / "keys.jsonl"
     real = tmp_path / "real.jsonl"
     real.write_text("0" * 64 + "\n")

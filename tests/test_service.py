@@ -193,14 +193,32 @@ def test_a_stale_socket_file_of_a_dead_server_is_replaced(runtime: Path) -> None
     assert status(pool)["pid"] == pool.server_pid
 
 
+def service_files(name: str) -> list[str]:
+    """The files of the service `name` in its private runtime directory."""
+    return sorted(entry for entry in os.listdir(address.lock_path(name).parent) if entry.startswith(f"compile-{name}."))
+
+
 def test_the_service_exits_when_idle(runtime: Path) -> None:
     pool = service_pool(idle_s=1.0)
     assert pool.run(pool_jobs.double, 4) == 8
     server = pool.server_pid
     assert server is not None and wait_for_exit(server, 30)
     assert not address.socket_path(pool.name).exists()
+    assert service_files(pool.name) == [f"compile-{pool.name}.log"]  # its lock, slots and start lock went with it
     assert pool.run(pool_jobs.double, 4) == 8  # the next job starts a new one
     assert pool.server_pid != server
+
+
+def test_a_stopped_service_removes_its_lock_and_slot_files_and_keeps_its_log(runtime: Path) -> None:
+    pool = service_pool(idle_s=60.0)
+    assert pool.run(pool_jobs.double, 4) == 8
+    server, name = pool.server_pid, pool.name
+    running = service_files(name)
+    assert {f"compile-{name}.lock", f"compile-{name}.sock", f"compile-{name}.start.lock"} <= set(running), running
+    assert any(".slot-" in entry for entry in running), running  # the job ran in a slot
+    assert service_connection.request(name, ("stop",)) == server and server is not None and wait_for_exit(server, 30)
+    assert service_files(name) == [f"compile-{name}.log"]
+    assert pool.run(pool_jobs.double, 1) == 2 and pool.server_pid != server  # a new service starts as before
 
 
 def test_another_environment_gets_another_service(runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -593,6 +593,7 @@ def test_kcache_record_lists_tritons_groups_and_verify_coverage_of_a_root_counts
                               capture_output=True, text=True, env=child_env(), cwd=str(PROJECT), timeout=120)
 
     assert coverage(root).returncode == 0
+    (tmp_path / "other").mkdir()
     empty = coverage(tmp_path / "other")
     assert empty.returncode == 1 and "add_kernel (Triton)" in empty.stdout, empty.stdout
 

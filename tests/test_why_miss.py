@@ -17,6 +17,7 @@ import kcache  # noqa: E402
 from kcache.cache import deployment, miss_explain  # noqa: E402
 from kcache.tilelang import backend as tilelang_backend  # noqa: E402
 from kcache.tools import cli  # noqa: E402
+from kcache.tools.cli_contract import EXIT_NOT_FOUND  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 STORED = {"target": CPU_TARGET, "out_idx": [2]}
@@ -126,10 +127,10 @@ def test_why_miss_explains_a_recorded_key_against_an_entry_stored_before_key_fie
 
 def test_why_miss_says_what_to_do_when_it_knows_no_such_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "root").mkdir()
-    assert cli.main(["--dir", str(tmp_path / "root"), "why-miss", "abcdef12"]) == cli.EXIT_USER_ERROR
+    assert cli.main(["--dir", str(tmp_path / "root"), "why-miss", "abcdef12"]) == EXIT_NOT_FOUND
     error = capsys.readouterr().err
     assert "no key abcdef12 is logged as a miss" in error and "--keys" in error
-    assert cli.main(["--dir", str(tmp_path / "root"), "why-miss", "--last"]) == cli.EXIT_USER_ERROR
+    assert cli.main(["--dir", str(tmp_path / "root"), "why-miss", "--last"]) == EXIT_NOT_FOUND
     assert "no miss is logged" in capsys.readouterr().err
 
 
@@ -151,6 +152,6 @@ def test_a_key_prefix_that_matches_two_misses_asks_for_more_digits(tmp_path: Pat
     for key in ("abcd" + "0" * 60, "abcd" + "1" * 60):
         miss_explain.log_miss(tmp_path / "root", key, "main", {"out_idx": None})
     assert len(miss_explain.logged_misses(tmp_path / "root")) == 2  # both lines were written
-    assert cli.main(["--dir", str(tmp_path / "root"), "why-miss", "abcd"]) == cli.EXIT_USER_ERROR
+    assert cli.main(["--dir", str(tmp_path / "root"), "why-miss", "abcd"]) == EXIT_NOT_FOUND
     assert "'abcd' matches 2 keys" in capsys.readouterr().err
     assert why_miss(tmp_path / "root", "abcd1", capsys=capsys)["key"] == "abcd" + "1" * 60

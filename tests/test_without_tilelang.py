@@ -108,4 +108,8 @@ def test_the_api_and_the_cli_without_tilelang_say_how_to_install_it(bare_python:
     assert imported.returncode == 2 and imported.stderr.splitlines() == [
         f"kcache: {INSTALL_TILELANG} (or skip the toolchain check: kcache import --any-toolchain, "
         "import_bundle(toolchain=None))"]
+    # Its workers preload TileLang: it refuses, rather than say "running" and never start a worker.
+    served = bare(bare_python, scratch, "-m", "kcache", "server", "start")
+    assert served.returncode == 2 and served.stdout == "" and served.stderr.splitlines() == [
+        f"kcache: {INSTALL_TILELANG} (the compile service compiles TileLang's kernels)"]
     nothing_left(scratch)

@@ -5,7 +5,8 @@ Two kinds of compile share the bound (`KCACHE_COMPILE_WORKERS`, default the usab
 the service runs in one of its workers (its scheduler holds a slot for the job's whole run), and a
 compile a client runs in a fork of itself while the service is not warm yet (`caller_fork`). A
 slot is a file `compile-<service>.slot-<i>` in the service's private directory; the kernel drops a
-flock when its holder dies, SIGKILL included, so a killed compiler never keeps a slot.
+flock when its holder dies, SIGKILL included, so a killed compiler never keeps a slot. The service
+removes the slot files nobody holds as it exits.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import random
 
 from kcache.compile.runtime_dir import runtime_directory
-from kcache.store.locks import try_flock
+from kcache.store.locks import take_file_lock
 
 
 class CompileSlot:
@@ -49,14 +50,9 @@ class CompileSlots:
         first = random.randrange(self.count)
         for step in range(self.count):
             index = (first + step) % self.count
-            fd = os.open(self.path(index), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                if try_flock(fd):
-                    return CompileSlot(fd)
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
+            fd = take_file_lock(self.path(index))  # the service removes its free slot files as it exits
+            if fd is not None:
+                return CompileSlot(fd)
         return None
 
     def held(self) -> int:

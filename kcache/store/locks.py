@@ -13,6 +13,7 @@ longer matches the path's inode retries, so two processes can never hold
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -48,6 +49,57 @@ def try_flock(fd: int) -> bool:
             return False
         raise
     return True
+
+# `take_file_lock`'s attempts whose file its holder removed between the open and the flock: one such
+# race is rare; several in a row are answered as "held".
+MAX_RELOCK_ATTEMPTS = 8
+
+
+def take_file_lock(path: str | os.PathLike[str], create: bool = True) -> int | None:
+    """A descriptor holding the flock of the file at `path` (created 0600 where absent and `create`),
+    or None while another descriptor holds it. Its holder may remove the file (`unlink_held`): a flock
+    taken on a file no longer at `path` is dropped and the path's new file tried, so that two
+    processes never hold "one" lock through two inodes. FileNotFoundError where not `create`."""
+    for _ in range(MAX_RELOCK_ATTEMPTS):
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0) | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            if not try_flock(fd):
+                os.close(fd)
+                return None
+            if _same_file(fd, Path(path)):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        if not create and not os.path.lexists(path):
+            raise FileNotFoundError(errno.ENOENT, "removed by its holder", str(path))
+    return None
+
+
+def unlink_held(fd: int, path: str | os.PathLike[str]) -> None:
+    """Remove the lock file at `path` whose flock `fd` holds, before `fd` is closed (a taker that
+    opened it meanwhile then finds it gone, and takes the path's new file)."""
+    if _same_file(fd, Path(path)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def remove_free_lock_file(path: str | os.PathLike[str]) -> bool:
+    """Remove the lock file at `path` if nobody holds it; whether it did."""
+    try:
+        fd = take_file_lock(path, create=False)
+    except FileNotFoundError:
+        return False
+    if fd is None:
+        return False
+    try:
+        unlink_held(fd, path)
+        return True
+    finally:
+        os.close(fd)
+
+
 # A holder may say who it is and how far it got (`KeyLock.write_note`): a tune's waiters show it.
 MAX_NOTE_BYTES = 4096
 _FIRST_POLL_S = 0.002

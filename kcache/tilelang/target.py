@@ -95,7 +95,12 @@ def target_memo_key(target: object) -> str:
 
 _ACCEPTED_FORMS = ('a dict such as {"kind": "cuda", "arch": "sm_90a"}, "cuda" or "auto" (the visible GPU\'s '
                    'arch), a TVM tag such as "nvidia/nvidia-h100", or a tvm Target')
-_CUDA_ARCH = re.compile(r"sm_\d+[a-z]?")
+# "sm_" and a compute capability, major then one digit of minor, and a feature suffix (sm_90a, sm_100f).
+_CUDA_ARCH = re.compile(r"sm_(?P<major>[1-9]\d?)(?P<minor>\d)[a-z]?")
+# No GPU's compute capability comes near: the highest today is 12.x. An arch above ("sm_900", a 0 too
+# many) is refused before nvcc, which would reject it after the whole lowering; a bound this loose
+# leaves the next generations' archs to nvcc.
+_MAX_CUDA_MAJOR = 19
 
 
 def refuse_unusable_target(target: object, request: object) -> None:
@@ -138,9 +143,15 @@ def refuse_unusable_target(target: object, request: object) -> None:
         raise TargetError(target, f"kcache caches CUDA kernels, and {kind!r} is not CUDA",
                           "compile it with tilelang.compile, or give a CUDA target: " + _ACCEPTED_FORMS)
     arch = config.get("arch")
-    if arch is not None and not (isinstance(arch, str) and _CUDA_ARCH.fullmatch(arch)):
-        raise TargetError(target, f"arch {arch!r} is not a CUDA arch", 'write it as "sm_" and the compute '
-                          'capability, e.g. "sm_90a" (H100, H200), "sm_80" (A100), "sm_89" (L40S)')
+    if arch is None:
+        return
+    parsed = _CUDA_ARCH.fullmatch(arch) if isinstance(arch, str) else None
+    how = 'write it as "sm_" and the compute capability, e.g. "sm_90a" (H100, H200), "sm_80" (A100), "sm_89" (L40S)'
+    if parsed is None:
+        raise TargetError(target, f"arch {arch!r} is not a CUDA arch", how)
+    if int(parsed["major"]) > _MAX_CUDA_MAJOR:
+        raise TargetError(target, f"arch {arch!r} names compute capability {parsed['major']}.{parsed['minor']}, "
+                          "beyond any GPU's (12.x is the highest today)", how)
 
 
 def _names_arch(target: object) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import sys
 import time
 from collections.abc import Callable
@@ -17,12 +16,20 @@ from kcache.config import Settings, warn_unknown_settings
 from kcache.errors import CorruptEntry, KCacheError
 from kcache.maintenance.eviction import evict, evict_entry, scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
-from kcache.setting_values import parse_age, parse_size
+from kcache.setting_values import default_root, parse_age, parse_size
 from kcache.store import layout
 from kcache.store.components import META
 from kcache.store.elf import require_loadable
 from kcache.store.locks import KeyLock
 from kcache.tools import bundle_cli, cli_help, why_miss_cli
+from kcache.tools.cli_contract import (
+    EXIT_BROKEN_PIPE,
+    EXIT_STATUS_HELP,
+    NotFound,
+    UserMistake,
+    report_failure,
+    require_root,
+)
 from kcache.tools.cli_entries import (
     AUTOTUNER,
     autotune_results,
@@ -42,15 +49,10 @@ from kcache.tools.server_cli import cmd_server
 OTHER_VERSION_UNUSED_S = 7 * 86400
 
 
-# Exit statuses: a command's own (0, 1), then what stopped it before it could run.
-EXIT_USER_ERROR = 2  # a bad setting, argument or root: one line on stderr says what and how to fix it
-EXIT_BROKEN_PIPE = 141  # stdout closed early (`kcache ls | head`): 128 + SIGPIPE, as a shell reports it
-# Read-only commands: they never create a root, and say so when there is none.
-READ_ONLY_COMMANDS = frozenset({"stats", "ls", "show", "verify", "tunes", "why-miss"})
-
-
-class UserMistake(Exception):
-    """Something the user can fix (the message says what and how), not a bug: one line, no traceback."""
+# Commands that read a root: on a missing one each says so in one line and exits 1, creating nothing
+# (a mistyped --dir is no empty cache). `import` and `run` create theirs; `server` and `help` read none.
+ROOT_READERS = frozenset({"stats", "ls", "show", "verify", "prune", "clear", "export", "verify-coverage", "why-miss",
+                          "tunes", "untune", "gc", "doctor"})
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -63,15 +65,17 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. A user's mistake (a bad setting, argument or root) is one line on stderr and
-    exit status 2; `--debug` or KCACHE_DEBUG=1 shows its traceback. Bugs keep their tracebacks. SIGINT
+    """Run one command, under the contract of kcache.tools.cli_contract: a failure (a missing root, a
+    bad setting or argument) is one line on stderr, with its JSON on stdout under --json, and exit
+    status 1 or 2; `--debug` or KCACHE_DEBUG=1 shows its traceback. Bugs keep their tracebacks. SIGINT
     or SIGTERM stops the command (what it started stopped, what it half made removed) with one line on
     stderr and exit status 130 or 143."""
     arguments = sys.argv[1:] if argv is None else argv
     debug = "--debug" in arguments or os.environ.get("KCACHE_DEBUG", "") not in ("", "0")
+    parsed: list[argparse.Namespace] = []  # the arguments, once parsed: whether a failure answers in JSON
     try:
         with interruptible():  # not `kcache run`'s program, which runs below with its own signals
-            outcome = _run(argv)
+            outcome = _run(arguments, parsed)
     except Interrupted as stop:
         # One line: what the command left (no bundle, nothing imported), and a shell's status for it.
         command = next((word for word in arguments if word in COMMANDS), "")
@@ -88,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserMistake, KCacheError, ValueError, OSError) as err:
         if debug:
             raise
-        print(f"kcache: {_one_line(err)}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        # Before the arguments parse, --json counts where kcache's options go: not after `run`'s script.
+        as_json = parsed[0].json if parsed else "--json" in arguments[:_program_start(arguments)]
+        return report_failure(err, as_json)
     if callable(outcome):  # `kcache run`'s program: its own errors are no mistakes of kcache's usage
         return outcome()
     return outcome
@@ -115,10 +120,16 @@ def join_dashed_values(arguments: list[str]) -> list[str]:
     return joined
 
 
-def _run(argv: list[str] | None) -> int | Callable[[], int]:
+def _program_start(arguments: list[str]) -> int:
+    """Where `kcache run`'s program and its own arguments begin (the end when there is no `run`)."""
+    return arguments.index("run") + 1 if "run" in arguments else len(arguments)
+
+
+def _run(arguments: list[str], parsed: list[argparse.Namespace]) -> int | Callable[[], int]:
     """A command's exit status; for `run`, what runs the program (checked and prepared here)."""
     parser = build_parser()
-    args = parser.parse_args(join_dashed_values(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(join_dashed_values(arguments))
+    parsed.append(args)
     if args.command == "help":
         return cli_help.show_help(parser, args.topic)
     if args.command == "run":
@@ -127,45 +138,21 @@ def _run(argv: list[str] | None) -> int | Callable[[], int]:
         return prepare_program(args)
     if args.command == "doctor":
         settings = None  # the doctor reports bad settings and roots as findings: it must not stop on them
+        root = Path(args.dir).expanduser() if args.dir else default_root()
+        if not args.fix and not root.exists() and not root.is_symlink():  # --fix creates it
+            require_root(root)
     else:
         settings = Settings.from_env(args.dir)
         warn_unknown_settings()  # `kcache doctor` reports them as findings instead
-        _check_root(settings.root)
+        if args.command in ROOT_READERS and not (args.command == "verify-coverage" and args.bundle):
+            require_root(settings.root)
+        elif settings.root.exists() or settings.root.is_symlink():
+            require_root(settings.root)  # one that exists must be a directory, for every command
     run: Callable[[argparse.Namespace, Any], tuple[Any, str, int]] = COMMANDS[args.command]
-    missing = settings is not None and not settings.root.exists() and args.command in READ_ONLY_COMMANDS
     result, text, status = run(args, settings)
-    if missing:  # the usual (empty) answer for scripts, and a plain word for people: a typo shows
-        text = f"no kcache root at {settings.root}"
-        if isinstance(result, dict):
-            result["exists"] = False
-        if args.command == "verify":
-            status = 1  # nothing was verified: not a pass
     print(json.dumps(result, indent=1, default=str) if args.json else text)
     sys.stdout.flush()  # a closed pipe shows here, inside main's handler
     return status
-
-
-def _check_root(root: Path) -> None:
-    """A root that is not a directory is a mistake for every command (a missing one is not: the
-    read-only commands say "no kcache root", the others create it)."""
-    if root.is_symlink() and not root.exists():
-        raise UserMistake(f"the cache root {root} is a dangling symbolic link: point KCACHE_DIR or --dir at a directory")
-    if root.exists() and not root.is_dir():
-        raise UserMistake(f"the cache root {root} is not a directory (a {_kind(root)}): point KCACHE_DIR or --dir "
-                          "at a directory")
-
-
-def _kind(path: Path) -> str:
-    mode = path.stat().st_mode
-    return {stat.S_IFREG: "regular file", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket",
-            stat.S_IFCHR: "character device", stat.S_IFBLK: "block device"}.get(stat.S_IFMT(mode), "non-directory")
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__
-    if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
-        text = f"{err.filename}: {text}"
-    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     absent after the command leaves the one given before it. `run` passes whatever follows the script
     (or `-m MODULE`) to the program untouched."""
     parser = OneLineParser(prog="kcache", description=__doc__.splitlines()[0], parents=[_shared_options()],
-                                     epilog="--dir and --json go before or after the command; "
-                                            "given in both places, the one after the command wins.")
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="--dir and --json go before or after the command; given in both\n"
+                                            "places, the one after the command wins.\n\n" + EXIT_STATUS_HELP)
     parser.add_argument("--version", action=cli_help.VersionAction,
                         help="print kcache's version, where it runs from, and exit")
     after = _shared_options(after_command=True)
@@ -342,8 +330,8 @@ def cmd_untune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     matches = [p for p in autotune_results(settings.root) if p.name.startswith(args.key)]
     if len(matches) != 1:
         why = "no autotune result matches" if not matches else f"{len(matches)} autotune results match"
-        return ({"error": f"{why} {args.key!r}"},
-                f"kcache: {why} {args.key!r} under {settings.root / AUTOTUNER} (see `kcache tunes`)", 1)
+        raise NotFound(f"untune: {why} {args.key!r} under {settings.root / AUTOTUNER} (see `kcache tunes`)",
+                       settings.root / AUTOTUNER)
     removed = evict_entry(settings.root, matches[0])
     return ({"removed": str(matches[0]) if removed else None},
             f"removed {matches[0]}: the next tune of it runs again" if removed else

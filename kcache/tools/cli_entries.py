@@ -19,6 +19,7 @@ from kcache.store.bounded_read import read_regular_at
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META, PARAMS
 from kcache.store.entries import EntryStore
 from kcache.store.manifest import MANIFEST_NAME
+from kcache.tools.cli_contract import NotFound
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, human_time, short_key
 from kcache.tools.cli_helion import helion_entries, helion_row
 from kcache.tools.entry_params import describe_params, kernel_params
@@ -171,7 +172,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, in
     triton = [entry for entry in scan_entries(settings.root, layout.TRITON) if entry.key.startswith(args.key.lower())]
     if len(matches) + len(triton) != 1:
         why = "no entry matches" if not matches + triton else f"{len(matches) + len(triton)} entries match"
-        return {"error": f"{why} {args.key!r}"}, f"kcache: {why} {args.key!r} under {store.entries_dir}", 1
+        raise NotFound(f"show: {why} {args.key!r} under {store.entries_dir} (see `kcache ls`)", store.entries_dir)
     if triton:
         return _show_triton(triton[0])
     path = store.entry_path(matches[0])

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
-from kcache.config import (
-    SETTING_NAMES,
-    Settings,
-    describe_unknown_settings,
-    unknown_settings,
-)
+from kcache.config import Settings
 from kcache.maintenance.eviction import scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
 from kcache.setting_values import default_root, remote_urls
@@ -21,34 +14,34 @@ from kcache.store import access, exec_copy, layout, sharing
 from kcache.store.components import KERNELS
 from kcache.store.trust import untrusted_reason
 from kcache.tools.cli_format import human_size
+from kcache.tools.doctor_environment import (
+    Finding,
+    helion_finding,
+    settings_finding,
+    toolchain_finding,
+    triton_finding,
+)
+from kcache.tools.doctor_environment import installed_tilelang as installed_tilelang  # the CLI's, from here
 
 MIN_FREE_BYTES = 1 << 30
-
-
-@dataclass
-class Finding:
-    check: str
-    problem: bool
-    detail: str
-    fix: str = ""
-    fixed: bool = False
 
 
 def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool = False) -> list[Finding]:
     """Every condition of a cache root that can hurt, each with its fix: existence, who can write it
     and what kcache then does, trust, group sharing, noexec, free space, size, leftovers, the
-    toolchain, the remote tier, the compile service. `fix` repairs what is safe to repair (create the root, chmod o-w a
-    root you own, gc)."""
-    findings: list[Finding] = []
+    toolchain, the remote tier, the compile service, the classes TRITON_CACHE_MANAGER and
+    HELION_REMOTE_CACHE_BACKEND name (kcache.tools.doctor_environment). `fix` repairs what is safe to
+    repair (create the root, chmod o-w a root you own, gc)."""
+    bad_value = None
     if isinstance(root, Settings):
         settings = root
     else:
         try:
             settings = Settings.from_env(root)
         except ValueError as err:  # a bad KCACHE_* value: reported, and the rest checked with the defaults
-            findings.append(Finding("settings", True, str(err), "correct that variable or unset it"))
+            bad_value = str(err)
             settings = Settings(root=Path(root).expanduser() if root is not None else default_root())
-    findings.append(_unknown_names())
+    findings = [settings_finding(bad_value)]  # one verdict for the settings, bad values and typos together
     root = settings.root
     if root.is_symlink() and not root.exists():
         findings.append(Finding("root", True, f"{root} is a dangling symbolic link",
@@ -94,38 +87,12 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
         collect_garbage(root, settings.staging_ttl_s, settings.max_size_bytes, settings.max_age_s)
         finding.fixed, cleanup.fixed = over, leftovers > 0
     findings += [finding, cleanup]
-    findings.append(_toolchain())
+    findings.append(toolchain_finding())
     findings += _remotes(settings.remote_url)
     findings.append(_compile_service(settings))
-    findings.append(_triton())
-    return findings
-
-
-def _triton() -> Finding:
-    """Whether Triton's kernels (and Inductor's) go through kcache: TRITON_CACHE_MANAGER."""
-    import importlib.util
-
-    from kcache import triton as kcache_triton
-
-    if importlib.util.find_spec("triton") is None:
-        return Finding("triton", False, "Triton is not installed here")
-    chosen = os.environ.get(kcache_triton.ENV)
-    if chosen in kcache_triton.ENV_VALUES:
-        return Finding("triton", False, f"Triton's kernels go through kcache ({kcache_triton.ENV}={chosen})")
-    if chosen:
-        return Finding("triton", False, f"Triton's kernels use the manager {chosen} ({kcache_triton.ENV})")
-    return Finding("triton", False, "Triton's kernels use Triton's own cache here: `kcache run` and kcache.install() "
-                   f"route them through kcache, as does {kcache_triton.ENV}={kcache_triton.MODULE_VALUE}")
-
-
-def _unknown_names() -> Finding:
-    """KCACHE_* variables that kcache does not read: typos, which would otherwise do nothing, silently."""
-    unknown = unknown_settings()
-    if not unknown:
-        known = sorted(name for name in os.environ if name in SETTING_NAMES)
-        return Finding("settings", False, f"set: {', '.join(known)}" if known else "no KCACHE_* setting is set")
-    return Finding("settings", True, describe_unknown_settings(unknown),
-                   f"correct or unset {'it' if len(unknown) == 1 else 'them'} (docs/operations.md lists the settings)")
+    findings.append(triton_finding())
+    helion = helion_finding()
+    return findings + ([helion] if helion else [])
 
 
 def _writable(root: Path, settings: Settings) -> Finding:
@@ -247,24 +214,6 @@ def _compile_service(settings: Settings) -> Finding:
                    f"running: pid {status['pid']}, up {status['uptime_s']:.0f} s, {status['workers']} of "
                    f"{status['max_workers']} workers{forked}, {memory}; {status['running']} running, "
                    f"{status['queued']} queued, {status['jobs']} jobs served ({where})")
-
-
-def installed_tilelang() -> str | None:
-    """The installed TileLang's version, from its package metadata (no import)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tilelang")
-    except PackageNotFoundError:
-        return None
-
-
-def _toolchain() -> Finding:
-    version = installed_tilelang()
-    nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None)
-    problem = version is None or nvcc is None
-    detail = f"TileLang {version or 'not installed'}; nvcc {nvcc or 'not found'}"
-    return Finding("toolchain", problem, detail, "install TileLang, and put nvcc on PATH or set CUDA_HOME")
 
 
 def _count(directory: os.PathLike[str]) -> int:

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Any
 
 from kcache.config import Settings
+from kcache.errors import TileLangMissing
+from kcache.tools.cli_contract import NotStarted
 
 
 def cmd_server(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
@@ -15,6 +18,9 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
     from kcache.compile.service import connection as service_connection
     from kcache.compile.service.address import identity, socket_path
 
+    if args.action == "start" and importlib.util.find_spec("tilelang") is None:
+        # Its workers preload TileLang: without it the service would answer "running" and never get a worker.
+        raise TileLangMissing("the compile service compiles TileLang's kernels")
     workers = settings.compile_workers or usable_cpu_count()
     name = identity(TILELANG_PRELOAD, workers)
     where = str(socket_path(name))
@@ -22,7 +28,7 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
         try:
             conn, pid, _warm = service_connection.connect_or_start(name, workers, TILELANG_PRELOAD, settings.server_idle_s)
         except service_connection.ServiceUnavailable as err:
-            return {"running": False, "socket": where, "error": str(err)}, f"not started: {err}", 1
+            raise NotStarted(f"server start: the compile service did not start: {err}", where) from err
         conn.close()
         return {"running": True, "pid": pid, "socket": where}, f"compile service running: pid {pid}, {where}", 0
     try:

@@ -18,6 +18,7 @@ from kcache.cache import miss_explain
 from kcache.config import Settings
 from kcache.store.components import KERNELS
 from kcache.store.layout import TRITON
+from kcache.tools.cli_contract import NotFound
 from kcache.tools.cli_format import human_age, short_key
 from kcache.triton.key_fields import stored_fields
 from kcache.triton.store import KERNEL_SUFFIX
@@ -57,12 +58,13 @@ def cmd_why_miss(args: argparse.Namespace, settings: Settings) -> tuple[Any, str
 
 def _find(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """The missed key's record {"key", "kernel", "fields", ...}: the newest logged miss that matches,
-    else a record of --keys, else the key's stored entry. Raises ValueError (one line) when none."""
+    else a record of --keys, else the key's stored entry. Raises NotFound (one line) when none or
+    several match, ValueError for what is no key prefix."""
     logged = miss_explain.logged_misses(root)
     if args.last:
         if not logged:
-            raise ValueError(f"no miss is logged under {root} for this user: a miss is logged by the process that "
-                             "compiles (or whose JIT guard refuses) under this root")
+            raise NotFound(f"why-miss: no miss is logged under {root} for this user: a miss is logged by the process "
+                           "that compiles (or whose JIT guard refuses) under this root", root)
         return logged[-1]
     prefix = args.key.strip().lower()
     if len(prefix) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in prefix):
@@ -80,11 +82,11 @@ def _find(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                       for fields, partial in [miss_explain.comparable_fields(meta)] if not partial]
     keys = {r["key"] for r in candidates}
     if len(keys) > 1:
-        raise ValueError(f"why-miss: {prefix!r} matches {len(keys)} keys ({', '.join(sorted(short_key(k) for k in keys)[:4])}"
-                         "...): give more digits")
+        raise NotFound(f"why-miss: {prefix!r} matches {len(keys)} keys ({', '.join(sorted(short_key(k) for k in keys)[:4])}"
+                       "...): give more digits", root)
     if not candidates:
         where = f", in {args.keys}" if args.keys else ""
-        raise ValueError(f"why-miss: no key {prefix} is logged as a miss under {root}{where}, or stored there with "
-                         "its key fields: pass the file the deployment recorded (--keys, from KCACHE_RECORD), or "
-                         "run the program once more under this root")
+        raise NotFound(f"why-miss: no key {prefix} is logged as a miss under {root}{where}, or stored there with "
+                       "its key fields: pass the file the deployment recorded (--keys, from KCACHE_RECORD), or "
+                       "run the program once more under this root", root)
     return candidates[0]

@@ -21,7 +21,7 @@ from kcache.compile.interpreter import POPEN, internal_environment, python_comma
 from kcache.compile.runtime_dir import NoServiceDirectory
 from kcache.compile.service import address
 from kcache.compile.workers.worker import importable_path
-from kcache.store.locks import try_flock
+from kcache.store.locks import take_file_lock
 
 START_TIMEOUT_S = 20.0  # the server binds its socket before it imports anything heavy
 START_POLL_S = 0.02  # how often a process waiting for another's start tries the socket
@@ -96,17 +96,9 @@ def connect_or_start(name: str, workers: int, preload: Iterable[str], idle_s: fl
 def _take_start_lock(name: str) -> int | None:
     """The start lock of service `name`, held (a descriptor to close), or None while another holds it."""
     try:
-        fd = os.open(address.start_lock_path(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return take_file_lock(address.start_lock_path(name))  # an exiting service removes it when free
     except OSError as err:
         raise ServiceUnavailable(f"{address.start_lock_path(name)}: {err}") from err
-    try:
-        if try_flock(fd):
-            return fd
-    except OSError as err:
-        os.close(fd)
-        raise ServiceUnavailable(f"{address.start_lock_path(name)}: {err}") from err
-    os.close(fd)
-    return None
 
 
 def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import itertools
 import json
 import logging
@@ -40,9 +39,12 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcache.compile.service.calls import CallRelay
+
+if TYPE_CHECKING:
+    from kcache.compile.compile_slots import CompileSlots
 
 log = logging.getLogger("kcache")
 
@@ -320,11 +322,10 @@ def main(argv: list[str] | None = None) -> int:
             ready = -1
 
     from kcache.compile.service import address
+    from kcache.store.locks import take_file_lock
 
-    lock_fd = os.open(address.lock_path(args.name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    lock_fd = take_file_lock(address.lock_path(args.name))  # held for the service's life
+    if lock_fd is None:
         tell(b"busy")  # another server of this name runs or is starting
         return 0
     from kcache.compile.workers.worker import SERVER_NAME, name_process
@@ -354,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     from kcache.compile.compile_slots import CompileSlots
     from kcache.setting_values import compile_memory_budget
 
-    server = Server(listener, pool, args.idle, compile_memory_budget(), CompileSlots(args.name, args.workers))
+    slots = CompileSlots(args.name, args.workers)
+    server = Server(listener, pool, args.idle, compile_memory_budget(), slots)
     threading.Thread(target=server.warm_up, daemon=True).start()  # overlaps the first client's imports
     tell(b"ready")
     try:
@@ -365,7 +367,24 @@ def main(argv: list[str] | None = None) -> int:
                 os.unlink(path)
         listener.close()
         pool.close()
+        _remove_runtime_files(args.name, slots, lock_fd)
     return 0
+
+
+def _remove_runtime_files(name: str, slots: CompileSlots, lock_fd: int) -> None:
+    """What the service leaves in its private directory goes with it: the slot files and the start
+    lock nobody holds (a client compiling in a fork of itself keeps its slot's), then its own lock,
+    while it still holds it. Each is removed by a holder of its flock, and a taker checks that the
+    path still names the file it locked (kcache.store.locks.take_file_lock). The log stays: the record
+    of what the service did and why it exited, appended to by the next service of this name."""
+    from kcache.compile.service import address
+    from kcache.store.locks import remove_free_lock_file, unlink_held
+
+    with contextlib.suppress(OSError):
+        for index in range(slots.count):
+            remove_free_lock_file(slots.path(index))
+        remove_free_lock_file(address.start_lock_path(name))
+        unlink_held(lock_fd, address.lock_path(name))
 
 
 def run(argv: list[str]) -> int:
