@@ -162,3 +162,22 @@ def test_the_cuda_toolkit_found_is_the_one_tilelang_finds(case: str) -> None:
                           cwd=str(PROJECT), timeout=300, check=True)
     ours, tilelangs = done.stdout.split()
     assert ours == tilelangs and ours != "None", done.stdout
+
+
+def test_without_tilelang_a_triton_user_has_no_problem_and_a_bare_python_is_told_what_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TileLang's absence (its metadata gone: the mock, asserted to be the one asked) is no problem where
+    Triton is installed, as `kcache run` runs a Triton-only program; without Triton too, it is one."""
+    import importlib.util
+
+    from kcache.tools import doctor_environment
+
+    asked: list[str] = []
+    monkeypatch.setattr(doctor_environment, "installed_tilelang", lambda: asked.append("tilelang"))
+    triton_only = doctor_environment.toolchain_finding()
+    assert asked == ["tilelang"] and importlib.util.find_spec("triton") is not None
+    assert not triton_only.problem and "Triton's and Helion's kernels are cached" in triton_only.detail
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real_find_spec(name, *a))
+    bare = doctor_environment.toolchain_finding()
+    assert bare.problem and bare.fix == "pip install tilelang (or triton)", bare

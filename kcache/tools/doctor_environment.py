@@ -112,16 +112,25 @@ def _pip_nvcc_home() -> str | None:
 
 
 def toolchain_finding() -> Finding:
-    """TileLang's version and the nvcc it compiles with; the fix names only what is missing."""
+    """TileLang's version and the nvcc it compiles with; the fix names only what is missing. Without
+    TileLang, a Triton user's kcache still works (Triton brings its own assembler): no problem then,
+    unless Triton is missing too."""
+    import importlib.util
+
     tilelang = installed_tilelang()
+    if tilelang is None:
+        if importlib.util.find_spec("triton") is not None:
+            return Finding("toolchain", False, "TileLang is not installed: Triton's and Helion's kernels are "
+                           "cached without it (pip install tilelang to cache TileLang's too)")
+        return Finding("toolchain", True, "neither TileLang nor Triton is installed: kcache has no compiler "
+                       "to cache", "pip install tilelang (or triton)")
     home = find_cuda_home()
     nvcc = os.path.join(home, "bin", "nvcc") if home else None
     usable = nvcc is not None and os.access(nvcc, os.X_OK)
     where = (f"nvcc {nvcc}" if usable else f"no nvcc in the CUDA toolkit {home}" if home else
              "nvcc not found (TileLang looks at CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda)")
-    fixes = ([] if tilelang else ["pip install tilelang"]) + (
-        [] if usable else ["install the CUDA toolkit, or set CUDA_HOME to it"])
-    return Finding("toolchain", bool(fixes), f"TileLang {tilelang or 'not installed'}; {where}", "; ".join(fixes))
+    return Finding("toolchain", not usable, f"TileLang {tilelang}; {where}",
+                   "" if usable else "install the CUDA toolkit, or set CUDA_HOME to it")
 
 
 def resolve_class(module: str, name: str, base: str) -> str | None:
