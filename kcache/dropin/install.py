@@ -15,6 +15,7 @@ from kcache.cache.kernel_cache import KernelCache
 from kcache.dropin import autotuner_results, routing, state
 from kcache.import_hooks import after_import, before_import
 from kcache.setting_values import parse_flag
+from kcache.tilelang import internals, support
 from kcache.tilelang.installed import require_tilelang
 
 log = logging.getLogger("kcache")
@@ -25,7 +26,9 @@ def install(cache: KernelCache | None = None) -> None:
     and tune each AutoTuner key once per job (kcache.dropin.autotuner_results); Triton's kernels
     through kcache too (TRITON_CACHE_MANAGER, unless it names another manager: kcache.triton). Imports TileLang.
     Calling it again changes the cache. Where TileLang is not installed, raises TileLangMissing
-    (a ModuleNotFoundError that says how to install it) before anything is opened or started."""
+    (a ModuleNotFoundError that says how to install it) before anything is opened or started. Where
+    the installed TileLang is not one kcache supports (kcache/tilelang/support.py), TileLang is left
+    as it is: every compile is plain TileLang's, and one warning says why and how to fix it."""
     require_tilelang()
     if cache is None:
         # Open it now, as TileLang sets its own cache up at import: an unusable root raises here,
@@ -40,24 +43,30 @@ def install(cache: KernelCache | None = None) -> None:
     # Helion's autotune picks too (kcache.helion), unless the user named a backend of their own.
     helion_was_unset = kcache_helion.BACKEND_ENV not in os.environ
     kcache_helion.enable()
+    unsupported = support.unsupported_reason()  # Triton's and Helion's routes above do not depend on it
+    if unsupported is not None:
+        support.warn_passing_through(unsupported)
+        return
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
 
     with state.lock:
         if state.installed is None:
+            # A TileLang whose AutoTuner has other methods keeps its own results cache (internals.py).
+            tuner = internals.has("tilelang.autotuner.tuner", *_TUNER_METHODS)
             state.installed = {
                 "cached": jit_module.cached,
-                "save": AutoTuner._save_result_to_disk,
-                "load": AutoTuner._load_result_from_disk,
-                "run": AutoTuner.run,
+                **({"save": AutoTuner._save_result_to_disk, "load": AutoTuner._load_result_from_disk,
+                    "run": AutoTuner.run} if tuner else {}),
                 "triton_was_unset": triton_was_unset,  # uninstall() gives Triton its own cache back
                 "helion_was_unset": helion_was_unset,
             }
         state.installed["cache"] = cache
         jit_module.cached = routing.cached
-        AutoTuner._save_result_to_disk = autotuner_results.save_result
-        AutoTuner._load_result_from_disk = autotuner_results.load_result
-        AutoTuner.run = autotuner_results.wrap_run(state.installed["run"])  # the tune's claim ends with the run
+        if "run" in state.installed:
+            AutoTuner._save_result_to_disk = autotuner_results.save_result
+            AutoTuner._load_result_from_disk = autotuner_results.load_result
+            AutoTuner.run = autotuner_results.wrap_run(state.installed["run"])  # the tune's claim ends with the run
     log.debug("kcache: installed into TileLang (tilelang.compile, @tilelang.jit, AutoTuner results)")
 
 
@@ -71,9 +80,10 @@ def uninstall() -> None:
 
         jit_module: Any = importlib.import_module("tilelang.jit")
         jit_module.cached = state.installed["cached"]
-        AutoTuner._save_result_to_disk = state.installed["save"]
-        AutoTuner._load_result_from_disk = state.installed["load"]
-        AutoTuner.run = state.installed["run"]
+        if "run" in state.installed:
+            AutoTuner._save_result_to_disk = state.installed["save"]
+            AutoTuner._load_result_from_disk = state.installed["load"]
+            AutoTuner.run = state.installed["run"]
         if state.installed.get("triton_was_unset"):
             kcache_triton.disable()
         if state.installed.get("helion_was_unset"):
@@ -103,6 +113,8 @@ def install_from_environment() -> None:
         before_import("tilelang", _open_default_cache)
     after_import(_LAST_PATCHED, install)
 
+
+_TUNER_METHODS = ("AutoTuner._save_result_to_disk", "AutoTuner._load_result_from_disk", "AutoTuner.run")
 
 # The last module `install` patches: `import tilelang` loads tilelang.jit before it.
 _LAST_PATCHED = "tilelang.autotuner.tuner"

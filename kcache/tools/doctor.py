@@ -49,6 +49,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
             findings.append(Finding("settings", True, str(err), "correct that variable or unset it"))
             settings = Settings(root=Path(root).expanduser() if root is not None else default_root())
     findings.append(_unknown_names())
+    findings.append(_tilelang_version())
     root = settings.root
     if root.is_symlink() and not root.exists():
         findings.append(Finding("root", True, f"{root} is a dangling symbolic link",
@@ -265,6 +266,19 @@ def _toolchain() -> Finding:
     problem = version is None or nvcc is None
     detail = f"TileLang {version or 'not installed'}; nvcc {nvcc or 'not found'}"
     return Finding("toolchain", problem, detail, "install TileLang, and put nvcc on PATH or set CUDA_HOME")
+
+
+def _tilelang_version() -> Finding:
+    """Whether the installed TileLang is of the versions kcache supports (kcache/tilelang/support.py;
+    read from its metadata, no import): outside them, TileLang's compiles pass kcache by."""
+    from kcache.tilelang import support
+
+    version = support.installed_version()
+    problem = support.version_problem()
+    if problem is not None:
+        return Finding("tilelang version", True, problem.rpartition(": ")[0] + ": kcache.install() and `kcache run` "
+                       "pass its compiles to plain TileLang, uncached, and get_or_compile refuses", support.FIX)
+    return Finding("tilelang version", False, f"TileLang {version or 'not installed'}; kcache supports {support.SUPPORTED}")
 
 
 def _count(directory: os.PathLike[str]) -> int:
