@@ -13,35 +13,51 @@ kcache installed has plain TileLang's device source, host source and machine cod
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kcache.tilelang.internals import INTERNALS, Internal
 
+from .background import Started, low_priority, take
+
 pytestmark = pytest.mark.tilelang
 
-DRIVER = Path(__file__).with_name("internals_driver.py")
+RUNNER = Path(__file__).with_name("internals_runner.py")
 OUTPUT = ("device_source", "host_source", "machine_code")
-# Sent to a compile worker where the transfer's internals are there: a pool, so that hiding one shows
-# the kernel compiled without the transfer. The rest compile in the caller, the quickest.
 TRANSFER_MODULES = ("tilelang.layout", "tilelang._ffi_api")
 
 
-def run_driver(hidden: str, work: Path) -> dict:
-    work.mkdir()
-    isolation = "pool" if hidden.split(":")[0] in TRANSFER_MODULES else "inprocess"
-    env = {**os.environ, "KCACHE_COMPILE_ISOLATION": isolation, "KCACHE_COMPILE_WORKERS": "1"}
-    env.pop("TILELANG_DEFAULT_TARGET", None)
-    out = work / "out.json"
-    process = subprocess.run([sys.executable, str(DRIVER), hidden, str(work / "root"), str(out)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
-    assert process.returncode == 0, f"{hidden}: {process.stderr.decode(errors='replace')[-3000:]}"
-    return json.loads(out.read_text())
+def start_hidden(work: Path) -> Started:
+    """Every row, one process after another, at a low priority beside the other tests (tests/background.py)."""
+    with open(work / "runner.stderr", "wb") as stderr:
+        runner = subprocess.Popen([*low_priority(), sys.executable, str(RUNNER), str(work)],
+                                  stdout=subprocess.DEVNULL, stderr=stderr)
+    return Started({"runner": (runner, work / "rows.json")}, {"work": work})
+
+
+BACKGROUND = {"hidden_internals": start_hidden}
+
+
+@pytest.fixture(scope="module")
+def hidden_internals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict, list[dict]]]:
+    started = take("hidden_internals", start_hidden, tmp_path_factory)
+    work = started.facts["work"]
+    try:
+        runner, rows_file = started.drivers["runner"]
+        runner.wait(timeout=1800)
+        assert runner.returncode == 0, (work / "runner.stderr").read_text(errors="replace")[-3000:]
+        ran = json.loads(rows_file.read_text())
+        failed = [f"{hidden}: {(work / f'{index}.stderr').read_text(errors='replace')[-2000:]}"
+                  for index, (hidden, status) in enumerate(ran) if status != 0]
+        assert not failed, "\n".join(failed)
+        rows = [json.loads((work / f"{index}.json").read_text()) for index in range(len(ran))]
+        yield rows[0], rows[1:]
+    finally:
+        started.stop()
 
 
 def check(item: Internal, row: dict, plain: dict) -> list[str]:
@@ -69,14 +85,12 @@ def check(item: Internal, row: dict, plain: dict) -> list[str]:
     return wrong
 
 
-def test_every_internal_hidden_in_turn_still_gives_tilelangs_kernel(tmp_path: Path) -> None:
-    plain = run_driver("plain", tmp_path / "plain")
-    assert run_driver("none", tmp_path / "none") == {**plain, "compiles": 1, "entries": 1, "warnings": [],
-                                                    "installed": True, "get_or_compile": "served"}
-    # Two at a time (the machine's two cores): each is a fresh process's import and compile.
-    with ThreadPoolExecutor(2) as pool:
-        rows = list(pool.map(lambda pair: run_driver(f"{pair[1].module}:{pair[1].name}", tmp_path / str(pair[0])),
-                             enumerate(INTERNALS)))
+def test_every_internal_hidden_in_turn_still_gives_tilelangs_kernel(
+        hidden_internals: tuple[dict, list[dict]]) -> None:
+    plain, (unhidden, *rows) = hidden_internals
+    assert unhidden == {**plain, "compiles": 1, "entries": 1, "warnings": [], "installed": True,
+                        "get_or_compile": "served"}
+    assert len(rows) == len(INTERNALS)
     wrong = [problem for item, row in zip(INTERNALS, rows) for problem in check(item, row, plain)]
     assert not wrong, "\n".join(wrong)
 

@@ -77,6 +77,8 @@ INTERNALS: tuple[Internal, ...] = (
              "kernels are compiled in a fork of the caller, or in the caller (not sent to a worker)"),
     Internal("tilelang._ffi_api", "Fragment", "kcache.tilelang.transfer", False,
              "kernels are compiled in a fork of the caller, or in the caller (not sent to a worker)"),
+    Internal("tilelang.contrib.cc", "get_cplus_compiler", "kcache.tilelang.context", False,
+             "nothing to clear when CXX or CC changes between compiles (that TileLang does not memoize it)"),
     Internal("tvm_ffi.core", "_register_global_func", "kcache.tilelang.callbacks", False,
              "callbacks are not watched: a compile with a callback runs in the caller and is not stored"),
     Internal("tilelang.engine.lower", "lower_with_context", "kcache.tilelang.warm_up", False,
