@@ -200,7 +200,7 @@ def _redis(url: str) -> Finding:
 
         redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0).ping()
     except ImportError:
-        return Finding("remote", True, f"KCACHE_REMOTE={url} but redis-py is not installed", "pip install 'kcache[remote]'")
+        return Finding("remote", True, f"KCACHE_REMOTE={url} but redis-py is not installed", "pip install 'kcache-gpu[remote]'")
     except (redis.RedisError, OSError) as err:
         return Finding("remote", True, f"{url} is unreachable: {err}", "start Redis or fix KCACHE_REMOTE")
     return Finding("remote", False, f"{url} answers")
@@ -212,7 +212,7 @@ def _s3(url: str) -> Finding:
     try:
         import obstore  # noqa: F401
     except ImportError:
-        return Finding("remote", True, f"KCACHE_REMOTE has {url} but obstore is not installed", "pip install 'kcache[s3]'")
+        return Finding("remote", True, f"KCACHE_REMOTE has {url} but obstore is not installed", "pip install 'kcache-gpu[s3]'")
     try:
         return Finding("remote", False, check_bucket(url))
     except (BucketCheckFailed, S3UrlError) as err:
