@@ -17,15 +17,19 @@ equal to plain TileLang's. This module imports nothing of TileLang at import tim
 from __future__ import annotations
 
 import importlib
-from typing import Any, NamedTuple
+from typing import Any
 
 
-class Internal(NamedTuple):
-    module: str
-    name: str  # an attribute of the module, or "object.attribute" for an attribute of one of its objects
-    used_by: str  # the kcache module that uses it
-    essential: bool
-    without: str  # what kcache does where it is missing
+class Internal:
+    # A plain class: a NamedTuple or @dataclass costs ~1 ms of import time, and the hit path loads this.
+    __slots__ = ("module", "name", "used_by", "essential", "without")
+
+    def __init__(self, module: str, name: str, used_by: str, essential: bool, without: str) -> None:
+        self.module = module
+        self.name = name  # an attribute of the module, or "object.attribute" for an attribute of one of its objects
+        self.used_by = used_by  # the kcache module that uses it
+        self.essential = essential
+        self.without = without  # what kcache does where it is missing
 
 
 _PASS = "kcache's TileLang layer is not used: every compile goes to plain TileLang"
