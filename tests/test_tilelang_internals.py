@@ -23,12 +23,12 @@ import pytest
 from kcache.tilelang.internals import INTERNALS, Internal
 
 from .background import Started, low_priority, take
+from .internals_runner import TRANSFER_MODULES
 
 pytestmark = pytest.mark.tilelang
 
 RUNNER = Path(__file__).with_name("internals_runner.py")
 OUTPUT = ("device_source", "host_source", "machine_code")
-TRANSFER_MODULES = ("tilelang.layout", "tilelang._ffi_api")
 
 
 def start_hidden(work: Path) -> Started:
