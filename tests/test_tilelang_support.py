@@ -94,6 +94,10 @@ if "kcache" in sys.modules:
         row["get_or_compile"] = "served"
     except kcache.TileLangUnsupported as err:
         row["get_or_compile"] = str(err)
+    import os
+    row["triton_before"] = os.environ.get("TRITON_CACHE_MANAGER")  # Triton's route does not need TileLang
+    kcache.uninstall()
+    row["triton_after"] = os.environ.get("TRITON_CACHE_MANAGER")
 print("ROW " + json.dumps(row))
 '''
 
@@ -135,3 +139,5 @@ def test_kcache_run_passes_an_unsupported_tilelang_through(tmp_path: Path) -> No
     assert "Traceback" not in run.stderr
     message = row["get_or_compile"]
     assert "\n" not in message and "TileLang 0.1.13" in message and support.FIX in message
+    # Triton's kernels went through kcache all the same, until uninstall() gave Triton its own cache back.
+    assert row["triton_before"] == "kcache_triton_manager:CacheManager" and row["triton_after"] is None, row

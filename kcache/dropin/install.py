@@ -46,6 +46,9 @@ def install(cache: KernelCache | None = None) -> None:
     unsupported = support.unsupported_reason()  # Triton's and Helion's routes above do not depend on it
     if unsupported is not None:
         support.warn_passing_through(unsupported)
+        with state.lock:
+            if state.passed_through is None:
+                state.passed_through = {"triton_was_unset": triton_was_unset, "helion_was_unset": helion_was_unset}
         return
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
@@ -75,6 +78,8 @@ def uninstall() -> None:
     Kernels already returned keep working."""
     with state.lock:
         if state.installed is None:
+            chosen, state.passed_through = state.passed_through or {}, None  # TileLang was left alone
+            _give_back_triton_and_helion(chosen)
             return
         from tilelang.autotuner.tuner import AutoTuner
 
@@ -84,11 +89,16 @@ def uninstall() -> None:
             AutoTuner._save_result_to_disk = state.installed["save"]
             AutoTuner._load_result_from_disk = state.installed["load"]
             AutoTuner.run = state.installed["run"]
-        if state.installed.get("triton_was_unset"):
-            kcache_triton.disable()
-        if state.installed.get("helion_was_unset"):
-            kcache_helion.disable()
+        _give_back_triton_and_helion(state.installed)
         state.installed = None
+
+
+def _give_back_triton_and_helion(chosen: dict[str, Any]) -> None:
+    """Triton's and Helion's own caches back, where install() chose kcache's for them."""
+    if chosen.get("triton_was_unset"):
+        kcache_triton.disable()
+    if chosen.get("helion_was_unset"):
+        kcache_helion.disable()
 
 
 def is_installed() -> bool:
