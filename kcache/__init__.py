@@ -30,6 +30,7 @@ from kcache.errors import (
     PublishError,
     TargetError,
     TileLangMissing,
+    TileLangUnsupported,
     UnwritableCache,
     WorkerStartFailed,
 )
@@ -75,7 +76,7 @@ __all__ = [
     "BundleError", "UnexpectedCompile", "export_bundle", "guard", "import_bundle", "record",
     "ArchMismatch", "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
     "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
-    "Settings", "TargetError", "TileLangMissing", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
+    "Settings", "TargetError", "TileLangMissing", "TileLangUnsupported", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
     "install", "is_installed", "uninstall",
 ]
 

@@ -280,6 +280,15 @@ class TileLangMissing(KCacheError, ModuleNotFoundError):
         super().__init__(f"TileLang is not installed: pip install tilelang{otherwise}", name="tilelang")
 
 
+class TileLangUnsupported(KCacheError, RuntimeError):
+    """The installed TileLang is outside the versions kcache supports, or lacks an internal kcache
+    needs (kcache/tilelang/support.py): the message names the version, the supported range and the fix."""
+
+    def __init__(self, message: str) -> None:
+        self._init_args = (message,)
+        super().__init__(message)
+
+
 class UntrustedEntry(_Explained, KCacheError, PermissionError):
     """An entry (or a directory above it up to the root) that someone else could have written: it is
     never loaded, never unpickled and never quarantined (it is not the entry's fault)."""

@@ -54,7 +54,7 @@ def build_wheel(tmp_path: Path, env: dict[str, str]) -> Path:
     wheels = tmp_path / "wheels"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)],
         env, tmp_path)
-    (wheel,) = wheels.glob("kcache-*.whl")
+    (wheel,) = wheels.glob("kcache_gpu-*.whl")  # the distribution's name (pyproject.toml), not the import name
     return wheel
 
 
@@ -117,3 +117,23 @@ def test_the_installed_wheel_runs_the_stress_harness_and_the_benchmark(tmp_path:
     remote = run([python, "-m", "stress.bench", "--only", "remote"], without(env, "redis-server"), cwd)
     assert remote.stdout.splitlines().count(REMOTE_SKIPPED) == 1, remote.stdout
     assert "remote (redis" not in remote.stdout and "Traceback" not in remote.stderr, remote.stdout + remote.stderr
+
+    # The README's Usage example, from the installed wheel, as far as it runs without a GPU (it says so).
+    example = readme_usage_example().split("\nimport torch")[0]
+    root = tmp_path / "usage-root"
+    script = cwd / "usage_example.py"  # a file: TileLang's @T.prim_func reads the function's source
+    script.write_text(example + "\nprint('USAGE', type(kernel).__name__, kcache.__file__)\n")
+    usage = run([python, str(script)], {**env, "KCACHE_DIR": str(root)}, cwd)
+    (line,) = [line for line in usage.stdout.splitlines() if line.startswith("USAGE ")]
+    _, kind, module_file = line.split(" ", 2)
+    assert kind == "JITKernel" and Path(module_file).resolve().is_relative_to(venv_dir), line
+    assert len(list((root / "kernels").iterdir())) == 1  # compiled once, into the root it named
+    shown = run([python, "-m", "pip", "show", "kcache-gpu"], env, cwd).stdout  # the distribution's name
+    assert "Name: kcache-gpu" in shown and f"Location: {venv_dir}" in shown, shown
+
+
+def readme_usage_example() -> str:
+    """The Python block under the README's "## Usage"."""
+    text = (PROJECT / "README.md").read_text()
+    section = text.split("\n## Usage\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]

@@ -34,6 +34,7 @@ from kcache.store.components import KERNELS
 from kcache.store.entries import EntryStore
 from kcache.tiers.disk import DiskTier
 from kcache.tiers.memory import MemoryTier
+from kcache.tilelang import support
 from kcache.tilelang.installed import is_tilelang_missing, tilelang_installed
 
 if TYPE_CHECKING:
@@ -99,11 +100,12 @@ class KernelCache:
         self._warned: set[str] = set()
         if not self.readonly:
             self._maybe_gc()
-        if self._backend is not None or "tilelang" in sys.modules:
+        if self._backend is not None or ("tilelang" in sys.modules and support.unsupported_reason() is None):
             # TileLang is loaded, so this cache is about to serve it: opening
             # the cache loads the backend and identifies the toolchain (like
             # TileLang's own cache, which does its setup at import). A process
-            # that only inspects the cache never imports TileLang.
+            # that only inspects the cache never imports TileLang; with a TileLang
+            # kcache does not support, the cache opens and its compiles refuse.
             self._toolchain = self._tilelang().toolchain_fingerprint(self.root, persist=not self.readonly)
         if self.settings.compile_isolation == "server" and not self.readonly and backend is None and compile_pool is None:
             self._serves_through_service = True
@@ -298,6 +300,9 @@ class KernelCache:
         backend = self._backend
         if backend is None:
             try:
+                # A TileLang outside the supported versions, or without an internal kcache needs, is
+                # one line (kcache/tilelang/support.py), before any of kcache's layer imports it.
+                support.require_supported()
                 from kcache.tilelang import backend
             except ModuleNotFoundError as err:
                 if is_tilelang_missing(err):

@@ -12,9 +12,12 @@ from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
 from kcache.dropin import autotuner_results, routing, state
+from kcache.tilelang import internals, support
 from kcache.tilelang.installed import require_tilelang
 
 log = logging.getLogger("kcache")
+
+_TUNER_METHODS = ("AutoTuner._save_result_to_disk", "AutoTuner._load_result_from_disk", "AutoTuner.run")
 
 
 def install(cache: KernelCache | None = None) -> None:
@@ -22,7 +25,9 @@ def install(cache: KernelCache | None = None) -> None:
     and tune each AutoTuner key once per job (kcache.dropin.autotuner_results); Triton's kernels
     through kcache too (TRITON_CACHE_MANAGER, unless it names another manager: kcache.triton). Imports TileLang.
     Calling it again changes the cache. Where TileLang is not installed, raises TileLangMissing
-    (a ModuleNotFoundError that says how to install it) before anything is opened or started."""
+    (a ModuleNotFoundError that says how to install it) before anything is opened or started. Where
+    the installed TileLang is not one kcache supports (kcache/tilelang/support.py), TileLang is left
+    as it is: every compile is plain TileLang's, and one warning says why and how to fix it."""
     require_tilelang()
     if cache is None:
         # Open it now, as TileLang sets its own cache up at import: an unusable root raises here,
@@ -37,24 +42,33 @@ def install(cache: KernelCache | None = None) -> None:
     # Helion's autotune picks too (kcache.helion), unless the user named a backend of their own.
     helion_was_unset = kcache_helion.BACKEND_ENV not in os.environ
     kcache_helion.enable()
+    unsupported = support.unsupported_reason()  # Triton's and Helion's routes above do not depend on it
+    if unsupported is not None:
+        support.warn_passing_through(unsupported)
+        with state.lock:
+            if state.passed_through is None:
+                state.passed_through = {"triton_was_unset": triton_was_unset, "helion_was_unset": helion_was_unset}
+        return
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner
 
     with state.lock:
         if state.installed is None:
+            # A TileLang whose AutoTuner has other methods keeps its own results cache (internals.py).
+            tuner = internals.has("tilelang.autotuner.tuner", *_TUNER_METHODS)
             state.installed = {
                 "cached": jit_module.cached,
-                "save": AutoTuner._save_result_to_disk,
-                "load": AutoTuner._load_result_from_disk,
-                "run": AutoTuner.run,
+                **({"save": AutoTuner._save_result_to_disk, "load": AutoTuner._load_result_from_disk,
+                    "run": AutoTuner.run} if tuner else {}),
                 "triton_was_unset": triton_was_unset,  # uninstall() gives Triton its own cache back
                 "helion_was_unset": helion_was_unset,
             }
         state.installed["cache"] = cache
         jit_module.cached = routing.cached
-        AutoTuner._save_result_to_disk = autotuner_results.save_result
-        AutoTuner._load_result_from_disk = autotuner_results.load_result
-        AutoTuner.run = autotuner_results.wrap_run(state.installed["run"])  # the tune's claim ends with the run
+        if "run" in state.installed:
+            AutoTuner._save_result_to_disk = autotuner_results.save_result
+            AutoTuner._load_result_from_disk = autotuner_results.load_result
+            AutoTuner.run = autotuner_results.wrap_run(state.installed["run"])  # the tune's claim ends with the run
     log.debug("kcache: installed into TileLang (tilelang.compile, @tilelang.jit, AutoTuner results)")
 
 
@@ -63,19 +77,27 @@ def uninstall() -> None:
     Kernels already returned keep working."""
     with state.lock:
         if state.installed is None:
+            chosen, state.passed_through = state.passed_through or {}, None  # TileLang was left alone
+            _give_back_triton_and_helion(chosen)
             return
         from tilelang.autotuner.tuner import AutoTuner
 
         jit_module: Any = importlib.import_module("tilelang.jit")
         jit_module.cached = state.installed["cached"]
-        AutoTuner._save_result_to_disk = state.installed["save"]
-        AutoTuner._load_result_from_disk = state.installed["load"]
-        AutoTuner.run = state.installed["run"]
-        if state.installed.get("triton_was_unset"):
-            kcache_triton.disable()
-        if state.installed.get("helion_was_unset"):
-            kcache_helion.disable()
+        if "run" in state.installed:
+            AutoTuner._save_result_to_disk = state.installed["save"]
+            AutoTuner._load_result_from_disk = state.installed["load"]
+            AutoTuner.run = state.installed["run"]
+        _give_back_triton_and_helion(state.installed)
         state.installed = None
+
+
+def _give_back_triton_and_helion(chosen: dict[str, Any]) -> None:
+    """Triton's and Helion's own caches back, where install() chose kcache's for them."""
+    if chosen.get("triton_was_unset"):
+        kcache_triton.disable()
+    if chosen.get("helion_was_unset"):
+        kcache_helion.disable()
 
 
 def is_installed() -> bool:

@@ -67,7 +67,12 @@ def watch_registrations() -> None:
         import tvm_ffi
         from tvm_ffi import core
 
-        original = core._register_global_func
+        original = getattr(core, "_register_global_func", None)
+        if original is None:
+            # A TVM-FFI that registers otherwise (kcache/tilelang/internals.py): nothing is watched, so
+            # every callback in force is opaque, and a compile with one runs in the caller, unstored.
+            _watching = True
+            return
 
         def register_global_func(name: str, function: Any, override: bool) -> Any:
             result = original(name, function, override)

@@ -27,7 +27,6 @@ from typing import Any
 
 import tilelang
 import tvm_ffi
-from tilelang.cache.cuda_binary_cache import CUDABinaryCache
 from tilelang.cuda import backend as tl_cuda_backend
 from tilelang.engine.param import dump_kernel_params
 from tilelang.jit import JITKernel
@@ -37,7 +36,7 @@ from tvm.tirx import PrimFunc
 from kcache.errors import CompileError
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
 from kcache.store.fsutil import empty_staging, ensure_dir, write_durable
-from kcache.tilelang import host_link, host_prebuild
+from kcache.tilelang import host_link, host_prebuild, internals
 from kcache.tilelang.context import CompileContext, applied
 from kcache.tilelang.device_arch import check_on_first_call
 from kcache.tilelang.identity import kernel_name
@@ -78,8 +77,8 @@ def _install_hooks() -> None:
         if _hooks_installed:
             return
         original_compile = tl_cuda_backend.tilelang_callback_cuda_compile
-        original_load = CUDABinaryCache.load.__func__
-        original_save = CUDABinaryCache.save.__func__
+        # A TileLang without this CUDA binary cache (kcache/tilelang/internals.py) has none to bypass.
+        binary_cache = internals.lookup("tilelang.cache.cuda_binary_cache", "CUDABinaryCache")
 
         def compile_callback(code: str, target: Target, pass_config: Any = None) -> bytearray:
             binary = original_compile(code, target, pass_config)
@@ -88,18 +87,27 @@ def _install_hooks() -> None:
                 binaries.append(bytes(binary))
             return binary
 
-        def load(cls: type, key: str, compile_format: str) -> bytes | None:
-            return None if _kcache_compiling() else original_load(cls, key, compile_format)
-
-        def save(cls: type, key: str, compile_format: str, data: bytes) -> None:
-            if not _kcache_compiling():
-                original_save(cls, key, compile_format, data)
-
-        CUDABinaryCache.load = classmethod(load)
-        CUDABinaryCache.save = classmethod(save)
+        if binary_cache is not None:
+            _bypass_binary_cache(binary_cache)
         tvm_ffi.register_global_func("tilelang_callback_cuda_compile", f=compile_callback, override=True)
         host_prebuild.install_hooks(lambda: getattr(_compiling, "prebuild", None))
         _hooks_installed = True
+
+
+def _bypass_binary_cache(binary_cache: Any) -> None:
+    """TileLang's CUDA binary cache neither serves nor stores for a thread that kcache compiles in."""
+    original_load = binary_cache.load.__func__
+    original_save = binary_cache.save.__func__
+
+    def load(cls: type, key: str, compile_format: str) -> bytes | None:
+        return None if _kcache_compiling() else original_load(cls, key, compile_format)
+
+    def save(cls: type, key: str, compile_format: str, data: bytes) -> None:
+        if not _kcache_compiling():
+            original_save(cls, key, compile_format, data)
+
+    binary_cache.load = classmethod(load)
+    binary_cache.save = classmethod(save)
 
 
 def compile_kernel(

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from kcache.tilelang import callbacks
+from kcache.tilelang import callbacks, internals
 from kcache.tilelang.callbacks import Callback
 
 log = logging.getLogger("kcache")
@@ -133,9 +133,10 @@ def _refresh_host_compiler() -> None:
     global _last_host_compiler
     now = (os.environ.get("CXX"), os.environ.get("CC"))
     if _last_host_compiler is not None and now != _last_host_compiler:
-        from tilelang.contrib import cc
-
-        cc.get_cplus_compiler.cache_clear()
+        # TileLang memoizes its host compiler; one that does not has nothing to clear (internals.py).
+        clear = getattr(internals.lookup("tilelang.contrib.cc", "get_cplus_compiler"), "cache_clear", None)
+        if clear is not None:
+            clear()
     _last_host_compiler = now
 
 

@@ -60,7 +60,8 @@ def compile_command(compiler: str, flags: Sequence[str], source: str, obj: str) 
 
 def compiler_for(cc: str | None = None) -> str | None:
     """The compiler this module runs itself, or None where TVM's `create_shared` must link."""
-    compiler = cc or tvm_cc.get_cc()
+    get_cc = getattr(tvm_cc, "get_cc", None)  # without it (another TVM), TVM's create_shared links
+    compiler = cc or (get_cc() if get_cc is not None else None)
     if not sys.platform.startswith("linux") or compiler is None or os.path.basename(compiler) == "nvcc":
         return None
     return compiler

@@ -32,7 +32,7 @@ from typing import Any
 
 import tvm_ffi
 
-from kcache.tilelang import host_link
+from kcache.tilelang import host_link, internals
 from kcache.tilelang.callbacks import HOST_CALLBACK
 
 log = logging.getLogger("kcache")
@@ -150,6 +150,9 @@ def install_hooks(active: Callable[[], HostPrebuild | None]) -> None:
     `active` returns for the calling thread (None: TileLang's own behaviour). Called once."""
     # The module, not the function of the same name that `tilelang.engine` exports.
     tl_lower = importlib.import_module("tilelang.engine.lower")
+    if not internals.has("tilelang.engine.lower", "lower_to_host_device_ir", "host_codegen"):
+        # Another TileLang's lowering (kcache/tilelang/internals.py): its own order of steps, no prebuild.
+        return
 
     original_split = tl_lower.lower_to_host_device_ir
     original_codegen = tl_lower.host_codegen

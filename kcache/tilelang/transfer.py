@@ -35,12 +35,20 @@ from typing import Any
 
 import tvm
 import tvm_ffi
-from tilelang import _ffi_api as tl_ffi
-from tilelang.layout import Fragment, Layout
 from tvm.ir import Range
 from tvm.tirx import For, IterVar, PrimFunc, SBlock, Var, stmt_functor
 
 from kcache.errors import KCacheError
+from kcache.tilelang import internals
+
+# TileLang's layouts and their FFI constructors (kcache/tilelang/internals.py): where this TileLang
+# lacks one, nothing is sent to a worker (`pack` says why) and the kernel compiles in the caller's fork.
+_NEEDED = (("tilelang.layout", "Layout"), ("tilelang.layout", "Fragment"), ("tilelang._ffi_api", "Layout"),
+           ("tilelang._ffi_api", "Fragment"))
+_MISSING = [f"{module}.{name}" for module, name in _NEEDED if internals.lookup(module, name) is None]
+Layout: Any = internals.lookup("tilelang.layout", "Layout")
+Fragment: Any = internals.lookup("tilelang.layout", "Fragment")
+tl_ffi: Any = internals.lookup("tilelang", "_ffi_api")
 
 
 class TransferMismatch(KCacheError, RuntimeError):
@@ -85,6 +93,8 @@ class TransferableFunc:
 
 def pack(func: PrimFunc, name: str) -> tuple[PackedFunc | None, str]:
     """(the packed function, "") when its transfer is proven exact; (None, why) when it is not."""
+    if _MISSING:
+        return None, f"this TileLang lacks {', '.join(_MISSING)}"
     payload = pickle.dumps(func, protocol=pickle.HIGHEST_PROTOCOL)
     try:
         arrived = restore_placeholders(pickle.loads(payload))

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
+DISTRIBUTION = "kcache-gpu"  # pyproject.toml's name; the import name is `kcache`
 
 
 def version_text() -> str:
     """"kcache 0.1.0 from /site-packages/kcache (Python 3.11.7)": which kcache runs, as pip says it."""
     try:
-        installed = version("kcache")
+        installed = version(DISTRIBUTION)
     except PackageNotFoundError:  # run from a checkout on PYTHONPATH, never installed
         installed = "(no package metadata: not installed)"
     return f"kcache {installed} from {PACKAGE_DIR} (Python {platform.python_version()})"

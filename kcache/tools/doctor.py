@@ -42,6 +42,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
             bad_value = str(err)
             settings = Settings(root=Path(root).expanduser() if root is not None else default_root())
     findings = [settings_finding(bad_value)]  # one verdict for the settings, bad values and typos together
+    findings.append(_tilelang_version())
     root = settings.root
     if root.is_symlink() and not root.exists():
         findings.append(Finding("root", True, f"{root} is a dangling symbolic link",
@@ -166,7 +167,7 @@ def _redis(url: str) -> Finding:
 
         redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0).ping()
     except ImportError:
-        return Finding("remote", True, f"KCACHE_REMOTE={url} but redis-py is not installed", "pip install 'kcache[remote]'")
+        return Finding("remote", True, f"KCACHE_REMOTE={url} but redis-py is not installed", "pip install 'kcache-gpu[remote]'")
     except (redis.RedisError, OSError) as err:
         return Finding("remote", True, f"{url} is unreachable: {err}", "start Redis or fix KCACHE_REMOTE")
     return Finding("remote", False, f"{url} answers")
@@ -178,7 +179,7 @@ def _s3(url: str) -> Finding:
     try:
         import obstore  # noqa: F401
     except ImportError:
-        return Finding("remote", True, f"KCACHE_REMOTE has {url} but obstore is not installed", "pip install 'kcache[s3]'")
+        return Finding("remote", True, f"KCACHE_REMOTE has {url} but obstore is not installed", "pip install 'kcache-gpu[s3]'")
     try:
         return Finding("remote", False, check_bucket(url))
     except (BucketCheckFailed, S3UrlError) as err:
@@ -214,6 +215,19 @@ def _compile_service(settings: Settings) -> Finding:
                    f"running: pid {status['pid']}, up {status['uptime_s']:.0f} s, {status['workers']} of "
                    f"{status['max_workers']} workers{forked}, {memory}; {status['running']} running, "
                    f"{status['queued']} queued, {status['jobs']} jobs served ({where})")
+
+
+def _tilelang_version() -> Finding:
+    """Whether the installed TileLang is of the versions kcache supports (kcache/tilelang/support.py;
+    read from its metadata, no import): outside them, TileLang's compiles pass kcache by."""
+    from kcache.tilelang import support
+
+    version = support.installed_version()
+    problem = support.version_problem()
+    if problem is not None:
+        return Finding("tilelang version", True, problem.rpartition(": ")[0] + ": kcache.install() and `kcache run` "
+                       "pass its compiles to plain TileLang, uncached, and get_or_compile refuses", support.FIX)
+    return Finding("tilelang version", False, f"TileLang {version or 'not installed'}; kcache supports {support.SUPPORTED}")
 
 
 def _count(directory: os.PathLike[str]) -> int:

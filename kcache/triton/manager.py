@@ -41,7 +41,7 @@ log = logging.getLogger("kcache")
 
 
 class CacheManager(TritonCacheManager):
-    """Triton's `CacheManager` interface (Triton 3.6 and later) on kcache's store."""
+    """Triton's `CacheManager` interface (Triton 3.5 and later) on kcache's store."""
 
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         self.key = key

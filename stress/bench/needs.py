@@ -39,7 +39,7 @@ def _remote_missing() -> str | None:
     except RedisServerMissing as missing:
         return str(missing)
     if importlib.util.find_spec("redis") is None:
-        return "the redis Python package is not installed (pip install 'kcache[remote]')"
+        return "the redis Python package is not installed (pip install 'kcache-gpu[remote]')"
     return _nvcc_counter_missing()
 
 
