@@ -47,6 +47,7 @@ def fake_distribution(where: Path, version: str) -> Path:
 def test_doctor_reports_an_unsupported_tilelang(tmp_path: Path, version: str) -> None:
     fake = fake_distribution(tmp_path / "site", version)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(REPO)])}
+    (tmp_path / "root").mkdir(mode=0o700)  # doctor on a missing root says only that (the CLI's contract)
     done = subprocess.run([sys.executable, "-m", "kcache", "doctor", "--dir", str(tmp_path / "root")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -58,6 +59,7 @@ def test_doctor_reports_an_unsupported_tilelang(tmp_path: Path, version: str) ->
 
 
 def test_doctor_is_content_with_the_installed_tilelang(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir(mode=0o700)
     done = subprocess.run([sys.executable, "-m", "kcache", "doctor", "--dir", str(tmp_path / "root"), "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     found = [finding for finding in json.loads(done.stdout) if finding["check"] == "tilelang version"]
@@ -139,5 +141,30 @@ def test_kcache_run_passes_an_unsupported_tilelang_through(tmp_path: Path) -> No
     assert "Traceback" not in run.stderr
     message = row["get_or_compile"]
     assert "\n" not in message and "TileLang 0.1.13" in message and support.FIX in message
-    # Triton's kernels went through kcache all the same, until uninstall() gave Triton its own cache back.
-    assert row["triton_before"] == "kcache_triton_manager:CacheManager" and row["triton_after"] is None, row
+    # Triton's kernels went through kcache all the same; the setting is `kcache run`'s, which the program's
+    # uninstall() leaves (docs/operations.md: uninstall() removes what install() set).
+    assert row["triton_before"] == row["triton_after"] == "kcache_triton_manager:CacheManager", row
+
+
+# The program alone, its TileLang saying 0.1.13, kcache imported before it runs (no `kcache run`).
+INSTALL_UNDER_OLD_VERSION = '''
+import runpy, sys
+import tilelang
+tilelang.__version__ = "0.1.13"
+import kcache
+runpy.run_path(sys.argv[1], run_name="__main__")
+'''
+
+
+@pytest.mark.tilelang
+def test_uninstall_after_a_pass_through_install_gives_triton_its_own_cache_back(tmp_path: Path) -> None:
+    program = tmp_path / "program.py"
+    program.write_text(textwrap.dedent(PROGRAM))
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_CACHE_MANAGER"}
+    done = subprocess.run([sys.executable, "-c", INSTALL_UNDER_OLD_VERSION, str(program)], cwd=REPO,
+                          env={**env, "KCACHE_DIR": str(tmp_path / "root"), "KCACHE_COMPILE_ISOLATION": "inprocess"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = _row(done.stdout)
+    assert not row["installed"] and "TileLang 0.1.13" in row["get_or_compile"], row  # the fake took effect
+    assert row["triton_before"] and row["triton_after"] is None, row
