@@ -7,13 +7,11 @@ import argparse
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kcache.config import Settings
-from kcache.maintenance.eviction import EntryUsage, recorded_size, scan_entries
-from kcache.maintenance.stats import read_persisted
+from kcache.maintenance.eviction import EntryUsage, scan_entries
 from kcache.store import dirfd, layout
 from kcache.store.bounded_read import read_regular_at
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META, PARAMS
@@ -28,83 +26,8 @@ from kcache.triton.store import META as TRITON_META
 AUTOTUNER = "autotuner"
 # meta.json, manifest.json, params.json: a few kilobytes; anything far bigger is not kcache's.
 MAX_JSON_BYTES = 1 << 20
-# Up to this many entries `kcache stats` measures the size itself: a stat of every file, about 0.2 s at
-# the rate docs/benchmarks.md measured (10,000 entries: 1.1 s), which keeps stats within its 0.5 s
-# goal. Above, it shows what the last gc or prune measured, and when.
-LIVE_SIZE_MAX_ENTRIES = 2000
 # `ls` clips a long parameter list (a kernel of many tensors) to keep one line per entry; --json has it all.
 LS_PARAMS_WIDTH = 48
-
-
-@dataclass
-class MeasuredSize:
-    size_bytes: int | None  # None: never measured
-    measured_at: float | None  # epoch seconds
-    live: bool  # measured by this command, not read from the last gc's record
-    entries: int | None  # the entries it counted
-
-
-def measure_size(root: Path, entries: int) -> MeasuredSize:
-    if entries <= LIVE_SIZE_MAX_ENTRIES:
-        found = scan_entries(root) + scan_entries(root, layout.TRITON)
-        return MeasuredSize(sum(e.size for e in found), time.time(), True, len(found))
-    record = recorded_size(root) or {}
-    size, at, counted = record.get("bytes"), record.get("measured"), record.get("entries")
-    if not isinstance(size, int) or not isinstance(at, (int, float)):
-        return MeasuredSize(None, None, False, None)
-    return MeasuredSize(size, at, False, counted if isinstance(counted, int) else None)
-
-
-def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    counters = read_persisted(settings.root)
-    entries, triton_entries = (_count_keys(settings.root / namespace) for namespace in (KERNELS, layout.TRITON))
-    size = measure_size(settings.root, entries + triton_entries)
-    crashes = _count_triton_crashes(settings.root) if triton_entries else 0
-    helion = _count_keys(settings.root / layout.HELION)
-    result = {"root": str(settings.root), "entries": entries, "triton_entries": triton_entries, "helion_picks": helion,
-              "triton_crashes_remembered": crashes,
-              "size_bytes": size.size_bytes,
-              "size_measured_at": size.measured_at, "size_is_live": size.live,
-              "max_size_bytes": settings.max_size_bytes, **counters}
-    looked_up = counters["memory_hits"] + counters["disk_hits"] + counters["misses"]
-    hit_rate = (counters["memory_hits"] + counters["disk_hits"]) / looked_up if looked_up else 0.0
-    limit = human_size(settings.max_size_bytes) if settings.max_size_bytes else "no limit"
-    tritons = f" (and {triton_entries} of Triton's" + (f", {crashes} of them crashes remembered" if crashes else "") + ")"
-    rows = [("root", str(settings.root)), ("entries", str(entries) + (tritons if triton_entries else "")
-                                          + (f" (and {count_of(helion, 'Helion pick', 'Helion picks')})" if helion else "")),
-            ("size", _size_text(size, limit, entries + triton_entries)),
-            ("hit rate", f"{hit_rate:.1%}")]
-    rows += [(name.replace("_", " "), f"{value:.1f}" if isinstance(value, float) else str(value))
-             for name, value in counters.items()]
-    return result, format_table(["", ""], rows, show_header=False), 0
-
-
-def _count_triton_crashes(root: Path) -> int:
-    """Triton compiles remembered as crashed (kcache.triton.crashes): `kcache clear` forgets them."""
-    directory = root / layout.TRITON
-    try:
-        return sum(1 for name in os.listdir(directory) if layout.is_key(name) and is_triton_crash(directory / name))
-    except FileNotFoundError:
-        return 0
-
-
-def _count_keys(directory: Path) -> int:
-    try:
-        return sum(1 for name in os.listdir(directory) if layout.is_key(name))
-    except FileNotFoundError:
-        return 0
-
-
-def _size_text(size: MeasuredSize, limit: str, entries: int) -> str:
-    if size.live:
-        return f"{human_size(size.size_bytes)} of {limit} (measured now)"
-    too_many = f"{entries} entries are too many to measure at each `kcache stats`"
-    if size.measured_at is None:
-        return f"not measured yet ({too_many}; `kcache gc` measures it)"
-    counted = f" of {count_of(size.entries, 'entry', 'entries')}" if size.entries is not None else ""
-    return (f"{human_size(size.size_bytes)}{counted} of {limit}, as of {human_time(size.measured_at)} "
-            f"({human_age(time.time() - size.measured_at)} ago, by the last gc or prune; {too_many}: "
-            "`kcache gc` measures again)")
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:

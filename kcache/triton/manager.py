@@ -23,19 +23,17 @@ import time
 import weakref
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from triton.runtime.cache import CacheManager as TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
 from kcache.errors import CacheLockTimeout, CompilerCrashed, CompileTimeout
 from kcache.store.manifest import is_entry_file_name
+from kcache.triton.counting import Lookup, counted
+from kcache.triton.held import Held
 from kcache.triton.roots import TritonRoots, roots
 from kcache.triton.store import GroupStore, as_paths, entry_key, kernel_name
-
-if TYPE_CHECKING:
-    from kcache.store.locks import KeyLock
-    from kcache.triton.private import PrivateDirectory
 
 log = logging.getLogger("kcache")
 
@@ -49,7 +47,7 @@ class CacheManager(TritonCacheManager):
         self._groups = GroupStore(key, _candidates_apart(roots()))
         self._staged: dict[str, Path] = {}  # file name -> its path in the private directory
         self._in_group = False  # get_group was asked: the puts that follow are the group's
-        self._held = _Held()
+        self._held = Held()
         weakref.finalize(self, self._held.release)  # when Triton drops the manager
 
     # ------------------------------------------------------------------ reads
@@ -58,30 +56,36 @@ class CacheManager(TritonCacheManager):
         if self._triton_own is not None:
             return self._triton_own.get_group(filename)
         self._in_group = True
-        found = self._groups.find(self._groups.key, filename)
-        if found is None:
-            from kcache.triton import isolation, parallel_tune  # a miss's
+        lookup = Lookup()  # how this lookup was served: counted and logged as it ends, whichever way
+        try:
+            found = lookup.found = self._groups.find(self._groups.key, filename)
+            if found is None:
+                from kcache.triton import isolation, parallel_tune  # a miss's
 
-            frame = isolation.compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
-            if frame is not None and parallel_tune.compile_tune_ahead(frame):  # a tune's configs, at once
-                found = self._groups.find(self._groups.key, filename)
-            if frame is not None and found is None:
-                found = self._compile_in_fork(frame, filename)
-        if found is None and self._groups.where.write is not None:
-            found = self._wait_or_hold(filename)
-        recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
-        if recording is not None and not _in_fork():
-            recording.note(self._groups.key, kernel_name(filename), "triton")
-        if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
-            from kcache.cache import deployment
+                frame = isolation.compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
+                if frame is not None and parallel_tune.compile_tune_ahead(frame):  # a tune's configs, at once
+                    found = lookup.found = self._groups.find(self._groups.key, filename)
+                    lookup.how = "disk, its tune's configs compiled ahead"
+                if frame is not None and found is None:
+                    found = lookup.found = self._compile_in_fork(frame, filename, lookup)
+            if found is None and self._groups.where.write is not None:
+                found = lookup.found = self._wait_or_hold(filename, lookup)
+            recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
+            if recording is not None and not _in_fork():
+                recording.note(self._groups.key, kernel_name(filename), "triton")
+            if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
+                from kcache.cache import deployment
 
-            try:
-                deployment.check_compile(kernel_name(filename), self._groups.key,
-                                         lambda: f"no Triton entry of that key in {_listed(self._groups.where.reads)}")
-            except BaseException:
-                self._held.release_lock()
-                raise
-        return found
+                try:
+                    deployment.check_compile(kernel_name(filename), self._groups.key,
+                                             lambda: f"no Triton entry of that key in {_listed(self._groups.where.reads)}")
+                except BaseException:
+                    self._held.release_lock()
+                    raise
+            return found
+        finally:
+            if not _in_fork():  # a fork's compile is counted by the process that forked it
+                lookup.count(self._groups.where.write, filename, self._groups.key)
 
     def get_file(self, filename: str) -> str | None:
         if self._triton_own is not None:
@@ -128,6 +132,8 @@ class CacheManager(TritonCacheManager):
         finally:
             self._held.release_lock()
         self._log_compile(filename, files)
+        if not _in_fork():  # Triton compiled this group here (a fork's compile is counted by its caller)
+            counted(self._groups.where.write, "compile", filename, self._groups.key)
         return None if published is None else str(published / filename)
 
     def _log_compile(self, filename: str, files: dict[str, bytes]) -> None:
@@ -142,7 +148,7 @@ class CacheManager(TritonCacheManager):
 
     # ------------------------------------------------------------------ isolation
 
-    def _compile_in_fork(self, frame: FrameType, filename: str) -> dict[str, str] | None:
+    def _compile_in_fork(self, frame: FrameType, filename: str, lookup: Lookup) -> dict[str, str] | None:
         """The compile that asked, run in a fork (kcache.triton.isolation): the group it put, as a hit;
         None where this process compiles it itself (a Python error there, which this process's own
         compile then raises; no fork to be had). Raises TritonCompilerCrashed or TritonCompileTimeout."""
@@ -176,6 +182,9 @@ class CacheManager(TritonCacheManager):
             log.debug("kcache: Triton's compile of %s failed in its fork (%s): compiling it here", name, answer)
             return None
         found = self._groups.find(self._groups.key, filename)
+        # The fork compiled it, or waited for another process's compile (then this lookup is a hit).
+        lookup.compiled_in_fork = self._groups.key in answer
+        lookup.how = "disk, another process's compile"
         if found is None and self._groups.key in answer:  # nothing published (a read-only root, a full disk)
             files = answer[self._groups.key]
             found = {file: str(self._held.write_private(file, data, self._groups.where)) for file, data in files.items()}
@@ -185,14 +194,19 @@ class CacheManager(TritonCacheManager):
 
     # ------------------------------------------------------------------ the key's lock
 
-    def _wait_or_hold(self, filename: str) -> dict[str, str] | None:
+    def _wait_or_hold(self, filename: str, lookup: Lookup) -> dict[str, str] | None:
         """A miss: wait for another process's compile of the key, or hold its lock and compile."""
         lock = self._groups.lock(self._groups.key)
         entry_seen = (lambda: self._groups.find(self._groups.key, filename) is not None)
         deadline = time.monotonic() + self._groups.where.lock_timeout_s  # the local wait and the remote one
         try:
+            started = time.monotonic()
             with self._groups.arrivals(self._groups.key) as arrivals:  # a waiter wakes at the publish
                 waited = lock.acquire(self._groups.where.lock_timeout_s, entry_seen, arrivals.nap)
+            if waited is None or waited > 0:
+                lookup.how = "disk, another process's compile"
+                counted(None, "wait", filename, self._groups.key,
+                         f": {time.monotonic() - started:.1f} s for another process's compile")
         except CacheLockTimeout:
             log.warning("kcache: another process held the compile lock of Triton's %s for KCACHE_LOCK_TIMEOUT "
                         "(%.0f s); compiling it here too", filename, self._groups.where.lock_timeout_s)
@@ -206,6 +220,7 @@ class CacheManager(TritonCacheManager):
         found = self._groups.find(self._groups.key, filename, locked=True)  # published just before we locked
         if found is None and self._groups.where.remote is not None:
             found = self._claim_cluster_wide(filename, max(0.0, deadline - time.monotonic()))
+            lookup.how = "remote"
         if found is not None:
             lock.release()
             return found
@@ -224,57 +239,6 @@ class CacheManager(TritonCacheManager):
                         "without uploading it; compiling it here too", filename, key[:16])
         self._held.lease = claim.lease
         return claim.found
-
-
-class _Held:
-    """What a manager holds until Triton drops it: the key's lock (a miss being compiled here) and
-    its private directory (whose files Triton has read by then). Apart from the manager, so that
-    its finalizer does not keep the manager alive."""
-
-    def __init__(self) -> None:
-        self.lock: KeyLock | None = None
-        self.lease: Any = None  # the remote tiers' lease of the key, while this process compiles it
-        self.private: list[PrivateDirectory] = []  # the newest is written; a full root's gives way to a temp one
-
-    def write_private(self, filename: str, payload: bytes, where: TritonRoots) -> Path:
-        """`payload` as `filename` in the private directory. Where the root's disk is full (or the
-        root turned unwritable), the file goes to a private temp directory: the kernel still runs."""
-        from kcache.triton.private import private_directory  # a miss's
-
-        if not self.private:
-            self.private.append(private_directory(where))
-        try:
-            return self.private[-1].write(filename, payload)
-        except OSError as err:
-            if len(self.private) > 1:  # the temporary directory failed too
-                raise
-            log.warning("kcache: cannot write Triton's %s under %s (%s): compiling into a private temporary "
-                        "directory instead", filename, self.private[-1].path, err.strerror or err)
-            self.private.append(private_directory(TritonRoots(None, (), where.lock_timeout_s)))
-            return self.private[-1].write(filename, payload)
-
-    def read_private(self, filename: str) -> bytes:
-        """The bytes of `filename` as written into the private directory, read through its descriptor."""
-        for directory in reversed(self.private):
-            try:
-                return directory.read(filename)
-            except FileNotFoundError:
-                continue
-        raise FileNotFoundError(filename)
-
-    def release_lock(self) -> None:
-        lease, self.lease = self.lease, None
-        if lease is not None:
-            lease.release()
-        lock, self.lock = self.lock, None
-        if lock is not None:
-            lock.release()
-
-    def release(self) -> None:
-        self.release_lock()
-        private, self.private = self.private, []
-        for directory in private:
-            directory.remove()
 
 
 def _recorder() -> Any:
