@@ -36,19 +36,21 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
     for entry in scan_entries(settings.root):
         meta = entry_meta(entry.path)
         fields = dict_field(meta, "key_fields")
-        listing.append({"key": entry.key, "kind": "tilelang", "kernel": meta.get("kernel", "?"),
+        jit = dict_field(meta, "jit")  # a @tilelang.jit kernel: its function's name and arguments
+        listing.append({"key": entry.key, "kind": "tilelang", "kernel": str(jit.get("name") or meta.get("kernel", "?")),
                         "params": kernel_params(json_file(entry.path / PARAMS)), "out_idx": fields.get("out_idx"),
-                        "target": _arch(meta.get("target")), "size_bytes": entry.size,
-                        "created": meta.get("created"), "last_used": entry.last_used})
+                        "target": _arch(meta.get("target")), "config": jit.get("args") or None,
+                        "size_bytes": entry.size, "created": meta.get("created"), "last_used": entry.last_used})
     listing += [_triton_row(entry) for entry in scan_entries(settings.root, layout.TRITON)]
     listing += [helion_row(entry) for entry in helion_entries(settings.root)]
     listing.sort(key=lambda e: -e["last_used"])
     rows = [(short_key(e["key"]), e["kind"], e["kernel"], _clipped(describe_params(e["params"]), LS_PARAMS_WIDTH),
-             json.dumps(e["out_idx"]) if e["out_idx"] is not None else "-", e["target"], human_size(e["size_bytes"]),
+             json.dumps(e["out_idx"]) if e["out_idx"] is not None else "-", e["target"],
+             _clipped(e["config"] or "-", LS_PARAMS_WIDTH), human_size(e["size_bytes"]),
              f"{human_age(now - e['created'])} ago" if isinstance(e["created"], (int, float)) else "-",
              f"{human_age(now - e['last_used'])} ago")
             for e in listing]
-    return listing, format_table(["key", "kind", "kernel", "params", "out_idx", "target", "size", "created",
+    return listing, format_table(["key", "kind", "kernel", "params", "out_idx", "target", "config", "size", "created",
                                   "last used"], rows), 0
 
 
@@ -77,8 +79,13 @@ def _triton_row(entry: EntryUsage) -> dict[str, Any]:
     elif isinstance(files, list) and files:
         kernel = str(files[0])
     kind = "triton" if isinstance(group, str) else "triton crash" if files == [CRASH_FILE] else "triton file"
+    config = meta.get("config") if isinstance(meta.get("config"), str) else None
+    if config is None and isinstance(group, str):  # recorded before kcache kept the config: Triton's options
+        compiled = json_file(entry.path / group)
+        config = ", ".join(f"{name}={compiled[name]}" for name in ("num_warps", "num_stages")
+                           if isinstance(compiled, dict) and name in compiled) or None
     return {"key": entry.key, "kind": kind, "kernel": kernel,
-            "params": None, "out_idx": None, "target": target, "size_bytes": entry.size,
+            "params": None, "out_idx": None, "target": target, "config": config, "size_bytes": entry.size,
             "created": meta.get("created"), "last_used": entry.last_used}
 
 
@@ -178,11 +185,21 @@ def _indent(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
 
 
+# A TileLang target's attributes whose usual values `ls` and `show` leave out: "sm_90a" says it.
+_USUAL_TARGET = {"kind": "cuda", "keys": None, "host": None, "tag": "", "max_num_threads": 1024, "thread_warp_size": 32}
+
+
 def _arch(target: Any) -> str:
-    """The target's arch ("sm_90a"), else its kind."""
+    """The target's arch ("sm_90a"), its kind where not CUDA ("hip gfx942"), then each attribute set
+    otherwise than usual ("sm_90a max_num_threads=512"): two targets of one kernel are told apart."""
     if not isinstance(target, dict):
         return "-"
-    return str(target.get("arch") or target.get("kind") or "-")
+    shown = [str(target["kind"])] if target.get("kind") not in (None, "cuda") else []
+    shown += [str(target["arch"])] if target.get("arch") else [] if shown else [str(target.get("kind") or "-")]
+    shown += [f"{name}={_compact(value)}" for name, value in sorted(target.items())
+              if name not in ("arch", "kind") and (name not in _USUAL_TARGET or
+                                                   (_USUAL_TARGET[name] is not None and value != _USUAL_TARGET[name]))]
+    return " ".join(shown)
 
 
 def cmd_tunes(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:

@@ -29,8 +29,9 @@ def helion_row(entry: EntryUsage) -> dict[str, Any]:
     except ValueError:
         config = {}
     config = config if isinstance(config, dict) else {}
-    params = {name: config[name] for name in ("block_sizes", "num_warps", "num_stages") if name in config}
-    return {"key": entry.key, "kind": "helion", "kernel": kernel, "params": None, "config": params,
+    shown = ", ".join(f"{name}={json.dumps(config[name])}" for name in ("block_sizes", "num_warps", "num_stages")
+                      if name in config)
+    return {"key": entry.key, "kind": "helion", "kernel": kernel, "params": None, "config": shown or None,
             "out_idx": None, "target": "-", "size_bytes": entry.size, "created": meta.get("created"),
             "last_used": entry.last_used}
 

@@ -78,16 +78,24 @@ def note_group(key: str, files: dict[str, bytes]) -> None:
         _groups[key] = files
 
 
-def compile_frame() -> FrameType | None:
-    """The frame of Triton's `compile` that called the manager's get_group, or None."""
+def compile_frame(depth: int = 2) -> FrameType | None:
+    """The frame of Triton's `compile` that called the manager's get_group (`depth` frames up from
+    here; a deeper caller says how deep), or None."""
     compile_fn = getattr(sys.modules.get("triton.compiler.compiler"), "compile", None)
-    frame = sys._getframe(2)  # compile -> CacheManager.get_group -> here
+    frame = sys._getframe(depth)  # compile -> CacheManager.get_group -> here
     return frame if frame.f_code is getattr(compile_fn, "__code__", None) else None
 
 
 def describe(frame: FrameType, kernel: str) -> str:
     """The kernel and its config, as an autotuner's log names it: `matmul_kernel (Triton) [BM=128, ...,
     num_warps=4, num_stages=3]`."""
+    parts = config_of(frame)
+    return f"{kernel} [{', '.join(parts)}]" if parts else kernel
+
+
+def config_of(frame: FrameType) -> list[str]:
+    """The config of the compile of `frame` (Triton's `compile`): its constexprs (a config's block
+    sizes), then num_warps, num_stages, and num_ctas and maxnreg where not their defaults."""
     src, options = frame.f_locals.get("src"), frame.f_locals.get("options")
     parts: list[str] = []
     try:  # the constexprs (a config's block sizes): Triton keeps them by argument index
@@ -100,7 +108,7 @@ def describe(frame: FrameType, kernel: str) -> str:
         value = getattr(options, option, default)
         if value is not default and value != default:
             parts.append(f"{option}={value}")
-    return f"{kernel} [{', '.join(parts)}]" if parts else kernel
+    return parts
 
 
 def compile_in_fork(frame: FrameType, name: str) -> tuple[str, Any]:

@@ -128,7 +128,7 @@ class CacheManager(TritonCacheManager):
                      else Path(path).read_bytes() for name, path in group.items()}
             if _in_fork():
                 sys.modules["kcache.triton.isolation"].note_group(self._groups.key, files)  # the fork's answer
-            published = self._groups.publish(self._groups.key, filename, files)
+            published = self._groups.publish(self._groups.key, filename, files, _compile_config())
         finally:
             self._held.release_lock()
         self._log_compile(filename, files)
@@ -239,6 +239,15 @@ class CacheManager(TritonCacheManager):
                         "without uploading it; compiling it here too", filename, key[:16])
         self._held.lease = claim.lease
         return claim.found
+
+
+def _compile_config() -> str | None:
+    """The config of the Triton `compile` that called put_group (its constexprs and options), or None
+    where another caller put the group: what `kcache ls` shows to tell a tune's configs apart."""
+    from kcache.triton import isolation  # a miss's, as put_group
+
+    frame = isolation.compile_frame(3)  # compile -> put_group -> here -> compile_frame
+    return ", ".join(isolation.config_of(frame)) if frame is not None else None
 
 
 def _recorder() -> Any:
