@@ -89,26 +89,10 @@ def compile_frame(depth: int = 2) -> FrameType | None:
 def describe(frame: FrameType, kernel: str) -> str:
     """The kernel and its config, as an autotuner's log names it: `matmul_kernel (Triton) [BM=128, ...,
     num_warps=4, num_stages=3]`."""
+    from kcache.triton.compile_record import config_of
+
     parts = config_of(frame)
     return f"{kernel} [{', '.join(parts)}]" if parts else kernel
-
-
-def config_of(frame: FrameType) -> list[str]:
-    """The config of the compile of `frame` (Triton's `compile`): its constexprs (a config's block
-    sizes), then num_warps, num_stages, and num_ctas and maxnreg where not their defaults."""
-    src, options = frame.f_locals.get("src"), frame.f_locals.get("options")
-    parts: list[str] = []
-    try:  # the constexprs (a config's block sizes): Triton keeps them by argument index
-        names, signature = src.fn.arg_names, src.signature
-        parts += [f"{names[path[0]]}={value}" for path, value in sorted(src.constants.items())
-                  if len(path) == 1 and path[0] < len(names) and signature.get(names[path[0]]) == "constexpr"]
-    except (AttributeError, TypeError, IndexError):
-        pass
-    for option, default in (("num_warps", ...), ("num_stages", ...), ("num_ctas", 1), ("maxnreg", None)):
-        value = getattr(options, option, default)
-        if value is not default and value != default:
-            parts.append(f"{option}={value}")
-    return parts
 
 
 def compile_in_fork(frame: FrameType, name: str) -> tuple[str, Any]:

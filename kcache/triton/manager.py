@@ -128,19 +128,20 @@ class CacheManager(TritonCacheManager):
                      else Path(path).read_bytes() for name, path in group.items()}
             if _in_fork():
                 sys.modules["kcache.triton.isolation"].note_group(self._groups.key, files)  # the fork's answer
-            published = self._groups.publish(self._groups.key, filename, files, _compile_config())
+            record = _compile_record()
+            published = self._groups.publish(self._groups.key, filename, files, record)
         finally:
             self._held.release_lock()
-        self._log_compile(filename, files)
+        self._log_compile(filename, files, record)
         if not _in_fork():  # Triton compiled this group here (a fork's compile is counted by its caller)
             counted(self._groups.where.write, "compile", filename, self._groups.key)
         return None if published is None else str(published / filename)
 
-    def _log_compile(self, filename: str, files: dict[str, bytes]) -> None:
-        """Log this compile as a miss, with what its files tell of its key (`kcache why-miss`)."""
+    def _log_compile(self, filename: str, files: dict[str, bytes], record: dict[str, Any] | None) -> None:
+        """Log this compile as a miss, with what its files and its compile tell of its key (`kcache why-miss`)."""
         from kcache.triton.key_fields import key_fields  # a miss's: a hit loads none of it
 
-        fields = key_fields(filename, files)
+        fields = key_fields(filename, files, record)
         if fields is not None and self._groups.where.write is not None:
             from kcache.cache import miss_explain
 
@@ -241,13 +242,14 @@ class CacheManager(TritonCacheManager):
         return claim.found
 
 
-def _compile_config() -> str | None:
-    """The config of the Triton `compile` that called put_group (its constexprs and options), or None
-    where another caller put the group: what `kcache ls` shows to tell a tune's configs apart."""
+def _compile_record() -> dict[str, Any] | None:
+    """What the Triton `compile` that called put_group was asked for (kcache.triton.compile_record), or
+    None where another caller put the group."""
     from kcache.triton import isolation  # a miss's, as put_group
+    from kcache.triton.compile_record import record_of
 
     frame = isolation.compile_frame(3)  # compile -> put_group -> here -> compile_frame
-    return ", ".join(isolation.config_of(frame)) if frame is not None else None
+    return record_of(frame) if frame is not None else None
 
 
 def _recorder() -> Any:
