@@ -127,3 +127,40 @@ def test_config_shows_every_setting_with_its_value_and_source(tmp_path: Path) ->
     text = kcache("config", KCACHE_MAX_SIZE="5G").stdout
     assert any(line.split() == ["KCACHE_MAX_SIZE", "env", "5G"] for line in text.splitlines()), text
     assert any(line.split() == ["KCACHE_READONLY", "default", "0"] for line in text.splitlines()), text
+
+
+JIT_PROGRAM = """
+import kcache, tilelang
+import tilelang.language as T
+from stress.kernels import CPU_TARGET
+
+@tilelang.jit(out_idx=[-1], target=CPU_TARGET)
+def scale(N, factor):
+    @T.prim_func
+    def main(A: T.Tensor((N,), "float32"), B: T.Tensor((N,), "float32")):
+        with T.Kernel(T.ceildiv(N, 128), threads=128) as bx:
+            for i in T.Parallel(128):
+                B[bx * 128 + i] = A[bx * 128 + i] * factor
+
+    return main
+
+kcache.install(kcache.KernelCache({root!r}))
+scale(1024, 2.0)
+scale(2048, factor=2.0)
+"""
+
+
+def test_ls_names_a_tilelang_jit_kernel_by_its_function_and_shows_its_arguments(cache_root: Path,
+                                                                              tmp_path: Path) -> None:
+    program = tmp_path / "jit_program.py"  # a file: TileLang reads the decorated function's source
+    program.write_text(JIT_PROGRAM.format(root=str(cache_root)))
+    done = subprocess.run([sys.executable, str(program)], capture_output=True,
+                          text=True, env=child_env(KCACHE_COMPILE_ISOLATION="inprocess"), cwd=str(PROJECT), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = json.loads(kcache("--dir", str(cache_root), "--json", "ls").stdout)
+    assert sorted((row["kernel"], row["config"]) for row in listed) == [("scale", "N=1024, factor=2.0"),
+                                                                       ("scale", "N=2048, factor=2.0")]
+    text = kcache("--dir", str(cache_root), "ls").stdout
+    assert "N=2048, factor=2.0" in text and " main " not in text, text
+    shown = kcache("--dir", str(cache_root), "--json", "show", listed[0]["key"][:12])
+    assert json.loads(shown.stdout)["meta"]["kernel"] == "main"  # the PrimFunc's own name stays in meta.json

@@ -110,7 +110,7 @@ class CompileStep:
             self._backend.compile_entry(
                 request.func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags,
                 log_dir, pool=pool, out_dir=out_dir, key=request.key, toolchain=request.toolchain,
-                context=request.context, described_fields=request.described(self._backend),
+                context=request.context, described_fields=request.entry_fields(self._backend),
             )
 
         return compile_into
@@ -144,7 +144,7 @@ class CompileStep:
     def _publish(self, request: KernelRequest, compiled: Any) -> Any:
         def fill(staging: Path) -> None:
             self._backend.write_entry(staging, compiled, request.key, request.resolved, request.toolchain,
-                                      request.described(self._backend))
+                                      request.entry_fields(self._backend))
 
         for _attempt in range(2):
             try:
