@@ -63,6 +63,7 @@ def test_a_herd_of_four_on_one_cold_kernel_reads_one_miss_three_hits_75_percent(
     assert tilelang == ["TileLang", "3", "1", "1", "75.0%"], text
     (triton,) = [line.split() for line in text.splitlines() if line.startswith("Triton ")]
     assert triton == ["Triton", "0", "0", "0", "-"], text
+    assert kcache("--dir", str(cache_root), "verify").stdout.startswith("1 entry, 1 good, 0 bad; 0 staging directories")
 
 
 def test_stats_zero_zeroes_the_counters_of_dead_and_live_processes_and_a_fold_keeps_them_zeroed(

@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         return commands.add_parser(name, help=summary, description=summary, parents=[after], **kwargs)
 
     stats_cli.add_parser(command)
-    command("ls", "key, kernel, params (dtypes and shapes), out_idx, target, size, created, last used")
+    command("ls", "key, kind, kernel, params (dtypes and shapes), out_idx, target, config, size, created, last used "
+            "(recorded at most once an hour per entry, so it lags a use by up to an hour)")
     show = command("show", "one entry: a summary (kernel, key, params, target, created, size), its files, "
                    "then every detail of its meta.json")
     show.add_argument("key", help="a key or a unique prefix of one")
@@ -289,8 +290,8 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
                 bad.append(entry)
     in_progress = sum(len(os.listdir(d)) for d in staging_dirs(settings.root))
     result = {"entries": len(keys), "bad": bad, "staging_in_progress": in_progress}
-    lines = [f"{len(keys)} entries, {len(keys) - len(bad)} good, {len(bad)} bad; "
-             f"{in_progress} staging directories (unpublished writes: never visible)"]
+    lines = [f"{count_of(len(keys), 'entry', 'entries')}, {len(keys) - len(bad)} good, {len(bad)} bad; "
+             f"{count_of(in_progress, 'staging directory', 'staging directories')} (unpublished writes: never visible)"]
     lines += [f"  BAD {short_key(b['key'])}: {b['reason']}" + (f" -> {b['quarantined']}" if b["quarantined"] else "")
               for b in bad]
     if bad and not args.repair:

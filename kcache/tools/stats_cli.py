@@ -61,7 +61,7 @@ def measure_size(root: Path, entries: int) -> MeasuredSize:
 
 def lookups(counters: dict[str, float]) -> dict[str, dict[str, Any]]:
     """{compiler: {hits, misses, compiles, hit_rate}} and "total": hit_rate is None before a lookup."""
-    per = {"tilelang": {"hits": sum(counters[name] for name in TILELANG_HITS), "misses": counters["misses"],
+    per: dict[str, dict[str, Any]] = {"tilelang": {"hits": sum(counters[name] for name in TILELANG_HITS), "misses": counters["misses"],
                         "compiles": counters["compiles"]}}
     for compiler in OTHER_COMPILERS:
         per[compiler] = {name: counters.get(f"{compiler}_{name}", 0) for name in LOOKUP_COUNTERS}
