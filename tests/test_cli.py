@@ -189,7 +189,7 @@ def test_without_json_the_output_is_a_table(cache_root: Path, populated: dict) -
     assert rows == {"root": str(cache_root), "entries": "6"}, done.stdout
 
 
-COMMANDS = ("stats", "ls", "show", "verify", "prune", "clear", "export", "import", "verify-coverage", "why-miss",
+COMMANDS = ("stats", "config", "ls", "show", "verify", "prune", "clear", "export", "import", "verify-coverage", "why-miss",
             "tunes", "untune", "gc", "doctor", "server", "run", "help")
 
 
