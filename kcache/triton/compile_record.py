@@ -6,8 +6,11 @@ changes it too (Gluon writes num_warps into it)."""
 
 from __future__ import annotations
 
+import logging
 from types import FrameType
 from typing import Any
+
+log = logging.getLogger("kcache")
 
 
 def constexprs(frame: FrameType) -> dict[str, Any]:
@@ -52,3 +55,16 @@ def record_of(frame: FrameType) -> dict[str, Any]:
     if values:
         record["constexprs"] = values
     return record
+
+
+def record_of_caller() -> dict[str, Any] | None:
+    """What the Triton `compile` that called put_group was asked for (kcache.triton.compile_record), or
+    None where another caller put the group."""
+    from kcache.triton import isolation  # a miss's, as put_group
+
+    frame = isolation.compile_frame(3)  # compile -> CacheManager.put_group -> here -> compile_frame
+    try:
+        return record_of(frame) if frame is not None else None
+    except Exception as err:  # noqa: BLE001 - a label for ls and why-miss never fails Triton's compile
+        log.debug("kcache: cannot record what Triton's compile of this group was asked for: %s", err)
+        return None

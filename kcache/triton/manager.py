@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import sys
 import time
 import weakref
@@ -32,7 +31,7 @@ from kcache.errors import CacheLockTimeout, CompilerCrashed, CompileTimeout
 from kcache.store.manifest import is_entry_file_name
 from kcache.triton.counting import Lookup, counted
 from kcache.triton.held import Held
-from kcache.triton.roots import TritonRoots, roots
+from kcache.triton.roots import candidates_apart, roots
 from kcache.triton.store import GroupStore, as_paths, entry_key, kernel_name
 
 log = logging.getLogger("kcache")
@@ -44,7 +43,11 @@ class CacheManager(TritonCacheManager):
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         self.key = key
         self._triton_own = FileCacheManager(key, override=override, dump=dump) if override or dump else None
-        self._groups = GroupStore(key, _candidates_apart(roots()))
+        where = roots()
+        self._groups = GroupStore(key, candidates_apart(where))
+        # Where this manager's lookups are counted: the root's stats; none for Helion's candidates, which
+        # are its tune's own compiles (in a throwaway directory: kcache.triton.roots.candidates_apart).
+        self._counted_in = where.write if self._groups.where is where else None
         self._staged: dict[str, Path] = {}  # file name -> its path in the private directory
         self._in_group = False  # get_group was asked: the puts that follow are the group's
         self._held = Held()
@@ -85,7 +88,7 @@ class CacheManager(TritonCacheManager):
             return found
         finally:
             if not _in_fork():  # a fork's compile is counted by the process that forked it
-                lookup.count(self._groups.where.write, filename, self._groups.key)
+                lookup.count(self._counted_in, filename, self._groups.key)
 
     def get_file(self, filename: str) -> str | None:
         if self._triton_own is not None:
@@ -128,13 +131,15 @@ class CacheManager(TritonCacheManager):
                      else Path(path).read_bytes() for name, path in group.items()}
             if _in_fork():
                 sys.modules["kcache.triton.isolation"].note_group(self._groups.key, files)  # the fork's answer
-            record = _compile_record()
+            from kcache.triton.compile_record import record_of_caller  # a miss's, as put_group
+
+            record = record_of_caller()
             published = self._groups.publish(self._groups.key, filename, files, record)
         finally:
             self._held.release_lock()
         self._log_compile(filename, files, record)
         if not _in_fork():  # Triton compiled this group here (a fork's compile is counted by its caller)
-            counted(self._groups.where.write, "compile", filename, self._groups.key)
+            counted(self._counted_in, "compile", filename, self._groups.key)
         return None if published is None else str(published / filename)
 
     def _log_compile(self, filename: str, files: dict[str, bytes], record: dict[str, Any] | None) -> None:
@@ -242,20 +247,6 @@ class CacheManager(TritonCacheManager):
         return claim.found
 
 
-def _compile_record() -> dict[str, Any] | None:
-    """What the Triton `compile` that called put_group was asked for (kcache.triton.compile_record), or
-    None where another caller put the group."""
-    from kcache.triton import isolation  # a miss's, as put_group
-    from kcache.triton.compile_record import record_of
-
-    frame = isolation.compile_frame(3)  # compile -> put_group -> here -> compile_frame
-    try:
-        return record_of(frame) if frame is not None else None
-    except Exception as err:  # noqa: BLE001 - a label for ls and why-miss never fails Triton's compile
-        log.debug("kcache: cannot record what Triton's compile of this group was asked for: %s", err)
-        return None
-
-
 def _recorder() -> Any:
     """The key recorder (KCACHE_RECORD, or kcache.record()), loading its module only where one can be
     set: a hit without them loads nothing of the deployment's."""
@@ -272,27 +263,6 @@ def _private_copy(entry: str, name: str, data: bytes) -> str:
     from kcache.triton.private import private_copy
 
     return private_copy(entry, name, data)
-
-
-def _candidates_apart(where: TritonRoots) -> TritonRoots:
-    """While Helion autotunes, it points TRITON_CACHE_DIR at a throwaway directory (`helion_autotune_*`,
-    its own mkdtemp, removed when the tune ends) for its candidates, and compiles the winner again
-    afterwards: kcache honours it. A candidate already in the root is read from there; the others are
-    compiled (in forks, as any miss) and published into that directory, a root of their own, where
-    Helion's parent finds what its precompile children built (as it would with Triton's own manager),
-    and none reaches the root. A directory that is not this user's own and private is not written: the
-    candidates are then compiled without being saved."""
-    directory = os.environ.get("TRITON_CACHE_DIR", "")
-    if not os.path.basename(directory).startswith("helion_autotune_"):
-        return where
-    try:
-        info = os.lstat(directory)
-        private = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
-    except OSError:
-        private = False
-    if not private:
-        return TritonRoots(None, where.reads, where.lock_timeout_s)
-    return TritonRoots(Path(directory), (*where.reads, Path(directory)), where.lock_timeout_s)
 
 
 def _in_fork() -> bool:
