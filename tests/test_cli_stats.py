@@ -165,3 +165,15 @@ def test_ls_names_a_tilelang_jit_kernel_by_its_function_and_shows_its_arguments(
     assert "N=2048, factor=2.0" in text and " main " not in text, text
     shown = kcache("--dir", str(cache_root), "--json", "show", listed[0]["key"][:12])
     assert json.loads(shown.stdout)["meta"]["kernel"] == "main"  # the PrimFunc's own name stays in meta.json
+
+
+def test_ls_target_names_what_sets_two_targets_of_one_kernel_apart() -> None:
+    """TileLang's resolved targets as meta.json keeps them: the usual attributes are left out, others named."""
+    from kcache.tools.cli_entries import _arch
+
+    usual = {"arch": "sm_90a", "host": {"keys": ["cpu"], "kind": "c", "tag": ""}, "keys": ["cuda", "gpu"],
+             "kind": "cuda", "max_num_threads": 1024, "tag": "", "thread_warp_size": 32}
+    assert _arch(usual) == "sm_90a"
+    assert _arch({**usual, "max_num_threads": 512}) == "sm_90a max_num_threads=512"
+    assert _arch({**usual, "libs": ["cublas"]}) == 'sm_90a libs=["cublas"]'
+    assert _arch({"kind": "hip", "mcpu": "gfx942"}) == "hip mcpu=gfx942"
