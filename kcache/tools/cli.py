@@ -353,7 +353,8 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings | None) -> tuple[Any
 
 
 COMMANDS = {"stats": stats_cli.cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
-            "config": config_cli.cmd_config, "clear": clear_cli.cmd_clear, "export": bundle_cli.cmd_export, "import": bundle_cli.cmd_import,
+            "config": config_cli.cmd_config, "clear": clear_cli.cmd_clear, "export": bundle_cli.cmd_export,
+            "import": bundle_cli.cmd_import,
             "verify-coverage": bundle_cli.cmd_verify_coverage, "why-miss": why_miss_cli.cmd_why_miss, "tunes": cmd_tunes,
             "untune": cmd_untune, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
 
