@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from kcache import lookup_log
 from kcache.maintenance.counter_file import count_lookup
 from kcache.triton.store import kernel_name
+
+log = logging.getLogger("kcache")
 
 
 class Lookup:
@@ -35,7 +37,12 @@ def counted(root: Path | None, event: str, filename: str, key: str, detail: str 
     wait is logged only."""
     if event != "wait":
         count_lookup(root, "triton", **{_COUNTER[event]: 1})
-    lookup_log.lookup("triton", event, kernel_name(filename), key, detail)
+    # kcache.lookup_log's levels (a hit at debug, the rest at info), asked here: a fresh process's hit that
+    # logs nothing does not load it.
+    if log.isEnabledFor(logging.DEBUG if event == "hit" else logging.INFO):
+        from kcache import lookup_log
+
+        lookup_log.lookup("triton", event, kernel_name(filename), key, detail)
 
 
 _COUNTER = {"hit": "hits", "miss": "misses", "compile": "compiles"}

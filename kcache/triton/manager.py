@@ -22,7 +22,7 @@ import time
 import weakref
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triton.runtime.cache import CacheManager as TritonCacheManager
 from triton.runtime.cache import FileCacheManager
@@ -30,9 +30,11 @@ from triton.runtime.cache import FileCacheManager
 from kcache.errors import CacheLockTimeout, CompilerCrashed, CompileTimeout
 from kcache.store.manifest import is_entry_file_name
 from kcache.triton.counting import Lookup, counted
-from kcache.triton.held import Held
 from kcache.triton.roots import candidates_apart, roots
 from kcache.triton.store import GroupStore, as_paths, entry_key, kernel_name
+
+if TYPE_CHECKING:
+    from kcache.triton.held import Held
 
 log = logging.getLogger("kcache")
 
@@ -50,8 +52,17 @@ class CacheManager(TritonCacheManager):
         self._counted_in = where.write if self._groups.where is where else None
         self._staged: dict[str, Path] = {}  # file name -> its path in the private directory
         self._in_group = False  # get_group was asked: the puts that follow are the group's
-        self._held = Held()
-        weakref.finalize(self, self._held.release)  # when Triton drops the manager
+        self._held_now: Held | None = None  # made at its first use, a miss's: a hit holds nothing
+
+    @property
+    def _held(self) -> Held:
+        """What this manager holds until Triton drops it (kcache.triton.held)."""
+        if self._held_now is None:
+            from kcache.triton.held import Held  # a miss's: not loaded by a fresh process's hit
+
+            self._held_now = Held()
+            weakref.finalize(self, self._held_now.release)  # when Triton drops the manager
+        return self._held_now
 
     # ------------------------------------------------------------------ reads
 
