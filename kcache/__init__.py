@@ -114,6 +114,12 @@ def _watch_callbacks() -> None:
 # what the program registers next. A process that never loads TileLang pays nothing.
 after_import("tvm_ffi", _watch_callbacks)
 
+if os.environ.get("KCACHE_LOG", "").strip():
+    # KCACHE_LOG=debug|info|warning: kcache's log on stderr, one line per lookup (kcache.lookup_log).
+    from kcache.lookup_log import configure
+
+    configure()
+
 if os.environ.get("KCACHE_TILELANG", "").strip():
     # KCACHE_TILELANG=1: install into TileLang now, or as soon as it is imported.
     from kcache.dropin.on_import import install_from_environment

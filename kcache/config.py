@@ -44,6 +44,7 @@ SETTING_NAMES = frozenset({
     "KCACHE_READONLY", "KCACHE_ON_UNWRITABLE", "KCACHE_UMASK", "KCACHE_GROUP", "KCACHE_TILELANG", "KCACHE_EXEC_DIR",
     "KCACHE_COMPILE_ISOLATION", "KCACHE_SERVER_IDLE", "KCACHE_CALLER_FORK", "KCACHE_COMPILE_MEMORY",
     "KCACHE_COMPILE_WORKERS", "KCACHE_COMPILE_TIMEOUT", "KCACHE_DEBUG", "KCACHE_TRITON_ISOLATION",
+    "KCACHE_LOG",
 })
 # Not settings, but no typos either: what kcache sets for its own worker processes, and what its stress
 # harness and tests read (KCACHE_TEST_* included).

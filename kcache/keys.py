@@ -9,6 +9,10 @@ from typing import Any
 
 # Bump when the entry layout or the meaning of any key field changes.
 ENTRY_FORMAT = 1
+# Where the @tilelang.jit call a request came from (its function's name and arguments) rides to the
+# compile worker inside the described key fields; write_entry takes it out into meta.json's "jit". It
+# names the entry for `kcache ls`, and is never part of the key.
+JIT_CALL_FIELD = "@jit"
 
 
 def _fallback(value: object) -> object:

@@ -197,6 +197,14 @@ def triton_isolation_setting() -> str:
     return env_choice("KCACHE_TRITON_ISOLATION", TRITON_ISOLATION_LANES)
 
 
+LOG_LEVELS = ("warning", "info", "debug")  # KCACHE_LOG (kcache.lookup_log); the first is the default
+
+
+def log_setting() -> str:
+    """KCACHE_LOG, checked: one of LOG_LEVELS (kcache.lookup_log applies it at `import kcache`)."""
+    return env_choice("KCACHE_LOG", LOG_LEVELS)
+
+
 def check_process_settings(remote_url: str | None) -> None:
     """The settings read where they are used, not at open (the sharing ones where files are made, the
     JIT guard at each compile, the caller fork at the first compile, the remote tiers at the first
@@ -206,4 +214,5 @@ def check_process_settings(remote_url: str | None) -> None:
     jit_guard_setting()
     caller_fork_setting()
     triton_isolation_setting()
+    log_setting()
     remote_urls(remote_url)

@@ -101,7 +101,7 @@ def test_counts_in_words_agree_with_their_nouns(cache_root: Path, populated: dic
     assert "6 entries match ''" in text("show", "")
     sizes = sorted(e.size for e in scan_entries(cache_root))
     assert text("prune", "--max-size", str(sum(sizes) - 1)).startswith("evicted 1 entry (")
-    assert "removed 5 kernel entries (every version), 0 autotune results and 0 Triton entries" in text(
+    assert "removed 5 kernel entries, 0 autotune results, 0 Triton entries and 0 Helion picks (every version)" in text(
         "clear", "--all-versions")
 
 
@@ -191,7 +191,7 @@ def test_without_json_the_output_is_a_table(cache_root: Path, populated: dict) -
     assert rows == {"root": str(cache_root), "entries": "6"}, done.stdout
 
 
-COMMANDS = ("stats", "ls", "show", "verify", "prune", "clear", "export", "import", "verify-coverage", "why-miss",
+COMMANDS = ("stats", "config", "ls", "show", "verify", "prune", "clear", "export", "import", "verify-coverage", "why-miss",
             "tunes", "untune", "gc", "doctor", "server", "run", "help")
 
 

@@ -25,7 +25,7 @@ READERS = {"stats": [], "ls": [], "show": ["abcd"], "verify": [], "prune": [], "
            "tunes": [], "untune": ["abcd"], "gc": [], "doctor": []}
 # The commands that read no root, or create theirs (`import` publishes into a new root, `run`'s
 # program compiles into one), each for its reason: every command is in one list or the other.
-NOT_READERS = {"import", "run", "server", "help"}
+NOT_READERS = {"import", "run", "server", "help", "config"}  # config shows the settings, the root among them
 JSON_ERROR_FIELDS = {"error", "path", "exit_status"}
 
 

@@ -20,7 +20,7 @@ def test_a_readonly_cache_serves_hits_compiles_misses_privately_and_writes_nothi
     made = writer.get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
     for entry in (cache_root / "kernels").iterdir():
         os.utime(entry, (0, 0))  # a last use long ago: a writable cache would record this hit
-    from kcache.maintenance.stats import _flush_all
+    from kcache.maintenance.counter_file import _flush_all
 
     _flush_all()  # the writer's pending counts
     before = snapshot(cache_root)

@@ -162,7 +162,7 @@ def test_a_link_in_place_of_a_kcache_directory_is_never_followed(tmp_path: Path,
     from kcache.tools.cli import main
 
     assert main(["--dir", str(root), "--json", "gc"]) == 0  # which also prunes old quarantined entries
-    from kcache.maintenance.stats import _flush_all
+    from kcache.maintenance.counter_file import _flush_all
 
     _flush_all()
     assert (snapshot(elsewhere), os.stat(elsewhere).st_mtime_ns) == before

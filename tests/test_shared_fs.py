@@ -61,7 +61,7 @@ def roots_shared_root(world_dir: Path) -> tuple[Path, str]:
     """A root made by root, mode 0755 (the nightly-CI case), holding one published kernel k0."""
     root = world_dir / "ci-cache"
     made = kcache.KernelCache(root, backend=synthetic).get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
-    from kcache.maintenance.stats import _flush_all
+    from kcache.maintenance.counter_file import _flush_all
 
     _flush_all()
     for current, dirs, _files in os.walk(root):

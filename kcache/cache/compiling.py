@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kcache import lookup_log
 from kcache.cache import deployment, miss_explain
 from kcache.cache.request import KernelRequest
 from kcache.errors import KCacheError, PublishError
@@ -40,15 +41,27 @@ class CompileStep:
 
     def compile_and_publish(self, request: KernelRequest) -> Any:
         """Compile `request`, publish its entry, return its kernel (under the key's lock)."""
+        self._count_miss(request)
         self._before_compile(request)
         if self._isolation == "inprocess":
             compiled = self._backend.compile_kernel(
                 request.func, request.resolved, request.out_idx, request.pass_configs,
                 request.compile_flags, self._store.root / layout.LOGS, request.context,
             )
-            self._count(compiles=1, compile_seconds=getattr(compiled, "seconds", 0.0))
+            self._compiled(request, getattr(compiled, "seconds", 0.0))
             return self._publish(request, compiled)
         return self._compile_isolated(request)
+
+    def _count_miss(self, request: KernelRequest) -> None:
+        """A miss is a lookup that compiles, counted before the compile (one that fails, or that the JIT
+        guard refuses, was a miss too); whoever waited for it counts a hit."""
+        self._count(misses=1)
+        lookup_log.lookup("tilelang", "miss", self._backend.kernel_name(request.func), request.key, ": compiling")
+
+    def _compiled(self, request: KernelRequest, seconds: float) -> None:
+        self._count(compiles=1, compile_seconds=seconds)
+        lookup_log.lookup("tilelang", "compile", self._backend.kernel_name(request.func), request.key,
+                          f": {seconds:.1f} s")
 
     def _before_compile(self, request: KernelRequest) -> None:
         """Log the miss (`kcache why-miss`), then let the JIT guard speak: it may refuse the compile."""
@@ -66,6 +79,7 @@ class CompileStep:
     def compile_private(self, request: KernelRequest, *, in_process: bool = False) -> Any:
         """Compile without writing anything under the root (no entry, lock or log): KCACHE_READONLY,
         and compiles whose context cannot be keyed (`in_process`: nor sent to a worker)."""
+        self._count_miss(request)
         deployment.check_compile(self._backend.kernel_name(request.func), request.key)
         log_dir = access.private_root() / "logs"  # never a predictable name in a shared tmp
         started = time.perf_counter()
@@ -75,7 +89,7 @@ class CompileStep:
                                                   request.context).kernel
         else:
             kernel = self.compile_unsaved(request, self._compile_into(request, log_dir))
-        self._count(compiles=1, compile_seconds=time.perf_counter() - started)
+        self._compiled(request, time.perf_counter() - started)
         return kernel
 
     def compile_unsaved(self, request: KernelRequest, compile_into: Callable[[Path], None]) -> Any:
@@ -96,7 +110,7 @@ class CompileStep:
             self._backend.compile_entry(
                 request.func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags,
                 log_dir, pool=pool, out_dir=out_dir, key=request.key, toolchain=request.toolchain,
-                context=request.context, described_fields=request.described(self._backend),
+                context=request.context, described_fields=request.entry_fields(self._backend),
             )
 
         return compile_into
@@ -115,9 +129,9 @@ class CompileStep:
             log.warning("kcache: could not save %s in the cache, so it will compile again next time: %s",
                         self._backend.kernel_name(request.func), err)
             kernel = self.compile_unsaved(request, compile_into)
-            self._count(compiles=1, compile_seconds=time.perf_counter() - started)
+            self._compiled(request, time.perf_counter() - started)
             return kernel
-        self._count(compiles=1, compile_seconds=time.perf_counter() - started)
+        self._compiled(request, time.perf_counter() - started)
         if outcome is PublishOutcome.LOST_RACE:
             self._count(lost_races=1)
         kernel = self._disk.load(request.key, request.loader(self._backend), quarantine=True)
@@ -130,7 +144,7 @@ class CompileStep:
     def _publish(self, request: KernelRequest, compiled: Any) -> Any:
         def fill(staging: Path) -> None:
             self._backend.write_entry(staging, compiled, request.key, request.resolved, request.toolchain,
-                                      request.described(self._backend))
+                                      request.entry_fields(self._backend))
 
         for _attempt in range(2):
             try:

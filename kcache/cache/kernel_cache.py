@@ -21,13 +21,15 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kcache import lookup_log
 from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
 from kcache.config import Settings, warn_unknown_settings
 from kcache.errors import KCacheError, TileLangMissing, UnwritableCache
 from kcache.keys import ENTRY_FORMAT, canonical_json
+from kcache.maintenance.counter_file import stats_file
 from kcache.maintenance.gc_stamp import gc_is_due
-from kcache.maintenance.stats import CacheStats, stats_file
+from kcache.maintenance.stats import CacheStats
 from kcache.setting_values import jit_guard_setting, remote_urls
 from kcache.store import access
 from kcache.store.components import KERNELS
@@ -165,6 +167,8 @@ class KernelCache:
         kernel = memory.get(func, options)
         if kernel is not None:
             self._count(memory_hits=1)
+            if lookup_log.enabled("hit"):  # the kernel's name costs a little: only where it is logged
+                lookup_log.lookup("tilelang", "hit", backend.kernel_name(func), "-", " (memory)")
             return kernel
         request = KernelRequest.build(backend, func, target, out_idx, pass_configs, compile_flags, execution_backend,
                                       target_key, self._toolchain_fingerprint(backend))
@@ -229,9 +233,10 @@ class KernelCache:
         disk = self._disk_tier()
         kernel = disk.load(request.key, request.loader(backend), quarantine=False)
         if kernel is not None:
-            self._count(disk_hits=1)
+            self._disk_hit(backend, request, "")
             return kernel
-        self._count(misses=1)
+        # Not a miss yet: a miss is a lookup that compiles (kcache.cache.compiling counts it); one
+        # served by another process's or thread's compile, waited for, is a hit.
         if self.readonly:
             return self._compile_step(backend).compile_private(request)
         opaque = getattr(request.context, "opaque", "")
@@ -245,11 +250,15 @@ class KernelCache:
             # Another thread of this process may have finished it meanwhile.
             kernel = disk.load(request.key, request.loader(backend), quarantine=False)
             if kernel is not None:
-                self._count(disk_hits=1)
+                self._disk_hit(backend, request, ", another thread's compile")
                 return kernel
             kernel = self._miss_path(backend).get(request)
         self._maybe_gc()  # the cache grew: evict if it is time to look
         return kernel
+
+    def _disk_hit(self, backend: Any, request: KernelRequest, how: str) -> None:
+        self._count(disk_hits=1)
+        lookup_log.lookup("tilelang", "hit", backend.kernel_name(request.func), request.key, f" (disk{how})")
 
     def _disk_tier(self) -> DiskTier:
         if self._disk is None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kcache.keys import derive_key
+from kcache.keys import JIT_CALL_FIELD, derive_key
+
+# The @tilelang.jit call being served ({"name", "args"}), set by the drop-in around its lookup
+# (kcache.dropin.routing): what `kcache ls` names the entry by, as the user wrote it.
+JIT_CALL: ContextVar[dict[str, str] | None] = ContextVar("kcache_jit_call", default=None)
 
 
 @dataclass
@@ -23,6 +28,7 @@ class KernelRequest:
     key: str = ""
     fields: dict[str, object] | None = None  # what `key` is derived from
     _described: dict[str, object] | None = None
+    jit_call: dict[str, str] | None = None  # JIT_CALL at the lookup: never part of the key
 
     @classmethod
     def build(cls, backend: Any, func: Any, target: Any, out_idx: Any, pass_configs: Any, compile_flags: Any,
@@ -35,6 +41,7 @@ class KernelRequest:
             compile_flags=backend.normalize_flags(compile_flags),
             toolchain=toolchain,
             context=backend.capture_context(),
+            jit_call=JIT_CALL.get(),
         )
         request.fields = backend.key_fields(
             func, request.resolved, request.out_idx, request.pass_configs, request.compile_flags, request.toolchain,
@@ -49,6 +56,11 @@ class KernelRequest:
         if self._described is None:
             self._described = backend.describe_key_fields(self.fields or {})
         return self._described
+
+    def entry_fields(self, backend: Any) -> dict[str, object]:
+        """`described`, with the @tilelang.jit call (JIT_CALL_FIELD) for the entry's meta.json."""
+        described = self.described(backend)
+        return described if self.jit_call is None else {**described, JIT_CALL_FIELD: self.jit_call}
 
     def loader(self, backend: Any) -> Any:
         """The disk tier's loader for this request: the backend's load_kernel with these arguments."""

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kcache import lookup_log
 from kcache.cache.compiling import CompileStep
 from kcache.cache.request import KernelRequest
 from kcache.errors import CacheLockTimeout
@@ -72,22 +73,22 @@ class SingleFlight:
                     arrivals.close()
                     return self._compiler.compile_private(request)
                 if waited is None:
-                    self._count(lock_waits=1, lock_wait_seconds=time.monotonic() - started)
+                    self._waited(request, time.monotonic() - started)
                     kernel = self._disk.load(request.key, loader, quarantine=False)
                     if kernel is not None:
-                        self._count(disk_hits=1)
+                        self._hit(request, "disk, another process's compile")
                         return kernel
                     give_up_when = None  # it is corrupt or went away: take the lock to repair it
                     continue
                 if waited > 0:
-                    self._count(lock_waits=1, lock_wait_seconds=waited)
+                    self._waited(request, waited)
                 break
         finally:
             arrivals.close()  # before the compile: a fork of this process would inherit the watch
         with lock:
             kernel = self._disk.load(request.key, loader, quarantine=True)
             if kernel is not None:
-                self._count(disk_hits=1)
+                self._hit(request, "disk, published before the lock was ours")
                 return kernel
             remote = self._remote()
             if remote is None:
@@ -123,7 +124,17 @@ class SingleFlight:
         kernel = self._disk.load(request.key, request.loader(self._backend), quarantine=True)
         if kernel is not None:
             self._count(remote_hits=1, **{f"{tier}_hits": 1})
+            lookup_log.lookup("tilelang", "hit", self._backend.kernel_name(request.func), request.key, f" ({tier})")
         return kernel
+
+    def _hit(self, request: KernelRequest, how: str) -> None:
+        self._count(disk_hits=1)
+        lookup_log.lookup("tilelang", "hit", self._backend.kernel_name(request.func), request.key, f" ({how})")
+
+    def _waited(self, request: KernelRequest, seconds: float) -> None:
+        self._count(lock_waits=1, lock_wait_seconds=seconds)
+        lookup_log.lookup("tilelang", "wait", self._backend.kernel_name(request.func), request.key,
+                          f": {seconds:.1f} s for another process's compile")
 
     def upload(self, remote: RemoteTiers, key: str) -> bool:
         """The local entry `key`, verified, into the remote tier; whether it went."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
+import sys
 from typing import Any
 
+from kcache.cache.request import JIT_CALL
 from kcache.dropin import state
 
 log = logging.getLogger("kcache")
@@ -28,8 +31,52 @@ def cached(func: Any = None, out_idx: Any = None, *args: Any, target: Any = None
         return original(func, out_idx, *args, target=target, target_host=target_host,
                         execution_backend=execution_backend, verbose=verbose, pass_configs=pass_configs,
                         compile_flags=compile_flags)
-    return state.cache().get_or_compile(func, _default_target(target), out_idx=out_idx, pass_configs=pass_configs,
-                                   compile_flags=compile_flags, execution_backend="tvm_ffi")
+    token = JIT_CALL.set(_jit_call(sys._getframe(1)))  # the @tilelang.jit call, if one asks: `ls` names it
+    try:
+        return state.cache().get_or_compile(func, _default_target(target), out_idx=out_idx, pass_configs=pass_configs,
+                                            compile_flags=compile_flags, execution_backend="tvm_ffi")
+    finally:
+        JIT_CALL.reset(token)
+
+
+_JIT_DEPTH = 6  # tilelang.jit's compile -> JITImpl.compile, with room for a wrapper or two
+
+
+def _jit_call(frame: Any) -> dict[str, str] | None:
+    """The @tilelang.jit call up the stack from `frame` (TileLang's JITImpl.compile, checked by identity of
+    its code): the decorated function's name and the arguments it was called with, else None."""
+    jit_class = getattr(sys.modules.get("tilelang.jit"), "JITImpl", None)
+    code = getattr(getattr(jit_class, "compile", None), "__code__", None)
+    for _ in range(_JIT_DEPTH):
+        if frame is None or code is None:
+            return None
+        if frame.f_code is code:
+            return _described_call(frame.f_locals)
+        frame = frame.f_back
+    return None
+
+
+def _described_call(local: dict[str, Any]) -> dict[str, str] | None:
+    function = getattr(local.get("self"), "func", None)
+    function = getattr(function, "orig_func", function)  # an eager-mode JITFunc wraps the user's function
+    name = getattr(function, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    try:
+        bound = inspect.signature(function).bind_partial(*local.get("args", ()), **local.get("kwargs", {})).arguments
+    except (TypeError, ValueError):
+        bound = {f"arg{index}": value for index, value in enumerate(local.get("args", ()))}
+    shown = ", ".join(f"{arg}={_shown(value)}" for arg, value in bound.items())
+    return {"name": name, "args": shown[:500]}
+
+
+def _shown(value: Any) -> str:
+    """A plain value as written; anything else (a tensor) as its type: a row of `ls`, not a dump."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value) if isinstance(value, str) else str(value)
+    if isinstance(value, (tuple, list)) and len(value) <= 8:
+        return "(" + ", ".join(_shown(item) for item in value) + ")"
+    return type(value).__name__
 
 
 def _route(target: Any, target_host: Any, execution_backend: str | None, verbose: bool | None, extra: bool) -> str:

@@ -14,8 +14,10 @@ Helion's own local cache still writes its file; kcache's entry is the one shared
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,6 +48,8 @@ class Backend(RemoteCacheBackend):
     def get(self, key: str) -> str | None:
         found = self._read(key)
         if found is not None or self._write is None:
+            _counted(self._write, "hit" if found is not None else "miss", key, found,
+                     " (disk)" if found is not None else ": Helion tunes it")
             return found
         from kcache.results.tune_once import RemoteResults, TuneOnce  # a miss's
 
@@ -54,10 +58,15 @@ class Backend(RemoteCacheBackend):
                         load=lambda: self._read(key, remote=False), exists=lambda: self._entry_exists(key),
                         wait_s=self._settings.tune_wait_s, lease_s=self._settings.remote_lease_s,
                         remote=RemoteResults(tiers, store.store_of(self._write), store.entry_key(key)) if tiers else None)
+        started = time.monotonic()
         found = once.claim()
         if found is None and once.held:
             with self._lock:
                 self._claims[key] = once
+        if found is not None:  # another process's (or node's) tune, waited for
+            _counted(None, "wait", key, found, f": {time.monotonic() - started:.1f} s for another process's tune")
+        _counted(self._write, "hit" if found is not None else "miss", key, found,
+                 " (another process's tune)" if found is not None else ": Helion tunes it")
         return found
 
     def put(self, key: str, data: str) -> None:
@@ -67,6 +76,7 @@ class Backend(RemoteCacheBackend):
             except ValueError as refused:  # Helion's local cache keeps it: not shared, one line
                 log.warning("kcache: not saving %s", refused)
                 return
+            _counted(self._write, "compile", key, value, ": its pick saved")
             if self._write is not None and store.publish_value(self._write, key, value):
                 with self._lock:
                     once = self._claims.get(key)
@@ -116,6 +126,25 @@ class Backend(RemoteCacheBackend):
                 self._remote = open_remote_tiers(urls, f"{store.NAMESPACE}:v1", frozenset({store.META}),
                                                  self._settings, exact=False, bound_meta=store.META)
         return self._remote
+
+
+def _counted(root: Path | None, event: str, key: str, value: str | None, detail: str) -> None:
+    """Count `event` (hit, miss, compile: a tune's pick put) into `root`'s stats as Helion's, and log it
+    (KCACHE_LOG); a wait is logged only. The kernel's name is read from the value, where it is logged."""
+    from kcache import lookup_log
+    from kcache.maintenance.counter_file import count_lookup
+
+    if event != "wait":
+        count_lookup(root, "helion", **{_COUNTER[event]: 1})
+    if lookup_log.enabled(event):
+        try:
+            kernel = store.kernel_of(json.loads(value)) if value is not None else "?"
+        except ValueError:
+            kernel = "?"
+        lookup_log.lookup("helion", event, f"{kernel} (Helion)", store.entry_key(key), detail)
+
+
+_COUNTER = {"hit": "hits", "miss": "misses", "compile": "compiles"}
 
 
 def _release_all(claims: dict[str, Any]) -> None:

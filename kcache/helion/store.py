@@ -69,6 +69,15 @@ def checked_value(data: str | bytes, where: str) -> str:
     return raw.decode()
 
 
+def kernel_of(record: Any) -> str:
+    """The kernel a Helion record names (its key's fields: kernel_name, name or kernel), else "?"."""
+    key = record.get("key") if isinstance(record, dict) else None
+    fields = key.get("fields") if isinstance(key, dict) else None
+    if not isinstance(fields, dict):
+        return "?"
+    return next((str(fields[name]) for name in ("kernel_name", "name", "kernel") if name in fields), "?")
+
+
 def read_value(root: Path, helion_key: str) -> str | None:
     """The verified, checked value of `helion_key` under `root`, or None (a miss, or a refused entry:
     one warning; an untrusted entry is never moved, a corrupt one is moved aside)."""

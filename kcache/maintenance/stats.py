@@ -1,38 +1,35 @@
-"""Counters: per cache object in memory, and persisted per process for `kcache stats`.
+"""Counters: per cache object in memory, persisted per process (kcache.maintenance.counter_file),
+summed for `kcache stats`, zeroed by `kcache stats --zero`.
 
-No lock and no shared file on the hot path: each cache object writes its own
-counter file, `<root>/.stats/<host>.<pid>.<token>.json`, at most once a
-second and at exit (atomic replace, no fsync: counters are not worth a disk
-flush). A reader sums every file. gc folds the files of dead processes into
-`total.json`, under a lock, recording which files it folded so that a crash
-between the fold and the unlink never counts a file twice. A SIGKILLed
-process loses at most its last second of counts.
+A reader sums every process's file. gc folds the files of dead processes into `total.json`, under a
+lock, recording which files it folded so that a crash between the fold and the unlink never counts a
+file twice. A zero cannot empty the files of live processes (each rewrites its whole count), so it
+records, in total.json, what each file held at the zero (its baseline), and zeroes the folded total; a
+reader counts each file above its baseline, and a fold moves a file's baseline out with the file. Both
+are one atomic replace of total.json under the fold's lock.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
 import os
 import threading
-import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
+from kcache.maintenance.counter_file import COMPILER_COUNTERS, stats_directory
 from kcache.store import dirfd, layout
 from kcache.store.bounded_read import read_regular_at
-from kcache.store.fsutil import make_dir_at, replace_file_at
+from kcache.store.fsutil import replace_file_at
 
 log = logging.getLogger("kcache")
 
 TOTAL = "total.json"
 # A counters file is a few hundred bytes: anything far bigger is not one of ours.
 MAX_STATS_FILE_BYTES = 1 << 20
-FLUSH_INTERVAL_S = 1.0
+FOLD_LOCK = ".fold.lock"
 
 
 @dataclass
@@ -42,8 +39,10 @@ class CacheStats:
     remote_hits: int = 0  # from any remote tier; by tier below
     redis_hits: int = 0
     s3_hits: int = 0
-    misses: int = 0  # found nothing usable in memory or on disk at first look
-    compiles: int = 0
+    # A lookup is a hit (memory, disk or remote: served without compiling, a wait for another
+    # process's compile included) or a miss (it compiled, or had to and failed): ccache's meaning.
+    misses: int = 0
+    compiles: int = 0  # compiler runs that produced the kernel
     compile_seconds: float = 0.0
     lost_races: int = 0
     corrupt_entries: int = 0
@@ -64,67 +63,14 @@ class CacheStats:
             return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
-COUNTERS = tuple(f.name for f in fields(CacheStats) if not f.name.startswith("_"))
-
-
-class StatsFile:
-    """This process's persisted counters for one root: every cache object on the root adds to it."""
-
-    def __init__(self, root: Path) -> None:
-        self.directory = Path(root) / layout.STATS
-        self.path = self.directory / f"{layout.this_host()}.{os.getpid()}.{uuid.uuid4().hex[:12]}.json"
-        self.stats = CacheStats()
-        # The first write waits an interval too (or the exit): not ~0.2 ms of a fresh process's first hit.
-        self._last_flush = time.monotonic()
-        self._dirty = False
-
-    def add(self, **deltas: float) -> None:
-        """Count, and write at most once per FLUSH_INTERVAL_S."""
-        self.stats.add(**deltas)
-        self._dirty = True
-        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._dirty:
-            return
-        self._dirty = False
-        self._last_flush = time.monotonic()
-        data = json.dumps(self.stats.snapshot()).encode()
-        try:
-            with stats_directory(self.directory.parent, create=True) as directory_fd:
-                assert directory_fd is not None
-                replace_file_at(directory_fd, self.path.name, data, durable=False)  # counters: no fsync
-        except OSError as err:  # a read-only or foreign cache: the counters stay in memory
-            log.debug("kcache: could not persist stats to %s: %s", self.path, err)
-
-
-_files: dict[tuple[str, int], StatsFile] = {}
-_files_lock = threading.Lock()
-# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
-os.register_at_fork(after_in_child=lambda: globals().update(_files_lock=threading.Lock()))
-
-
-def stats_file(root: Path) -> StatsFile:
-    """The process's StatsFile for `root` (one per root and process, flushed at exit)."""
-    key = (str(root), os.getpid())
-    with _files_lock:
-        found = _files.get(key)
-        if found is None:
-            found = _files[key] = StatsFile(root)
-        return found
-
-
-@atexit.register
-def _flush_all() -> None:
-    for (_root, pid), persisted in list(_files.items()):
-        if pid == os.getpid():  # a forked child does not write its parent's file
-            persisted.flush()
+COUNTERS = tuple(f.name for f in fields(CacheStats) if not f.name.startswith("_"))  # TileLang's
+PERSISTED_COUNTERS = COUNTERS + COMPILER_COUNTERS  # and Triton's and Helion's
 
 
 def read_persisted(root: Path) -> dict[str, float]:
-    """The sum of every process's persisted counters under `root`."""
-    total = dict.fromkeys(COUNTERS, 0)
+    """The sum of every process's persisted counters under `root` since the last zero: TileLang's
+    (COUNTERS) and the other compilers' (COMPILER_COUNTERS)."""
+    total = dict.fromkeys(PERSISTED_COUNTERS, 0)
     try:
         with stats_directory(Path(root)) as directory_fd:
             if directory_fd is None:
@@ -133,7 +79,7 @@ def read_persisted(root: Path) -> dict[str, float]:
             _accumulate(total, folded["counters"])
             for name in os.listdir(directory_fd):
                 if _owner(name) is not None and name not in folded["folded"]:
-                    _accumulate(total, _read_json(directory_fd, name))
+                    _accumulate(total, _read_json(directory_fd, name), folded["baseline"].get(name, {}))
     except OSError as err:  # a missing root, or a .stats that is not ours
         log.debug("kcache: cannot read the stats of %s: %s", root, err)
     return total
@@ -148,18 +94,42 @@ def fold_dead(root: Path) -> int:
         return 0
 
 
-def _fold_dead(root: Path) -> int:
+def zero_counters(root: Path) -> bool:
+    """`kcache stats --zero` (as `ccache -z`): every counter reads 0 from now on. Whether there was a
+    .stats to zero (a root without one reads 0 already). A live process's counts not written yet (its
+    last second at most) count after the zero."""
+    with stats_directory(Path(root)) as directory_fd:
+        if directory_fd is None:
+            return False
+        with _fold_lock(root):
+            folded = _read_total(directory_fd)
+            baseline = {name: _read_json(directory_fd, name) for name in os.listdir(directory_fd)
+                        if _owner(name) is not None and name not in folded["folded"]}
+            _write_total(directory_fd, {"counters": {}, "folded": folded["folded"], "baseline": baseline})
+        return True
+
+
+def _fold_lock(root: Path) -> Any:
     from kcache.store.locks import KeyLock
 
+    lock = KeyLock(Path(root) / layout.STATS / FOLD_LOCK, "stats")
+    if lock.acquire(10.0) is None:
+        raise TimeoutError(f"{lock.path}: another process has folded the stats for 10 s; try again")
+    return lock
+
+
+def _fold_dead(root: Path) -> int:
     with stats_directory(Path(root)) as directory_fd:
         if directory_fd is None:
             return 0
-        lock = KeyLock(Path(root) / layout.STATS / ".fold.lock", "stats")
-        if lock.acquire(10.0) is None:
+        try:
+            lock = _fold_lock(root)
+        except TimeoutError:
             return 0
         with lock:
             host = layout.this_host()
             folded = _read_total(directory_fd)
+            baseline = folded["baseline"]
             present = set(os.listdir(directory_fd))
             done = [name for name in folded["folded"] if name in present]  # folded, unlink interrupted
             fresh = []
@@ -167,35 +137,20 @@ def _fold_dead(root: Path) -> int:
                 owner = _owner(name)
                 if owner is None or name in done or owner[0] != host or layout.pid_alive(owner[1]):
                     continue
-                _accumulate(folded["counters"], _read_json(directory_fd, name))
+                _accumulate(folded["counters"], _read_json(directory_fd, name), baseline.pop(name, {}))
                 fresh.append(name)
             if not fresh and not done:
                 return 0
-            # The fold record is fsynced before its files are unlinked: they must not count twice.
-            _write_total(directory_fd, {"counters": folded["counters"], "folded": done + fresh})
+            # The fold record is fsynced before its files are unlinked: they must not count twice. Their
+            # baselines leave with them, in the same write.
+            _write_total(directory_fd, {"counters": folded["counters"], "folded": done + fresh, "baseline": baseline})
             for name in done + fresh:
                 try:
                     os.unlink(name, dir_fd=directory_fd)
                 except FileNotFoundError:
                     pass
-            _write_total(directory_fd, {"counters": folded["counters"], "folded": []})
+            _write_total(directory_fd, {"counters": folded["counters"], "folded": [], "baseline": baseline})
             return len(fresh)
-
-
-@contextlib.contextmanager
-def stats_directory(root: Path, *, create: bool = False) -> Iterator[int | None]:
-    """The descriptor of `<root>/.stats` (None if missing), opened without following a link."""
-    with dirfd.subdir(root) as root_fd:
-        assert root_fd is not None
-        if create:
-            with contextlib.suppress(FileExistsError):
-                make_dir_at(root_fd, layout.STATS)
-        fd = dirfd.open_dir_at(root_fd, layout.STATS)
-    try:
-        yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
 
 
 def _owner(name: str) -> tuple[str, int] | None:
@@ -218,15 +173,19 @@ def _read_total(directory_fd: int) -> dict:
     value = _read_json(directory_fd, TOTAL)
     counters = value.get("counters") if isinstance(value.get("counters"), dict) else {}
     folded = value.get("folded") if isinstance(value.get("folded"), list) else []
-    return {"counters": dict(counters), "folded": [str(n) for n in folded]}
+    baseline = value.get("baseline") if isinstance(value.get("baseline"), dict) else {}
+    return {"counters": dict(counters), "folded": [str(n) for n in folded],
+            "baseline": {str(name): held for name, held in baseline.items() if isinstance(held, dict)}}
 
 
 def _write_total(directory_fd: int, value: dict) -> None:
     replace_file_at(directory_fd, TOTAL, json.dumps(value).encode())
 
 
-def _accumulate(total: dict, counters: dict) -> None:
-    for name in COUNTERS:
-        value = counters.get(name, 0)
-        if isinstance(value, (int, float)):
-            total[name] = total.get(name, 0) + value
+def _accumulate(total: dict, counters: dict, baseline: dict | None = None) -> None:
+    """Add `counters` above `baseline` (what they held at the last zero) to `total`."""
+    for name in PERSISTED_COUNTERS:
+        value, before = counters.get(name, 0), (baseline or {}).get(name, 0)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            base = before if isinstance(before, (int, float)) and not isinstance(before, bool) else 0
+            total[name] = total.get(name, 0) + max(value - base, 0)

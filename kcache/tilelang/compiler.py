@@ -34,6 +34,7 @@ from tvm.target import Target
 from tvm.tirx import PrimFunc
 
 from kcache.errors import CompileError
+from kcache.keys import JIT_CALL_FIELD
 from kcache.store.components import DEVICE_BINARY, DEVICE_SOURCE, HOST_SOURCE, LIBRARY, META, PARAMS
 from kcache.store.fsutil import empty_staging, ensure_dir, write_durable
 from kcache.tilelang import host_link, host_prebuild, internals
@@ -255,7 +256,11 @@ def write_entry(staging: Path, compiled: CompiledKernel, key: str, resolved: Res
         "tilelang": tilelang.__version__,
     }
     if described_fields is not None:
-        meta["key_fields"] = described_fields
+        fields = dict(described_fields)
+        jit_call = fields.pop(JIT_CALL_FIELD, None)  # where the request came from: not a key field
+        if jit_call is not None:
+            meta["jit"] = jit_call
+        meta["key_fields"] = fields
     write_durable(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
 
 

@@ -21,7 +21,7 @@ from kcache.store import layout
 from kcache.store.components import META
 from kcache.store.elf import require_loadable
 from kcache.store.locks import KeyLock
-from kcache.tools import bundle_cli, cli_help, why_miss_cli
+from kcache.tools import bundle_cli, clear_cli, cli_help, config_cli, stats_cli, why_miss_cli
 from kcache.tools.cli_contract import (
     EXIT_BROKEN_PIPE,
     EXIT_STATUS_HELP,
@@ -35,10 +35,8 @@ from kcache.tools.cli_entries import (
     autotune_results,
     cmd_ls,
     cmd_show,
-    cmd_stats,
     cmd_tunes,
     entry_meta,
-    is_triton_crash,
     kernel_store,
 )
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, short_key
@@ -136,11 +134,11 @@ def _run(arguments: list[str], parsed: list[argparse.Namespace]) -> int | Callab
         from kcache.tools.run import prepare_program  # TileLang's hooks wait for the program's import
 
         return prepare_program(args)
-    if args.command == "doctor":
-        settings = None  # the doctor reports bad settings and roots as findings: it must not stop on them
+    if args.command in ("doctor", "config"):
+        settings = None  # they report bad settings and roots as findings: they must not stop on them
         root = Path(args.dir).expanduser() if args.dir else default_root()
-        if not args.fix and not root.exists() and not root.is_symlink():  # --fix creates it
-            require_root(root)
+        if args.command == "doctor" and not args.fix and not root.exists() and not root.is_symlink():
+            require_root(root)  # --fix creates it
     else:
         settings = Settings.from_env(args.dir)
         warn_unknown_settings()  # `kcache doctor` reports them as findings instead
@@ -172,8 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, summary: str, **kwargs: Any) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=summary, description=summary, parents=[after], **kwargs)
 
-    command("stats", "the persisted stats of every process, and the size")
-    command("ls", "key, kernel, params (dtypes and shapes), out_idx, target, size, created, last used")
+    stats_cli.add_parser(command)
+    command("ls", "key, kind, kernel, params (dtypes and shapes), out_idx, target, config, size, created, last used "
+            "(recorded at most once an hour per entry, so it lags a use by up to an hour)")
     show = command("show", "one entry: a summary (kernel, key, params, target, created, size), its files, "
                    "then every detail of its meta.json")
     show.add_argument("key", help="a key or a unique prefix of one")
@@ -184,8 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="e.g. 5G; 0 means no limit (default: KCACHE_MAX_SIZE, 10G unless set)")
     prune.add_argument("--max-age", type=_argument(parse_age), default=argparse.SUPPRESS,
                        help="e.g. 30d, 12h, 90min; 0 means no limit (default: KCACHE_MAX_AGE, no limit unless set)")
-    clear = command("clear", "remove the entries of the installed TileLang version")
-    clear.add_argument("--all-versions", action="store_true", help="every entry and autotune result")
+    clear_cli.add_parser(command)
     export = command("export", "write kernel entries to one bundle file, signed with KCACHE_BUNDLE_SECRET")
     export.add_argument("bundle", help="the bundle file to write")
     export.add_argument("--keys", metavar="FILE", help="only these keys: one per line, or KCACHE_RECORD's JSON lines")
@@ -223,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="-m MODULE [ARGS ...]: run a module, as python -m does")
     program.add_argument("argv", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
                          help="the script and its arguments")
+    config_cli.add_parser(command)
     cli_help.add_parser(command)
     return parser
 
@@ -279,8 +278,8 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
                 bad.append(entry)
     in_progress = sum(len(os.listdir(d)) for d in staging_dirs(settings.root))
     result = {"entries": len(keys), "bad": bad, "staging_in_progress": in_progress}
-    lines = [f"{len(keys)} entries, {len(keys) - len(bad)} good, {len(bad)} bad; "
-             f"{in_progress} staging directories (unpublished writes: never visible)"]
+    lines = [f"{count_of(len(keys), 'entry', 'entries')}, {len(keys) - len(bad)} good, {len(bad)} bad; "
+             f"{count_of(in_progress, 'staging directory', 'staging directories')} (unpublished writes: never visible)"]
     lines += [f"  BAD {short_key(b['key'])}: {b['reason']}" + (f" -> {b['quarantined']}" if b["quarantined"] else "")
               for b in bad]
     if bad and not args.repair:
@@ -300,30 +299,6 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
               f"age {human_age(max_age) if max_age is not None else 'no limit'}")
     return result, (f"evicted {count_of(report.evicted, 'entry', 'entries')} ({human_size(report.freed_bytes)}); "
                     f"{report.remaining} remain ({human_size(report.remaining_bytes)}); limits: {limits}"), 0
-
-
-def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    version = installed_tilelang()  # None: no kernel entry is of "this" TileLang (--all-versions clears them)
-    removed = 0
-    for entry in scan_entries(settings.root):
-        if args.all_versions or (version is not None and entry_meta(entry.path).get("tilelang") == version):
-            removed += evict_entry(settings.root, entry.path)
-    results = 0
-    if args.all_versions:
-        for item in autotune_results(settings.root):
-            results += evict_entry(settings.root, item)
-    # Triton's entries: every one with --all-versions; else the crashes remembered (kcache.triton.crashes)
-    triton = sum(evict_entry(settings.root, entry.path) for entry in scan_entries(settings.root, layout.TRITON)
-                 if args.all_versions or is_triton_crash(entry.path))
-    if args.all_versions:  # Helion's picks: every one, as TileLang's autotune results
-        results += sum(evict_entry(settings.root, entry.path) for entry in scan_entries(settings.root, layout.HELION))
-    scope = "every version" if args.all_versions else f"TileLang {version}" if version else "TileLang is not installed"
-    what = ("Triton entry", "Triton entries") if args.all_versions else ("remembered Triton crash",
-                                                                         "remembered Triton crashes")
-    return ({"removed_entries": removed, "removed_autotune_results": results, "removed_triton_entries": triton,
-             "scope": scope},
-            f"removed {count_of(removed, 'kernel entry', 'kernel entries')} ({scope}), "
-            f"{count_of(results, 'autotune result', 'autotune results')} and {count_of(triton, *what)}", 0)
 
 
 def cmd_untune(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
@@ -365,8 +340,9 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings | None) -> tuple[Any
     return reported, format_table(["", "check", "detail"], rows), 1 if problems else 0
 
 
-COMMANDS = {"stats": cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
-            "clear": cmd_clear, "export": bundle_cli.cmd_export, "import": bundle_cli.cmd_import,
+COMMANDS = {"stats": stats_cli.cmd_stats, "ls": cmd_ls, "show": cmd_show, "verify": cmd_verify, "prune": cmd_prune,
+            "config": config_cli.cmd_config, "clear": clear_cli.cmd_clear, "export": bundle_cli.cmd_export,
+            "import": bundle_cli.cmd_import,
             "verify-coverage": bundle_cli.cmd_verify_coverage, "why-miss": why_miss_cli.cmd_why_miss, "tunes": cmd_tunes,
             "untune": cmd_untune, "gc": cmd_gc, "doctor": cmd_doctor, "server": cmd_server}
 

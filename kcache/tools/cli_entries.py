@@ -7,13 +7,11 @@ import argparse
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kcache.config import Settings
-from kcache.maintenance.eviction import EntryUsage, recorded_size, scan_entries
-from kcache.maintenance.stats import read_persisted
+from kcache.maintenance.eviction import EntryUsage, scan_entries
 from kcache.store import dirfd, layout
 from kcache.store.bounded_read import read_regular_at
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META, PARAMS
@@ -29,83 +27,8 @@ from kcache.triton.store import META as TRITON_META
 AUTOTUNER = "autotuner"
 # meta.json, manifest.json, params.json: a few kilobytes; anything far bigger is not kcache's.
 MAX_JSON_BYTES = 1 << 20
-# Up to this many entries `kcache stats` measures the size itself: a stat of every file, about 0.2 s at
-# the rate docs/benchmarks.md measured (10,000 entries: 1.1 s), which keeps stats within its 0.5 s
-# goal. Above, it shows what the last gc or prune measured, and when.
-LIVE_SIZE_MAX_ENTRIES = 2000
 # `ls` clips a long parameter list (a kernel of many tensors) to keep one line per entry; --json has it all.
 LS_PARAMS_WIDTH = 48
-
-
-@dataclass
-class MeasuredSize:
-    size_bytes: int | None  # None: never measured
-    measured_at: float | None  # epoch seconds
-    live: bool  # measured by this command, not read from the last gc's record
-    entries: int | None  # the entries it counted
-
-
-def measure_size(root: Path, entries: int) -> MeasuredSize:
-    if entries <= LIVE_SIZE_MAX_ENTRIES:
-        found = scan_entries(root) + scan_entries(root, layout.TRITON)
-        return MeasuredSize(sum(e.size for e in found), time.time(), True, len(found))
-    record = recorded_size(root) or {}
-    size, at, counted = record.get("bytes"), record.get("measured"), record.get("entries")
-    if not isinstance(size, int) or not isinstance(at, (int, float)):
-        return MeasuredSize(None, None, False, None)
-    return MeasuredSize(size, at, False, counted if isinstance(counted, int) else None)
-
-
-def cmd_stats(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    counters = read_persisted(settings.root)
-    entries, triton_entries = (_count_keys(settings.root / namespace) for namespace in (KERNELS, layout.TRITON))
-    size = measure_size(settings.root, entries + triton_entries)
-    crashes = _count_triton_crashes(settings.root) if triton_entries else 0
-    helion = _count_keys(settings.root / layout.HELION)
-    result = {"root": str(settings.root), "entries": entries, "triton_entries": triton_entries, "helion_picks": helion,
-              "triton_crashes_remembered": crashes,
-              "size_bytes": size.size_bytes,
-              "size_measured_at": size.measured_at, "size_is_live": size.live,
-              "max_size_bytes": settings.max_size_bytes, **counters}
-    looked_up = counters["memory_hits"] + counters["disk_hits"] + counters["misses"]
-    hit_rate = (counters["memory_hits"] + counters["disk_hits"]) / looked_up if looked_up else 0.0
-    limit = human_size(settings.max_size_bytes) if settings.max_size_bytes else "no limit"
-    tritons = f" (and {triton_entries} of Triton's" + (f", {crashes} of them crashes remembered" if crashes else "") + ")"
-    rows = [("root", str(settings.root)), ("entries", str(entries) + (tritons if triton_entries else "")
-                                          + (f" (and {count_of(helion, 'Helion pick', 'Helion picks')})" if helion else "")),
-            ("size", _size_text(size, limit, entries + triton_entries)),
-            ("hit rate", f"{hit_rate:.1%}")]
-    rows += [(name.replace("_", " "), f"{value:.1f}" if isinstance(value, float) else str(value))
-             for name, value in counters.items()]
-    return result, format_table(["", ""], rows, show_header=False), 0
-
-
-def _count_triton_crashes(root: Path) -> int:
-    """Triton compiles remembered as crashed (kcache.triton.crashes): `kcache clear` forgets them."""
-    directory = root / layout.TRITON
-    try:
-        return sum(1 for name in os.listdir(directory) if layout.is_key(name) and is_triton_crash(directory / name))
-    except FileNotFoundError:
-        return 0
-
-
-def _count_keys(directory: Path) -> int:
-    try:
-        return sum(1 for name in os.listdir(directory) if layout.is_key(name))
-    except FileNotFoundError:
-        return 0
-
-
-def _size_text(size: MeasuredSize, limit: str, entries: int) -> str:
-    if size.live:
-        return f"{human_size(size.size_bytes)} of {limit} (measured now)"
-    too_many = f"{entries} entries are too many to measure at each `kcache stats`"
-    if size.measured_at is None:
-        return f"not measured yet ({too_many}; `kcache gc` measures it)"
-    counted = f" of {count_of(size.entries, 'entry', 'entries')}" if size.entries is not None else ""
-    return (f"{human_size(size.size_bytes)}{counted} of {limit}, as of {human_time(size.measured_at)} "
-            f"({human_age(time.time() - size.measured_at)} ago, by the last gc or prune; {too_many}: "
-            "`kcache gc` measures again)")
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
@@ -114,19 +37,21 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]
     for entry in scan_entries(settings.root):
         meta = entry_meta(entry.path)
         fields = dict_field(meta, "key_fields")
-        listing.append({"key": entry.key, "kind": "tilelang", "kernel": meta.get("kernel", "?"),
+        jit = dict_field(meta, "jit")  # a @tilelang.jit kernel: its function's name and arguments
+        listing.append({"key": entry.key, "kind": "tilelang", "kernel": str(jit.get("name") or meta.get("kernel", "?")),
                         "params": kernel_params(json_file(entry.path / PARAMS)), "out_idx": fields.get("out_idx"),
-                        "target": _arch(meta.get("target")), "size_bytes": entry.size,
-                        "created": meta.get("created"), "last_used": entry.last_used})
+                        "target": _arch(meta.get("target")), "config": jit.get("args") or None,
+                        "size_bytes": entry.size, "created": meta.get("created"), "last_used": entry.last_used})
     listing += [_triton_row(entry) for entry in scan_entries(settings.root, layout.TRITON)]
     listing += [helion_row(entry) for entry in helion_entries(settings.root)]
     listing.sort(key=lambda e: -e["last_used"])
     rows = [(short_key(e["key"]), e["kind"], e["kernel"], _clipped(describe_params(e["params"]), LS_PARAMS_WIDTH),
-             json.dumps(e["out_idx"]) if e["out_idx"] is not None else "-", e["target"], human_size(e["size_bytes"]),
+             json.dumps(e["out_idx"]) if e["out_idx"] is not None else "-", e["target"],
+             _clipped(e["config"] or "-", LS_PARAMS_WIDTH), human_size(e["size_bytes"]),
              f"{human_age(now - e['created'])} ago" if isinstance(e["created"], (int, float)) else "-",
              f"{human_age(now - e['last_used'])} ago")
             for e in listing]
-    return listing, format_table(["key", "kind", "kernel", "params", "out_idx", "target", "size", "created",
+    return listing, format_table(["key", "kind", "kernel", "params", "out_idx", "target", "config", "size", "created",
                                   "last used"], rows), 0
 
 
@@ -155,8 +80,13 @@ def _triton_row(entry: EntryUsage) -> dict[str, Any]:
     elif isinstance(files, list) and files:
         kernel = str(files[0])
     kind = "triton" if isinstance(group, str) else "triton crash" if files == [CRASH_FILE] else "triton file"
+    config = meta.get("config") if isinstance(meta.get("config"), str) else None
+    if config is None and isinstance(group, str):  # recorded before kcache kept the config: Triton's options
+        compiled = json_file(entry.path / group)
+        config = ", ".join(f"{name}={compiled[name]}" for name in ("num_warps", "num_stages")
+                           if isinstance(compiled, dict) and name in compiled) or None
     return {"key": entry.key, "kind": kind, "kernel": kernel,
-            "params": None, "out_idx": None, "target": target, "size_bytes": entry.size,
+            "params": None, "out_idx": None, "target": target, "config": config, "size_bytes": entry.size,
             "created": meta.get("created"), "last_used": entry.last_used}
 
 
@@ -256,11 +186,21 @@ def _indent(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
 
 
+# A TileLang target's attributes whose usual values `ls` and `show` leave out: "sm_90a" says it.
+_USUAL_TARGET = {"kind": "cuda", "keys": None, "host": None, "tag": "", "max_num_threads": 1024, "thread_warp_size": 32}
+
+
 def _arch(target: Any) -> str:
-    """The target's arch ("sm_90a"), else its kind."""
+    """The target's arch ("sm_90a"), its kind where not CUDA ("hip gfx942"), then each attribute set
+    otherwise than usual ("sm_90a max_num_threads=512"): two targets of one kernel are told apart."""
     if not isinstance(target, dict):
         return "-"
-    return str(target.get("arch") or target.get("kind") or "-")
+    shown = [str(target["kind"])] if target.get("kind") not in (None, "cuda") else []
+    shown += [str(target["arch"])] if target.get("arch") else [] if shown else [str(target.get("kind") or "-")]
+    shown += [f"{name}={_compact(value)}" for name, value in sorted(target.items())
+              if name not in ("arch", "kind") and (name not in _USUAL_TARGET or
+                                                   (_USUAL_TARGET[name] is not None and value != _USUAL_TARGET[name]))]
+    return " ".join(shown)
 
 
 def cmd_tunes(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kcache.helion.store import kernel_of
 from kcache.maintenance.eviction import EntryUsage, scan_entries
 from kcache.store import layout
 
@@ -22,15 +23,15 @@ def helion_row(entry: EntryUsage) -> dict[str, Any]:
     """A Helion pick as `ls` shows it: kind "helion", the kernel its record names (else "?"), its config."""
     record = _json(entry.path / VALUE)
     meta = _json(entry.path / META)
-    fields = record.get("key", {}).get("fields", {}) if isinstance(record.get("key"), dict) else {}
-    kernel = next((str(fields[name]) for name in ("kernel_name", "name", "kernel") if name in fields), "?")
+    kernel = kernel_of(record)
     try:  # Helion keeps the config as its own JSON string inside the record
         config = json.loads(record["config"]) if isinstance(record.get("config"), str) else {}
     except ValueError:
         config = {}
     config = config if isinstance(config, dict) else {}
-    params = {name: config[name] for name in ("block_sizes", "num_warps", "num_stages") if name in config}
-    return {"key": entry.key, "kind": "helion", "kernel": kernel, "params": None, "config": params,
+    shown = ", ".join(f"{name}={json.dumps(config[name])}" for name in ("block_sizes", "num_warps", "num_stages")
+                      if name in config)
+    return {"key": entry.key, "kind": "helion", "kernel": kernel, "params": None, "config": shown or None,
             "out_idx": None, "target": "-", "size_bytes": entry.size, "created": meta.get("created"),
             "last_used": entry.last_used}
 

@@ -78,28 +78,20 @@ def note_group(key: str, files: dict[str, bytes]) -> None:
         _groups[key] = files
 
 
-def compile_frame() -> FrameType | None:
-    """The frame of Triton's `compile` that called the manager's get_group, or None."""
+def compile_frame(depth: int = 2) -> FrameType | None:
+    """The frame of Triton's `compile` that called the manager's get_group (`depth` frames up from
+    here; a deeper caller says how deep), or None."""
     compile_fn = getattr(sys.modules.get("triton.compiler.compiler"), "compile", None)
-    frame = sys._getframe(2)  # compile -> CacheManager.get_group -> here
+    frame = sys._getframe(depth)  # compile -> CacheManager.get_group -> here
     return frame if frame.f_code is getattr(compile_fn, "__code__", None) else None
 
 
 def describe(frame: FrameType, kernel: str) -> str:
     """The kernel and its config, as an autotuner's log names it: `matmul_kernel (Triton) [BM=128, ...,
     num_warps=4, num_stages=3]`."""
-    src, options = frame.f_locals.get("src"), frame.f_locals.get("options")
-    parts: list[str] = []
-    try:  # the constexprs (a config's block sizes): Triton keeps them by argument index
-        names, signature = src.fn.arg_names, src.signature
-        parts += [f"{names[path[0]]}={value}" for path, value in sorted(src.constants.items())
-                  if len(path) == 1 and path[0] < len(names) and signature.get(names[path[0]]) == "constexpr"]
-    except (AttributeError, TypeError, IndexError):
-        pass
-    for option, default in (("num_warps", ...), ("num_stages", ...), ("num_ctas", 1), ("maxnreg", None)):
-        value = getattr(options, option, default)
-        if value is not default and value != default:
-            parts.append(f"{option}={value}")
+    from kcache.triton.compile_record import config_of
+
+    parts = config_of(frame)
     return f"{kernel} [{', '.join(parts)}]" if parts else kernel
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,11 @@ OUTPUT_FIELDS = frozenset({"hash", "name", "shared", "tmem_size", "global_scratc
                            "profile_scratch_size", "profile_scratch_align", "tensordesc_meta"})
 
 
-def key_fields(group: str, files: dict[str, bytes]) -> dict[str, Any] | None:
-    """The fields of a group's key its files tell (target, Triton's version, each option, the source's
-    sha256), or None where its metadata does not parse."""
+def key_fields(group: str, files: dict[str, bytes], record: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The fields of a group's key its files tell (target, Triton's version, each option), with the
+    kernel's source digest and constexprs its compile recorded (`record`: kcache.triton.compile_record,
+    as kcache-triton.json keeps it), or None where its metadata does not parse. Without a record (an
+    entry of an older kcache), the source is the IR Triton made, without the module's attributes."""
     try:
         metadata = json.loads(files[group])
     except (KeyError, ValueError):
@@ -35,10 +38,26 @@ def key_fields(group: str, files: dict[str, bytes]) -> dict[str, Any] | None:
     if not isinstance(metadata, dict):
         return None
     fields = {name: value for name, value in metadata.items() if name not in OUTPUT_FIELDS}
+    record = record if isinstance(record, dict) else {}
     source = files.get(f"{group.rsplit('.', 1)[0]}.source")
-    if source is not None:
-        fields["source_sha256"] = hashlib.sha256(source).hexdigest()
+    if isinstance(record.get("source"), str):
+        fields["source_sha256"] = record["source"]
+    elif source is not None:
+        fields["source_sha256"] = hashlib.sha256(_without_module_attributes(source)).hexdigest()
+    if isinstance(record.get("constexprs"), dict):
+        fields["constexprs"] = record["constexprs"]
     return fields
+
+
+# The `module attributes {...}` of the IR Triton made from the kernel: where a frontend (Gluon) writes the
+# compile's options into it ("ttg.num-warps" = 8), they are options, compared as such.
+_MODULE_ATTRIBUTES = re.compile(rb"^(\s*module)\s+attributes\s*\{[^\n]*\}(\s*\{)", re.M)
+
+
+def _without_module_attributes(source: bytes) -> bytes:
+    """The kernel's source as `why-miss` compares it: without the module's attributes, so that a change
+    of num_warps alone is named as num_warps, not also as a change of source."""
+    return _MODULE_ATTRIBUTES.sub(rb"\1\2", source, count=1)
 
 
 def stored_fields(root: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -52,6 +71,6 @@ def stored_fields(root: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         except (OSError, ValueError, CorruptEntry, UntrustedEntry):  # `kcache verify` reports those
             continue
         group = meta.get("group") if isinstance(meta, dict) else None
-        fields = key_fields(group, files) if isinstance(group, str) and files is not None else None
+        fields = key_fields(group, files, meta) if isinstance(group, str) and files is not None else None
         if fields is not None:
             yield key, {"kernel": kernel_name(group), "key_fields": fields, "created": meta.get("created")}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import sys
 import time
 import weakref
@@ -30,12 +29,12 @@ from triton.runtime.cache import FileCacheManager
 
 from kcache.errors import CacheLockTimeout, CompilerCrashed, CompileTimeout
 from kcache.store.manifest import is_entry_file_name
-from kcache.triton.roots import TritonRoots, roots
+from kcache.triton.counting import Lookup, counted
+from kcache.triton.roots import candidates_apart, roots
 from kcache.triton.store import GroupStore, as_paths, entry_key, kernel_name
 
 if TYPE_CHECKING:
-    from kcache.store.locks import KeyLock
-    from kcache.triton.private import PrivateDirectory
+    from kcache.triton.held import Held
 
 log = logging.getLogger("kcache")
 
@@ -46,11 +45,24 @@ class CacheManager(TritonCacheManager):
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         self.key = key
         self._triton_own = FileCacheManager(key, override=override, dump=dump) if override or dump else None
-        self._groups = GroupStore(key, _candidates_apart(roots()))
+        where = roots()
+        self._groups = GroupStore(key, candidates_apart(where))
+        # Where this manager's lookups are counted: the root's stats; none for Helion's candidates, which
+        # are its tune's own compiles (in a throwaway directory: kcache.triton.roots.candidates_apart).
+        self._counted_in = where.write if self._groups.where is where else None
         self._staged: dict[str, Path] = {}  # file name -> its path in the private directory
         self._in_group = False  # get_group was asked: the puts that follow are the group's
-        self._held = _Held()
-        weakref.finalize(self, self._held.release)  # when Triton drops the manager
+        self._held_now: Held | None = None  # made at its first use, a miss's: a hit holds nothing
+
+    @property
+    def _held(self) -> Held:
+        """What this manager holds until Triton drops it (kcache.triton.held)."""
+        if self._held_now is None:
+            from kcache.triton.held import Held  # a miss's: not loaded by a fresh process's hit
+
+            self._held_now = Held()
+            weakref.finalize(self, self._held_now.release)  # when Triton drops the manager
+        return self._held_now
 
     # ------------------------------------------------------------------ reads
 
@@ -58,30 +70,36 @@ class CacheManager(TritonCacheManager):
         if self._triton_own is not None:
             return self._triton_own.get_group(filename)
         self._in_group = True
-        found = self._groups.find(self._groups.key, filename)
-        if found is None:
-            from kcache.triton import isolation, parallel_tune  # a miss's
+        lookup = Lookup()  # how this lookup was served: counted and logged as it ends, whichever way
+        try:
+            found = lookup.found = self._groups.find(self._groups.key, filename)
+            if found is None:
+                from kcache.triton import isolation, parallel_tune  # a miss's
 
-            frame = isolation.compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
-            if frame is not None and parallel_tune.compile_tune_ahead(frame):  # a tune's configs, at once
-                found = self._groups.find(self._groups.key, filename)
-            if frame is not None and found is None:
-                found = self._compile_in_fork(frame, filename)
-        if found is None and self._groups.where.write is not None:
-            found = self._wait_or_hold(filename)
-        recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
-        if recording is not None and not _in_fork():
-            recording.note(self._groups.key, kernel_name(filename), "triton")
-        if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
-            from kcache.cache import deployment
+                frame = isolation.compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
+                if frame is not None and parallel_tune.compile_tune_ahead(frame):  # a tune's configs, at once
+                    found = lookup.found = self._groups.find(self._groups.key, filename)
+                    lookup.how = "disk, its tune's configs compiled ahead"
+                if frame is not None and found is None:
+                    found = lookup.found = self._compile_in_fork(frame, filename, lookup)
+            if found is None and self._groups.where.write is not None:
+                found = lookup.found = self._wait_or_hold(filename, lookup)
+            recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
+            if recording is not None and not _in_fork():
+                recording.note(self._groups.key, kernel_name(filename), "triton")
+            if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
+                from kcache.cache import deployment
 
-            try:
-                deployment.check_compile(kernel_name(filename), self._groups.key,
-                                         lambda: f"no Triton entry of that key in {_listed(self._groups.where.reads)}")
-            except BaseException:
-                self._held.release_lock()
-                raise
-        return found
+                try:
+                    deployment.check_compile(kernel_name(filename), self._groups.key,
+                                             lambda: f"no Triton entry of that key in {_listed(self._groups.where.reads)}")
+                except BaseException:
+                    self._held.release_lock()
+                    raise
+            return found
+        finally:
+            if not _in_fork():  # a fork's compile is counted by the process that forked it
+                lookup.count(self._counted_in, filename, self._groups.key)
 
     def get_file(self, filename: str) -> str | None:
         if self._triton_own is not None:
@@ -124,17 +142,22 @@ class CacheManager(TritonCacheManager):
                      else Path(path).read_bytes() for name, path in group.items()}
             if _in_fork():
                 sys.modules["kcache.triton.isolation"].note_group(self._groups.key, files)  # the fork's answer
-            published = self._groups.publish(self._groups.key, filename, files)
+            from kcache.triton.compile_record import record_of_caller  # a miss's, as put_group
+
+            record = record_of_caller()
+            published = self._groups.publish(self._groups.key, filename, files, record)
         finally:
             self._held.release_lock()
-        self._log_compile(filename, files)
+        self._log_compile(filename, files, record)
+        if not _in_fork():  # Triton compiled this group here (a fork's compile is counted by its caller)
+            counted(self._counted_in, "compile", filename, self._groups.key)
         return None if published is None else str(published / filename)
 
-    def _log_compile(self, filename: str, files: dict[str, bytes]) -> None:
-        """Log this compile as a miss, with what its files tell of its key (`kcache why-miss`)."""
+    def _log_compile(self, filename: str, files: dict[str, bytes], record: dict[str, Any] | None) -> None:
+        """Log this compile as a miss, with what its files and its compile tell of its key (`kcache why-miss`)."""
         from kcache.triton.key_fields import key_fields  # a miss's: a hit loads none of it
 
-        fields = key_fields(filename, files)
+        fields = key_fields(filename, files, record)
         if fields is not None and self._groups.where.write is not None:
             from kcache.cache import miss_explain
 
@@ -142,7 +165,7 @@ class CacheManager(TritonCacheManager):
 
     # ------------------------------------------------------------------ isolation
 
-    def _compile_in_fork(self, frame: FrameType, filename: str) -> dict[str, str] | None:
+    def _compile_in_fork(self, frame: FrameType, filename: str, lookup: Lookup) -> dict[str, str] | None:
         """The compile that asked, run in a fork (kcache.triton.isolation): the group it put, as a hit;
         None where this process compiles it itself (a Python error there, which this process's own
         compile then raises; no fork to be had). Raises TritonCompilerCrashed or TritonCompileTimeout."""
@@ -176,6 +199,9 @@ class CacheManager(TritonCacheManager):
             log.debug("kcache: Triton's compile of %s failed in its fork (%s): compiling it here", name, answer)
             return None
         found = self._groups.find(self._groups.key, filename)
+        # The fork compiled it, or waited for another process's compile (then this lookup is a hit).
+        lookup.compiled_in_fork = self._groups.key in answer
+        lookup.how = "disk, another process's compile"
         if found is None and self._groups.key in answer:  # nothing published (a read-only root, a full disk)
             files = answer[self._groups.key]
             found = {file: str(self._held.write_private(file, data, self._groups.where)) for file, data in files.items()}
@@ -185,14 +211,19 @@ class CacheManager(TritonCacheManager):
 
     # ------------------------------------------------------------------ the key's lock
 
-    def _wait_or_hold(self, filename: str) -> dict[str, str] | None:
+    def _wait_or_hold(self, filename: str, lookup: Lookup) -> dict[str, str] | None:
         """A miss: wait for another process's compile of the key, or hold its lock and compile."""
         lock = self._groups.lock(self._groups.key)
         entry_seen = (lambda: self._groups.find(self._groups.key, filename) is not None)
         deadline = time.monotonic() + self._groups.where.lock_timeout_s  # the local wait and the remote one
         try:
+            started = time.monotonic()
             with self._groups.arrivals(self._groups.key) as arrivals:  # a waiter wakes at the publish
                 waited = lock.acquire(self._groups.where.lock_timeout_s, entry_seen, arrivals.nap)
+            if waited is None or waited > 0:
+                lookup.how = "disk, another process's compile"
+                counted(None, "wait", filename, self._groups.key,
+                         f": {time.monotonic() - started:.1f} s for another process's compile")
         except CacheLockTimeout:
             log.warning("kcache: another process held the compile lock of Triton's %s for KCACHE_LOCK_TIMEOUT "
                         "(%.0f s); compiling it here too", filename, self._groups.where.lock_timeout_s)
@@ -206,6 +237,7 @@ class CacheManager(TritonCacheManager):
         found = self._groups.find(self._groups.key, filename, locked=True)  # published just before we locked
         if found is None and self._groups.where.remote is not None:
             found = self._claim_cluster_wide(filename, max(0.0, deadline - time.monotonic()))
+            lookup.how = "remote"
         if found is not None:
             lock.release()
             return found
@@ -226,57 +258,6 @@ class CacheManager(TritonCacheManager):
         return claim.found
 
 
-class _Held:
-    """What a manager holds until Triton drops it: the key's lock (a miss being compiled here) and
-    its private directory (whose files Triton has read by then). Apart from the manager, so that
-    its finalizer does not keep the manager alive."""
-
-    def __init__(self) -> None:
-        self.lock: KeyLock | None = None
-        self.lease: Any = None  # the remote tiers' lease of the key, while this process compiles it
-        self.private: list[PrivateDirectory] = []  # the newest is written; a full root's gives way to a temp one
-
-    def write_private(self, filename: str, payload: bytes, where: TritonRoots) -> Path:
-        """`payload` as `filename` in the private directory. Where the root's disk is full (or the
-        root turned unwritable), the file goes to a private temp directory: the kernel still runs."""
-        from kcache.triton.private import private_directory  # a miss's
-
-        if not self.private:
-            self.private.append(private_directory(where))
-        try:
-            return self.private[-1].write(filename, payload)
-        except OSError as err:
-            if len(self.private) > 1:  # the temporary directory failed too
-                raise
-            log.warning("kcache: cannot write Triton's %s under %s (%s): compiling into a private temporary "
-                        "directory instead", filename, self.private[-1].path, err.strerror or err)
-            self.private.append(private_directory(TritonRoots(None, (), where.lock_timeout_s)))
-            return self.private[-1].write(filename, payload)
-
-    def read_private(self, filename: str) -> bytes:
-        """The bytes of `filename` as written into the private directory, read through its descriptor."""
-        for directory in reversed(self.private):
-            try:
-                return directory.read(filename)
-            except FileNotFoundError:
-                continue
-        raise FileNotFoundError(filename)
-
-    def release_lock(self) -> None:
-        lease, self.lease = self.lease, None
-        if lease is not None:
-            lease.release()
-        lock, self.lock = self.lock, None
-        if lock is not None:
-            lock.release()
-
-    def release(self) -> None:
-        self.release_lock()
-        private, self.private = self.private, []
-        for directory in private:
-            directory.remove()
-
-
 def _recorder() -> Any:
     """The key recorder (KCACHE_RECORD, or kcache.record()), loading its module only where one can be
     set: a hit without them loads nothing of the deployment's."""
@@ -293,27 +274,6 @@ def _private_copy(entry: str, name: str, data: bytes) -> str:
     from kcache.triton.private import private_copy
 
     return private_copy(entry, name, data)
-
-
-def _candidates_apart(where: TritonRoots) -> TritonRoots:
-    """While Helion autotunes, it points TRITON_CACHE_DIR at a throwaway directory (`helion_autotune_*`,
-    its own mkdtemp, removed when the tune ends) for its candidates, and compiles the winner again
-    afterwards: kcache honours it. A candidate already in the root is read from there; the others are
-    compiled (in forks, as any miss) and published into that directory, a root of their own, where
-    Helion's parent finds what its precompile children built (as it would with Triton's own manager),
-    and none reaches the root. A directory that is not this user's own and private is not written: the
-    candidates are then compiled without being saved."""
-    directory = os.environ.get("TRITON_CACHE_DIR", "")
-    if not os.path.basename(directory).startswith("helion_autotune_"):
-        return where
-    try:
-        info = os.lstat(directory)
-        private = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
-    except OSError:
-        private = False
-    if not private:
-        return TritonRoots(None, where.reads, where.lock_timeout_s)
-    return TritonRoots(Path(directory), (*where.reads, Path(directory)), where.lock_timeout_s)
 
 
 def _in_fork() -> bool:

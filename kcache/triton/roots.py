@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,3 +117,24 @@ def _remote(remote_url: str | None, settings: Settings | None) -> Any:
 
     return open_remote_tiers(urls, f"{NAMESPACE}:v1", frozenset({META}), settings or Settings.from_env(),
                              exact=False, bound_meta=META)
+
+
+def candidates_apart(where: TritonRoots) -> TritonRoots:
+    """While Helion autotunes, it points TRITON_CACHE_DIR at a throwaway directory (`helion_autotune_*`,
+    its own mkdtemp, removed when the tune ends) for its candidates, and compiles the winner again
+    afterwards: kcache honours it. A candidate already in the root is read from there; the others are
+    compiled (in forks, as any miss) and published into that directory, a root of their own, where
+    Helion's parent finds what its precompile children built (as it would with Triton's own manager),
+    and none reaches the root. A directory that is not this user's own and private is not written: the
+    candidates are then compiled without being saved."""
+    directory = os.environ.get("TRITON_CACHE_DIR", "")
+    if not os.path.basename(directory).startswith("helion_autotune_"):
+        return where
+    try:
+        info = os.lstat(directory)
+        private = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+    except OSError:
+        private = False
+    if not private:
+        return TritonRoots(None, where.reads, where.lock_timeout_s)
+    return TritonRoots(Path(directory), (*where.reads, Path(directory)), where.lock_timeout_s)

@@ -211,14 +211,16 @@ class GroupStore:
         assert self.where.write is not None
         return KeyLock(self.where.write / NAMESPACE / layout.LOCKS / f"{key}.lock", key)
 
-    def publish(self, key: str, group: str | None, files: dict[str, bytes]) -> Path | None:
+    def publish(self, key: str, group: str | None, files: dict[str, bytes],
+                record: dict[str, Any] | None = None) -> Path | None:
         """Publish `files` as the entry `key` (whole, or not at all); the entry's directory, or None
         where nothing can be written (read-only, a full disk: one warning, the kernel still runs) or
-        where another writer's entry holds the key and does not verify as this key's (a planted one)."""
+        where another writer's entry holds the key and does not verify as this key's (a planted one).
+        `record`: what the compile was asked for (kcache.triton.compile_record), kept beside the key."""
         if self.where.write is None:
             return None
         meta = {"key": key, "triton_key": self.triton_key, "group": group, "files": sorted(files),
-                "created": time.time()}
+                "created": time.time(), **(record or {})}
         store = store_of(self.where.write)
         try:
             outcome = store.publish_files(key, {**files, META: json.dumps(meta, sort_keys=True).encode()})

@@ -33,7 +33,7 @@ def fabricate(root: Path, entries: int) -> None:
         target.mkdir()
         for item in os.scandir(source):
             shutil.copyfile(item.path, target / item.name)
-    from kcache.maintenance.stats import stats_file
+    from kcache.maintenance.counter_file import stats_file
 
     own = stats_file(root)
     own.flush()

@@ -1,0 +1,48 @@
+"""Triton's lookups counted into `kcache stats` (triton_hits, _misses, _compiles) and logged
+(KCACHE_LOG): what kcache.triton.manager's get_group and put_group report."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from kcache.maintenance.counter_file import count_lookup
+from kcache.triton.store import kernel_name
+
+log = logging.getLogger("kcache")
+
+
+class Lookup:
+    """One `get_group`: a hit where it found the group without compiling it (a wait for another
+    process's compile included), else a miss; a fork's compile makes it a miss and a compile."""
+
+    __slots__ = ("found", "how", "compiled_in_fork")
+
+    def __init__(self) -> None:
+        self.found: dict[str, str] | None = None
+        self.how = "disk"
+        self.compiled_in_fork = False
+
+    def count(self, root: Path | None, filename: str, key: str) -> None:
+        if self.found is not None and not self.compiled_in_fork:
+            counted(root, "hit", filename, key, f" ({self.how})")
+            return
+        counted(root, "miss", filename, key, ": compiling" if self.found is None else ": compiled in a fork")
+        if self.compiled_in_fork:
+            counted(root, "compile", filename, key, " (in a fork)")
+
+
+def counted(root: Path | None, event: str, filename: str, key: str, detail: str = "") -> None:
+    """Count `event` (hit, miss, compile) into `root`'s stats as Triton's, and log it (KCACHE_LOG); a
+    wait is logged only."""
+    if event != "wait":
+        count_lookup(root, "triton", **{_COUNTER[event]: 1})
+    # kcache.lookup_log's levels (a hit at debug, the rest at info), asked here: a fresh process's hit that
+    # logs nothing does not load it.
+    if log.isEnabledFor(logging.DEBUG if event == "hit" else logging.INFO):
+        from kcache import lookup_log
+
+        lookup_log.lookup("triton", event, kernel_name(filename), key, detail)
+
+
+_COUNTER = {"hit": "hits", "miss": "misses", "compile": "compiles"}
