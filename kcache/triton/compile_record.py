@@ -7,6 +7,7 @@ changes it too (Gluon writes num_warps into it)."""
 from __future__ import annotations
 
 import logging
+import sys
 from types import FrameType
 from typing import Any
 
@@ -60,11 +61,17 @@ def record_of(frame: FrameType) -> dict[str, Any]:
 def record_of_caller() -> dict[str, Any] | None:
     """What the Triton `compile` that called put_group was asked for (kcache.triton.compile_record), or
     None where another caller put the group."""
-    from kcache.triton import isolation  # a miss's, as put_group
-
-    frame = isolation.compile_frame(3)  # compile -> CacheManager.put_group -> here -> compile_frame
+    frame = compile_frame(3)  # compile -> CacheManager.put_group -> here -> compile_frame
     try:
         return record_of(frame) if frame is not None else None
     except Exception as err:  # noqa: BLE001 - a label for ls and why-miss never fails Triton's compile
         log.debug("kcache: cannot record what Triton's compile of this group was asked for: %s", err)
         return None
+
+
+def compile_frame(depth: int = 2) -> FrameType | None:
+    """The frame of Triton's `compile` that called the manager's get_group (`depth` frames up from
+    here; a deeper caller says how deep), or None."""
+    compile_fn = getattr(sys.modules.get("triton.compiler.compiler"), "compile", None)
+    frame = sys._getframe(depth)  # compile -> CacheManager.get_group -> here
+    return frame if frame.f_code is getattr(compile_fn, "__code__", None) else None

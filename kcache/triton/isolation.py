@@ -35,6 +35,7 @@ from types import FrameType
 from typing import Any
 
 from kcache import setting_values as values
+from kcache.triton.compile_record import config_of
 
 log = logging.getLogger("kcache")
 
@@ -78,19 +79,9 @@ def note_group(key: str, files: dict[str, bytes]) -> None:
         _groups[key] = files
 
 
-def compile_frame(depth: int = 2) -> FrameType | None:
-    """The frame of Triton's `compile` that called the manager's get_group (`depth` frames up from
-    here; a deeper caller says how deep), or None."""
-    compile_fn = getattr(sys.modules.get("triton.compiler.compiler"), "compile", None)
-    frame = sys._getframe(depth)  # compile -> CacheManager.get_group -> here
-    return frame if frame.f_code is getattr(compile_fn, "__code__", None) else None
-
-
 def describe(frame: FrameType, kernel: str) -> str:
     """The kernel and its config, as an autotuner's log names it: `matmul_kernel (Triton) [BM=128, ...,
     num_warps=4, num_stages=3]`."""
-    from kcache.triton.compile_record import config_of
-
     parts = config_of(frame)
     return f"{kernel} [{', '.join(parts)}]" if parts else kernel
 

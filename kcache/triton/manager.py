@@ -75,8 +75,9 @@ class CacheManager(TritonCacheManager):
             found = lookup.found = self._groups.find(self._groups.key, filename)
             if found is None:
                 from kcache.triton import isolation, parallel_tune  # a miss's
+                from kcache.triton.compile_record import compile_frame
 
-                frame = isolation.compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
+                frame = compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
                 if frame is not None and parallel_tune.compile_tune_ahead(frame):  # a tune's configs, at once
                     found = lookup.found = self._groups.find(self._groups.key, filename)
                     lookup.how = "disk, its tune's configs compiled ahead"
