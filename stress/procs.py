@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -91,7 +92,7 @@ class Barrier:
         """Until every worker printed `ready`; WorkerFailedToStart (saying why) for one that exited instead.
         The others are left to the caller, which stops them."""
         for i, proc in enumerate(self.procs):
-            line = proc.stdout.readline()
+            line = line_within(proc, READY_WITHIN_S)
             if line.strip() != "ready":
                 proc.kill()
                 proc.wait()
@@ -115,6 +116,17 @@ class Barrier:
             out, err = proc.communicate(timeout=timeout)
             results.append(WorkerResult(i, proc.returncode, last_result(out), err))
         return results
+
+
+READY_WITHIN_S = 600.0  # a worker's start: its imports (TileLang's, torch's) on a loaded machine
+
+
+def line_within(proc: subprocess.Popen[str], seconds: float) -> str:
+    """The next line `proc` prints on its stdout, waited for at most `seconds`: "" when none came by
+    then (a start that hangs) or the process exited. For handshakes: one line, then a wait."""
+    if not select.select([proc.stdout], [], [], seconds)[0]:
+        return ""
+    return proc.stdout.readline()  # type: ignore[union-attr]
 
 
 def last_result(stdout: str) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
+from stress.procs import READY_WITHIN_S, line_within  # noqa: E402
 from stress.triton_program import assembler_runs, counting_assemblers  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402
@@ -66,7 +67,7 @@ def test_8_processes_at_once_run_one_tune_and_get_one_pick(tmp_path: Path) -> No
     herd = [start({**env_for(tmp_path, **KCACHE, HELION_CACHE_DIR=str(tmp_path / f"own-{i}")), "KT_GATE": "1"})
             for i in range(8)]
     for process in herd:
-        assert process.stdout.readline().strip() == "ready", process.stderr.read()
+        assert line_within(process, READY_WITHIN_S).strip() == "ready", process.stderr.read()
     for process in herd:
         process.stdin.write("go\n")
         process.stdin.flush()

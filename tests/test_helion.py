@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
+from stress.procs import READY_WITHIN_S, line_within  # noqa: E402
+
 from .helpers import PROJECT, child_env  # noqa: E402
 from .test_triton import ptxas, remote  # noqa: E402, F401 - fixtures: counting assemblers; a real redis-server or S3 server
 
@@ -109,7 +111,7 @@ def test_two_processes_missing_one_key_at_once_get_one_tune(tmp_path: Path) -> N
     """The first holds the key's claim while it tunes (gated); the second waits, then loads its pick."""
     env = helion_env(tmp_path / "root")
     tuner = start({**env, "KT_GATE": "1"})
-    assert tuner.stdout.readline().strip() == "tuning", tuner.stderr.read()
+    assert line_within(tuner, READY_WITHIN_S).strip() == "tuning", tuner.stderr.read()
     waiter = start(env)
     tuner.stdin.write("go\n")
     tuner.stdin.flush()

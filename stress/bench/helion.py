@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT
+from ..procs import PROJECT, READY_WITHIN_S, line_within
 from ..triton_program import assembler_runs, counting_assemblers
 from .rows import row, rows_option, write_rows
 
@@ -74,7 +74,7 @@ class Lane:
         before = assembler_runs(self.counted)
         herd = [self.start(self.env(f"herd-{i}", root), gate=True) for i in range(procs)]
         for process in herd:
-            if process.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            if line_within(process, READY_WITHIN_S).strip() != "ready":
                 raise RuntimeError(f"a herd process did not start: {process.communicate(timeout=60)[1][-2000:]}")
         released = time.perf_counter()
         for process in herd:
