@@ -107,6 +107,23 @@ def test_helions_throwaway_triton_directory_keeps_candidates_out_of_the_root(tmp
     assert runs(ptxas) == 3 and triton_entries(shared) == [] and len(triton_entries(root)) == 1
 
 
+def test_tritons_modules_built_during_a_tune_are_saved_in_the_root(tmp_path: Path) -> None:
+    """Triton's driver and launcher modules (`compile_module_from_src`: a lone file) built while Helion
+    tunes are no candidates: every config of their signature, and the winner, load them. They are saved
+    in the root, not in Helion's throwaway directory, so that a later process builds none (the driver's
+    module, built during the first tune, cost each later process a C compile of about 0.4 s)."""
+    from .test_triton import build_shared_object, cc_runs, counting_cc, triton_entries
+
+    root, throwaway, counting = tmp_path / "root", tmp_path / "helion_autotune_x1", counting_cc(tmp_path / "cc")
+    throwaway.mkdir(mode=0o700)
+    env = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager", "KCACHE_DIR": str(root)}
+    during = build_shared_object(counting, **env, TRITON_CACHE_DIR=str(throwaway))
+    assert during["answer"] == 42 and cc_runs(counting) == 1
+    assert len(triton_entries(root)) == 1 and triton_entries(throwaway) == []
+    later = build_shared_object(counting, **env, TRITON_CACHE_DIR=str(tmp_path / "plain"))
+    assert later["answer"] == 42 and cc_runs(counting) == 1, later["stderr"]
+
+
 def test_two_processes_missing_one_key_at_once_get_one_tune(tmp_path: Path) -> None:
     """The first holds the key's claim while it tunes (gated); the second waits, then loads its pick."""
     env = helion_env(tmp_path / "root")

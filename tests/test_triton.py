@@ -347,6 +347,30 @@ except ImportError as err:
 """
 
 
+def counting_cc(directory: Path) -> Path:
+    """A C compiler (CC, which Triton's builds use) that counts its runs in `directory`."""
+    directory.mkdir()
+    (directory / "cc").write_text(f"#!/bin/sh\necho $$ >> {directory / 'runs'}\nexec gcc \"$@\"\n")
+    (directory / "cc").chmod(0o755)
+    return directory
+
+
+def cc_runs(counting: Path) -> int:
+    runs = counting / "runs"
+    return len(runs.read_text().splitlines()) if runs.exists() else 0
+
+
+def build_shared_object(counting: Path, **env: str) -> dict:
+    """SHARED_OBJECT in a fresh process, its C compiles counted in `counting`: its answer and file."""
+    environment = child_env(CC=str(counting / "cc"), **env)
+    if "TRITON_CACHE_MANAGER" not in env:  # Triton's own (see program_env)
+        environment.pop("TRITON_CACHE_MANAGER", None)
+    done = subprocess.run([sys.executable, "-c", SHARED_OBJECT], capture_output=True, text=True, timeout=300,
+                          env=environment, cwd=str(PROJECT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1]) | {"stderr": done.stderr}
+
+
 @needs_root
 def test_on_a_noexec_root_tritons_shared_objects_load_from_private_copies_and_are_built_once(
         tmp_path: Path) -> None:
@@ -354,26 +378,17 @@ def test_on_a_noexec_root_tritons_shared_objects_load_from_private_copies_and_ar
     loads them from there. On a noexec root plain Triton cannot load what it just built; kcache
     hands it a private copy where exec is allowed (as it hands every lone file), and the next process
     builds nothing."""
-    counting = tmp_path / "cc"
-    counting.mkdir()
-    (counting / "cc").write_text(f"#!/bin/sh\necho $$ >> {counting / 'runs'}\nexec gcc \"$@\"\n")
-    (counting / "cc").chmod(0o755)
+    counting = counting_cc(tmp_path / "cc")
 
     def build(**env: str) -> dict:
-        environment = child_env(CC=str(counting / "cc"), **env)
-        if "TRITON_CACHE_MANAGER" not in env:  # Triton's own (see program_env)
-            environment.pop("TRITON_CACHE_MANAGER", None)
-        done = subprocess.run([sys.executable, "-c", SHARED_OBJECT], capture_output=True, text=True, timeout=300,
-                              env=environment, cwd=str(PROJECT))
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.splitlines()[-1]) | {"stderr": done.stderr}
+        return build_shared_object(counting, **env)
 
     with tmpfs(tmp_path / "noexec", size="64m", options="noexec") as mount:
         plain = build(TRITON_CACHE_DIR=str(mount / "plain"))
         assert "failed to map segment" in plain["ImportError"], plain  # plain Triton, on the H100 too
         first = build(KCACHE_DIR=str(mount / "root"), **MANAGER)
         second = build(KCACHE_DIR=str(mount / "root"), **MANAGER)
-        builds = len((counting / "runs").read_text().splitlines())
+        builds = cc_runs(counting)
     assert first["answer"] == second["answer"] == 42
     assert builds == 2, builds  # plain Triton's, and kcache's first: the second process built nothing
     assert not first["file"].startswith(str(mount)) and not second["file"].startswith(str(mount))

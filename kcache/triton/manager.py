@@ -47,6 +47,9 @@ class CacheManager(TritonCacheManager):
         self._triton_own = FileCacheManager(key, override=override, dump=dump) if override or dump else None
         where = roots()
         self._groups = GroupStore(key, candidates_apart(where))
+        # A lone file (a driver's or launcher's module, an autotuner's timings) is no candidate: every
+        # config of its signature and the winner load it, so it is saved in the root, even during a tune.
+        self._lone_files = self._groups if self._groups.where is where else GroupStore(key, where)
         # Where this manager's lookups are counted: the root's stats; none for Helion's candidates, which
         # are its tune's own compiles (in a throwaway directory: kcache.triton.roots.candidates_apart).
         self._counted_in = where.write if self._groups.where is where else None
@@ -107,11 +110,11 @@ class CacheManager(TritonCacheManager):
             return self._triton_own.get_file(filename)
         if filename in self._staged:
             return str(self._staged[filename])
-        lone = self._groups.read(entry_key(self.key, filename), None, filename)
+        lone = self._lone_files.read(entry_key(self.key, filename), None, filename)
         if lone is None:
             lone = self._groups.read(self._groups.key, _group_of(filename), filename)
         if lone is None:  # another node's, from the remote tiers
-            lone = self._groups.fetch(entry_key(self.key, filename), None, filename)
+            lone = self._lone_files.fetch(entry_key(self.key, filename), None, filename)
         if lone is None:
             return None
         # Triton loads it by this path later: a private copy of the bytes just verified, never the entry
@@ -127,7 +130,7 @@ class CacheManager(TritonCacheManager):
             raise ValueError(f"kcache: Triton's file name {filename!r} cannot name an entry's file")
         if not self._in_group:  # a lone file: saved for the next process, and Triton loads its own build
             key = entry_key(self.key, filename)
-            self._groups.publish(key, None, {filename: payload})
+            self._lone_files.publish(key, None, {filename: payload})
             copy = _private_copy(key, filename, payload)
             self._staged[filename] = Path(copy)
             return copy

@@ -14,7 +14,9 @@ compile and the run. Compiles are counted by the runs of Triton's assemblers (co
 - herd: `--procs` fresh processes (default 8) at once on one fresh root. Goals: one tune (compiles at
   most the configs plus the winner), every pick equal, every result correct against torch.
 
-plain and first take turns, `--turns` times (medians). Prints a table; with --rows, the bench's rows.
+plain and first take turns, `--turns` times (medians). Within a turn every process draws the same 8
+configs (HELION_AUTOTUNE_RANDOM_SEED, SEED + the turn: Helion's default seed is the time, and two
+draws differ in compile and benchmark time by more than kcache's cost); each turn draws anew. Prints a table; with --rows, the bench's rows.
 With no GPU visible, or without Helion, one line saying why, and exits 0.
 """
 
@@ -36,6 +38,7 @@ from ..triton_program import assembler_runs, counting_assemblers
 from .rows import row, rows_option, write_rows
 
 CONFIGS = 8  # stress.helion_program's RandomSearch count
+SEED = 1000  # a turn's seed for Helion's RandomSearch: SEED + the turn
 KCACHE_ENV = {"HELION_REMOTE_CACHE_BACKEND": "kcache.helion.Backend", "HELION_AUTOTUNE_CACHE": "RemoteAutotuneCache",
               "TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 
@@ -49,7 +52,7 @@ class Lane:
         self.counted.mkdir(parents=True)
         self._runs = 0
 
-    def env(self, name: str, root: str | None) -> dict[str, str]:
+    def env(self, name: str, root: str | None, seed: int = SEED) -> dict[str, str]:
         base = {key: value for key, value in os.environ.items() if not key.startswith(("KCACHE_", "HELION_"))
                 and key not in ("TRITON_CACHE_MANAGER", "TRITON_CACHE_DIR")}
         self._runs += 1
@@ -57,6 +60,7 @@ class Lane:
         return {**base, **counting_assemblers(self.counted), "KT_KERNEL": self.kernel,
                 "PYTHONPATH": os.pathsep.join([str(PROJECT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                 "HELION_CACHE_DIR": str(own / "helion"), "TRITON_CACHE_DIR": str(own / "triton"),
+                "HELION_AUTOTUNE_RANDOM_SEED": str(seed),
                 **({**KCACHE_ENV, "KCACHE_DIR": root} if root is not None else {})}
 
     def start(self, env: dict[str, str], gate: bool = False) -> subprocess.Popen[str]:
@@ -64,10 +68,10 @@ class Lane:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(PROJECT),
                                 env={**env, **({"KT_GATE": "1"} if gate else {})})
 
-    def one(self, name: str, root: str | None) -> dict[str, Any]:
+    def one(self, name: str, root: str | None, seed: int) -> dict[str, Any]:
         """One fresh process: its result, and the compiles it ran."""
         before = assembler_runs(self.counted)
-        result = finish(self.start(self.env(name, root)))
+        result = finish(self.start(self.env(name, root, seed)))
         return result | {"compiles": assembler_runs(self.counted) - before}
 
     def herd(self, procs: int, root: str) -> dict[str, Any]:
@@ -96,11 +100,11 @@ def measure(kernel: str, turns: int, procs: int) -> dict[str, Any]:
     lane = Lane(Path(tempfile.mkdtemp(prefix="kcache-bench-helion-")), kernel)
     plain, first, second = [], [], []
     for turn in range(turns):  # taking turns: a drift of the machine falls on both lanes
-        plain.append(lane.one("plain", None))
+        plain.append(lane.one("plain", None, SEED + turn))
         root = str(lane.work / f"root-{turn}")
-        first.append(lane.one("first", root))
-        second.append(lane.one("second", root))
-    herd = lane.herd(procs, str(lane.work / "root-herd"))
+        first.append(lane.one("first", root, SEED + turn))
+        second.append(lane.one("second", root, SEED + turn))
+    herd = lane.herd(procs, str(lane.work / "root-herd"))  # a draw of its own: SEED
     every = plain + first + second
     return {"kernel": kernel, "plain": plain, "first": first, "second": second, "herd": herd, "procs": procs,
             "correct": all(r["correct"] for r in every) and herd["correct"],

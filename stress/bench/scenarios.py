@@ -45,7 +45,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("deploy", "deploy", own_run=True),
     Scenario("bundle", "bundle", own_run=True),
     Scenario("multigpu", "multigpu", own_run=True),
-    Scenario("helion", "helion", own_run=True),
+    Scenario("helion", "helion", own_run=True, profile="helion_profile"),
 )
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 IN_RUN = tuple(scenario.name for scenario in SCENARIOS if not scenario.own_run)
