@@ -33,6 +33,8 @@ ROWS = [
     bench_row("memory hit", "same PrimFunc, p50", 5.0, 460.0, "us"),
     bench_row("disk hit (fresh process)", "p50 of 10", 2.7, 5.5, "ms"),
     bench_row("triton hit (fresh process)", "p50 ms", 438.0, 429.2, "ms", "triton FileCacheManager"),
+    bench_row("helion", "matmul: first tune, ready", 21.7, 22.8, "s", "Helion alone (fork)"),
+    bench_row("helion", "matmul: second process, ready", 1.7, 21.7, "s", "the first process under kcache"),
 ]
 
 

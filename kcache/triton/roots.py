@@ -126,7 +126,8 @@ def candidates_apart(where: TritonRoots) -> TritonRoots:
     compiled (in forks, as any miss) and published into that directory, a root of their own, where
     Helion's parent finds what its precompile children built (as it would with Triton's own manager),
     and none reaches the root. A directory that is not this user's own and private is not written: the
-    candidates are then compiled without being saved."""
+    candidates are then compiled without being saved. Only groups are candidates: a manager keeps its
+    lone files (driver and launcher modules) in `where` (kcache.triton.manager)."""
     directory = os.environ.get("TRITON_CACHE_DIR", "")
     if not os.path.basename(directory).startswith("helion_autotune_"):
         return where

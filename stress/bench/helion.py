@@ -16,7 +16,8 @@ compile and the run. Compiles are counted by the runs of Triton's assemblers (co
 
 plain and first take turns, `--turns` times (medians). Within a turn every process draws the same 8
 configs (HELION_AUTOTUNE_RANDOM_SEED, SEED + the turn: Helion's default seed is the time, and two
-draws differ in compile and benchmark time by more than kcache's cost); each turn draws anew. Prints a table; with --rows, the bench's rows.
+draws differ in compile and benchmark time by more than kcache's cost); each turn draws anew. Each
+reading is printed as it is taken; at the end a table, and with --rows the bench's rows.
 With no GPU visible, or without Helion, one line saying why, and exits 0.
 """
 
@@ -100,10 +101,12 @@ def measure(kernel: str, turns: int, procs: int) -> dict[str, Any]:
     lane = Lane(Path(tempfile.mkdtemp(prefix="kcache-bench-helion-")), kernel)
     plain, first, second = [], [], []
     for turn in range(turns):  # taking turns: a drift of the machine falls on both lanes
-        plain.append(lane.one("plain", None, SEED + turn))
         root = str(lane.work / f"root-{turn}")
-        first.append(lane.one("first", root, SEED + turn))
-        second.append(lane.one("second", root, SEED + turn))
+        for name, readings, where in (("plain", plain, None), ("first", first, root), ("second", second, root)):
+            readings.append(lane.one(name, where, SEED + turn))
+            # as it is taken: a run cut short by a time limit still shows its readings, and where it stopped
+            print(f"  {kernel}, turn {turn + 1}: {name} ready in {readings[-1]['ready_s']:.2f} s, "
+                  f"{readings[-1]['compiles']} compiles", flush=True)
     herd = lane.herd(procs, str(lane.work / "root-herd"))  # a draw of its own: SEED
     every = plain + first + second
     return {"kernel": kernel, "plain": plain, "first": first, "second": second, "herd": herd, "procs": procs,

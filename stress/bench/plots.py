@@ -246,9 +246,31 @@ def triton_compiles(readings: list[Reading], axes: Any) -> list[Reading]:
     return used
 
 
+def helion(readings: list[Reading], axes: Any) -> list[Reading]:
+    """A Helion autotune's first process alone and under kcache, and a second process under kcache,
+    in seconds until the kernel's first result, per kernel of the newest run; the second's goal beside it."""
+    run = _newest_run(readings, "helion", r"ready$")
+    kernels = sorted({r["metric"].split(":")[0] for r in run})
+    for k, kernel in enumerate(kernels):
+        first = next(r for r in run if r["metric"] == f"{kernel}: first tune, ready")
+        second = next((r["kcache"] for r in run if r["metric"] == f"{kernel}: second process, ready"), 0.0)
+        for slot, (seconds, label) in enumerate(((first["baseline"], "Helion alone, first process"),
+                                                 (first["kcache"], "kcache, first process"),
+                                                 (second, "kcache, second process"))):
+            axes.bar(k + (slot - 1) * 0.27, seconds, 0.25, color=f"C{slot}", label=label if k == 0 else None)
+        axes.hlines(0.1 * first["kcache"], k + 0.12, k + 0.42, colors="tab:red", linestyles="--", linewidth=1,
+                    label="goal of the second: 0.1x the first" if k == 0 else None)
+    axes.set_xticks(range(len(kernels)), kernels)
+    if run:
+        axes.legend(fontsize=7, loc="upper right")
+    axes.set_ylabel("seconds until the first result (median)")
+    axes.set_title("A Helion autotune (8 configs) alone and under kcache", fontsize=10)
+    return run
+
+
 PLOTS: dict[str, Callable[[list[Reading], Any], list[Reading]]] = {
     "cold.png": cold, "herd.png": herd, "hits.png": hits, "tune.png": tune, "triton.png": triton,
-    "triton-compiles.png": triton_compiles}
+    "triton-compiles.png": triton_compiles, "helion.png": helion}
 
 
 def draw(results: Path, out: Path) -> list[Path]:
