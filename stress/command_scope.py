@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache.compile.pool.process_pool import close_all_pools
-from kcache.compile.service.client import close_shared_service_pools
+from kcache.compile.pool.live_pools import close_all_pools
+from kcache.compile.service.shared_pools import close_shared_service_pools
 from kcache.tools.interruption import Interrupted, ignore_further_signals, interruptible, signals_deferred
 
 from .own_processes import stop_descendants

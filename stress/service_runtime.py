@@ -14,7 +14,7 @@ from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
 
 from .own_processes import wait_gone
 
-SERVICE_MARK = b"kcache.compile.service.server"
+SERVICE_MARK = b"kcache.compile.service.server_process"
 STOP_WAIT_S = 10.0
 
 

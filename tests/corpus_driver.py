@@ -112,17 +112,17 @@ def describe(kernel: Any, binary: bytes | None) -> dict[str, Any]:
 
 
 def lane_counts(cache: Any, warnings: Warnings) -> dict[str, int]:
-    from kcache.compile.service import client as service_client
     from kcache.compile.service import connection as service_connection
+    from kcache.compile.service import shared_pools as service_pools
 
     jobs = 0
-    for pool in service_client._shared.values():
+    for pool in service_pools._shared.values():
         try:
             jobs += int(service_connection.request(pool.name, ("status",))["jobs"])
         except (OSError, EOFError):
             pass
     return {"service_jobs": jobs,
-            "caller_forks": sum(pool.caller_forks for pool in service_client._shared.values()),
+            "caller_forks": sum(pool.caller_forks for pool in service_pools._shared.values()),
             "unserialized": sum("cannot be sent to a compile worker exactly" in m for m in warnings.messages),
             "compiles": cache.stats()["compiles"]}
 

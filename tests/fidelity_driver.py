@@ -262,9 +262,9 @@ def main() -> None:
 
         for name, make_context, target_arg in STEPS:
             rows.append({"step": name, **run_kcache(name, make_context, target_arg)})
-        from kcache.compile.service import client as service_client
+        from kcache.compile.service import shared_pools as service_pools
 
-        forks = sum(pool.caller_forks for pool in service_client._shared.values())
+        forks = sum(pool.caller_forks for pool in service_pools._shared.values())
         print(f"fidelity driver: {forks} compile(s) in a fork of this process", file=sys.stderr)
     elif MODE == "opaque":
         rows += opaque_rows()

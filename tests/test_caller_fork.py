@@ -214,7 +214,7 @@ import json, os, sys, tempfile
 import tilelang
 from stress.kernels import CPU_TARGET, pool as kernels
 import kcache
-from kcache.compile.service import address as service_address, client as service_client
+from kcache.compile.service import address as service_address, shared_pools as service_pools
 from kcache.compile.service import connection as service_connection
 spec = kernels(1)[0]
 func = spec.build()
@@ -222,7 +222,7 @@ cache = kcache.KernelCache(sys.argv[1])
 kernel = cache.get_or_compile(func, CPU_TARGET, out_idx=spec.out_idx)
 (entry,) = [p for p in cache.root.glob("kernels/*") if p.is_dir()]
 plain = tilelang.compile(func, target=CPU_TARGET, out_idx=spec.out_idx)
-pools = list(service_client._shared.values())
+pools = list(service_pools._shared.values())
 print(json.dumps({"forks": sum(p.caller_forks for p in pools), "compiles": cache.stats()["compiles"],
                   "same_source": (entry / "device.cu").read_text() == plain.get_kernel_source(),
                   "service": service_connection.request(pools[0].name, ("status",))["jobs"]}))
@@ -312,19 +312,21 @@ def test_a_cache_opened_after_the_fork_setting_or_runtime_directory_changed_gets
     pool made under other values must not serve a cache opened under these: with the fork turned off
     since, a job would still run in a fork of the caller (in the suite, a test's own service was
     bypassed that way, and its fault never fired)."""
-    saved = dict(client._shared)
+    from kcache.compile.service import shared_pools
+
+    saved = dict(shared_pools._shared)
     monkeypatch.delenv("KCACHE_CALLER_FORK", raising=False)
     try:
-        forking = client.shared_service_pool(2, 30.0, (), 60.0)
-        assert forking.caller_fork and client.shared_service_pool(2, 30.0, (), 60.0) is forking
+        forking = shared_pools.shared_service_pool(2, 30.0, (), 60.0)
+        assert forking.caller_fork and shared_pools.shared_service_pool(2, 30.0, (), 60.0) is forking
         monkeypatch.setenv("KCACHE_CALLER_FORK", "0")
-        not_forking = client.shared_service_pool(2, 30.0, (), 60.0)
+        not_forking = shared_pools.shared_service_pool(2, 30.0, (), 60.0)
         assert not_forking is not forking and not not_forking.caller_fork
         monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-        elsewhere = client.shared_service_pool(2, 30.0, (), 60.0)
-        assert elsewhere is not not_forking and client.shared_service_pool(2, 30.0, (), 60.0) is elsewhere
+        elsewhere = shared_pools.shared_service_pool(2, 30.0, (), 60.0)
+        assert elsewhere is not not_forking and shared_pools.shared_service_pool(2, 30.0, (), 60.0) is elsewhere
     finally:
-        for made in set(client._shared.values()) - set(saved.values()):
+        for made in set(shared_pools._shared.values()) - set(saved.values()):
             made.close()
-        client._shared.clear()
-        client._shared.update(saved)
+        shared_pools._shared.clear()
+        shared_pools._shared.update(saved)

@@ -113,7 +113,7 @@ def test_a_fingerprint_that_differs_on_arrival_is_never_compiled(kernels_module)
 def _compile_in(mode: str, root: Path, func: object, caplog: pytest.LogCaptureFixture,
                 monkeypatch: pytest.MonkeyPatch) -> object:
     import kcache
-    from kcache.compile.pool import process_pool as pool
+    from kcache.compile.pool import shared_pools as pool
 
     monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", mode)
     try:

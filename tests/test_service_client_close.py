@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from kcache.compile import protocol
 from kcache.compile.fork import caller_fork
-from kcache.compile.service import client
 
 from . import pool_jobs
 from .test_service import service_pool
@@ -28,7 +28,7 @@ def _reader_threads() -> list[threading.Thread]:
 
 def test_a_closed_client_s_reader_never_reads_a_descriptor_opened_after_the_close(
         runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_receive = client.wire.receive_reply
+    real_receive = protocol.receive_reply
     after_answer = threading.Event()  # the job's answer was read: the next read is the one to hold
     held, go = threading.Event(), threading.Event()
     held_fd: list[int] = []
@@ -45,7 +45,7 @@ def test_a_closed_client_s_reader_never_reads_a_descriptor_opened_after_the_clos
             after_answer.set()
         return reply
 
-    monkeypatch.setattr(client.wire, "receive_reply", receive_reply)
+    monkeypatch.setattr(protocol, "receive_reply", receive_reply)
     before = set(_reader_threads())
     pool = service_pool()
     assert pool.run(pool_jobs.double, 21) == 42

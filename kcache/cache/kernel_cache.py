@@ -131,7 +131,7 @@ class KernelCache:
         from kcache.compile.pool.process_pool import (
             TILELANG_PRELOAD,  # the TileLang backend's preload, without importing it
         )
-        from kcache.compile.service.client import shared_service_pool
+        from kcache.compile.service.shared_pools import shared_service_pool
 
         service = shared_service_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
                                       TILELANG_PRELOAD, self.settings.server_idle_s)
@@ -210,11 +210,11 @@ class KernelCache:
         this user's compile service, else the process's shared pool."""
         if self._pool is not None:
             return self._pool
-        from kcache.compile.pool.process_pool import shared_pool  # not on the hit path: ~5 ms of imports
+        from kcache.compile.pool.shared_pools import shared_pool  # not on the hit path: ~5 ms of imports
 
         settings, preload = self.settings, self._tilelang().COMPILE_PRELOAD
         if settings.compile_isolation == "server":
-            from kcache.compile.service.client import shared_service_pool
+            from kcache.compile.service.shared_pools import shared_service_pool
 
             return shared_service_pool(settings.compile_workers, settings.compile_timeout_s, preload,
                                        settings.server_idle_s)  # type: ignore[return-value]

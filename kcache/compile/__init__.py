@@ -8,8 +8,9 @@ the TileLang backend hands a job by name (`protocol.CallByName`) and chooses the
   sent exactly): no module here; nothing crosses.
 - `fork/`, a fork of the caller (bounded machine-wide by `compile_slots`): the job's objects in
   memory, nothing pickled; the caller's callbacks are called back over its pipes.
-- `service/`, the compile service (`client` and `connection` in the caller; `server`, `scheduler`,
-  `inflight`, `calls` in the server; `address` for both): the job pickled (a PrimFunc as
+- `service/`, the compile service (`client`, `service_connection`, `connection` and `shared_pools`
+  in the caller; `server_process`, `server`, `scheduler`, `inflight`, `calls` in the server;
+  `address` for both): the job pickled (a PrimFunc as
   `kcache.tilelang.transfer`'s checked copy), the client's sys.path and umask; a fresh fork of one
   warm template for every job; the callbacks' calls relayed to the client and back, unopened.
 - `pool/`, the process's own pool (`KCACHE_COMPILE_ISOLATION=pool`, the fallback when the service

@@ -15,40 +15,35 @@ process drives each worker, so that:
 
 Workers start lazily, one per job running at once, up to `workers`. With
 `start="fork"` (the compile service's), they are forked by a worker
-template (`template`) that imported TileLang once: a worker, and the
-replacement of a crashed one, then costs a fork (milliseconds) instead of an
-interpreter that imports TileLang (seconds), and every job gets a fresh one
-(it serves one job and is replaced at once), so nothing of one client's job
-reaches another's. Where the template cannot fork safely (it would hold
-threads) or cannot start, workers start by exec (and such a pool still gives
-every job a fresh worker: slower, as isolated).
+template (`worker_source`) and every job gets a fresh one (it serves one job
+and is replaced at once), so nothing of one client's job reaches another's;
+where the template is unusable, workers start by exec (and such a pool still
+gives every job a fresh worker: slower, as isolated). What becomes of a job's
+future when its worker answers, hangs or dies: `job_on_worker`.
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import os
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
 from kcache.compile.jobs import UNSET, Job, JobOutput, JobResult, JobRunner, usable_cpu_count
 
-__all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "shared_pool", "usable_cpu_count"]
-from kcache.compile.protocol import ReplyUnreadable, WorkerDied
-from kcache.compile.workers.template_process import TemplateGone, WorkerTemplate
-from kcache.compile.workers.worker import job_outcome
-from kcache.compile.workers.worker_process import EXIT_GRACE_S, WorkerProcess, anonymous_append_file
-from kcache.errors import CompileAborted, CompilePoolError, CompilerCrashed, CompileTimeout
+__all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "usable_cpu_count"]
+from kcache.compile.pool import live_pools
+from kcache.compile.pool.job_on_worker import PendingJob, PoolSlot, run_job
+from kcache.compile.pool.worker_source import WorkerSource
+from kcache.compile.workers.worker_process import EXIT_GRACE_S
+from kcache.errors import CompilePoolError
 
 log = logging.getLogger("kcache")
 
@@ -56,27 +51,6 @@ log = logging.getLogger("kcache")
 TILELANG_PRELOAD = ("tilelang", "kcache.tilelang.compiler")
 START_TIMEOUT_S = 300.0
 START_METHODS = ("exec", "fork")
-
-
-@dataclass
-class _Pending:
-    future: Future[Any]
-    payload: bytes
-    name: str
-    timeout_s: float | None
-    calls: Any = None  # the caller's functions the job may call (worker_process.CallsOfCaller)
-    aborted: str | None = None  # why abort() killed its worker
-
-
-@dataclass
-class _Slot:
-    """One pool thread and the worker it drives."""
-
-    thread: threading.Thread | None = None
-    worker: WorkerProcess | None = None
-    busy: bool = False
-    pending: _Pending | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
 
 
 class CompilePool(JobRunner):
@@ -101,18 +75,16 @@ class CompilePool(JobRunner):
         self.timeout_s = timeout_s
         self.preload = tuple(preload)
         self.start_timeout_s = start_timeout_s
-        self._jobs: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._slots: list[_Slot] = []
+        self._jobs: queue.SimpleQueue[PendingJob | None] = queue.SimpleQueue()
+        self._slots: list[PoolSlot] = []
         self._outstanding = 0
         self._lock = threading.Lock()
         self.closed = False
         self.owner_pid = os.getpid()
         self._numbers = itertools.count()
         self.start_method = start
-        self._template: WorkerTemplate | None = None
-        self._template_lock = threading.Lock()
-        self._template_unusable = start != "fork"
-        _live_pools.add(self)
+        self._workers = WorkerSource(self.preload, start_timeout_s, fork=start == "fork")
+        live_pools.track(self)
 
     # ------------------------------------------------------------ public
 
@@ -141,7 +113,7 @@ class CompilePool(JobRunner):
             self._outstanding += 1
             if self._outstanding > len(self._slots) and len(self._slots) < self.max_workers:
                 self._add_slot()
-        self._jobs.put(_Pending(future, payload, label, limit, calls))
+        self._jobs.put(PendingJob(future, payload, label, limit, calls))
         return future
 
     def warm(self, count: int | None = None) -> float:
@@ -181,8 +153,11 @@ class CompilePool(JobRunner):
 
     def template_pid(self) -> int | None:
         """The worker template's pid, if workers are forked from one now."""
-        template = self._template
-        return template.pid if template is not None and template.alive else None
+        return self._workers.template_pid()
+
+    def start_template(self, *, forked: bool = False) -> None:
+        """Start the worker template now, without waiting for its imports (`WorkerSource.start_template`)."""
+        self._workers.start_template(forked=forked)
 
     def close(self) -> None:
         """Stop the workers: idle ones exit, busy ones are killed (their futures fail)."""
@@ -203,12 +178,8 @@ class CompilePool(JobRunner):
         for slot in slots:
             if slot.thread is not None and slot.thread is not threading.current_thread():
                 slot.thread.join(EXIT_GRACE_S * 2)
-        with self._template_lock:
-            if self._template is not None:
-                self._template.close()
-                self._template = None
-            self._template_unusable = True
-        _live_pools.discard(self)
+        self._workers.close()
+        live_pools.forget(self)
 
     def __enter__(self) -> CompilePool:
         return self
@@ -226,20 +197,20 @@ class CompilePool(JobRunner):
             raise RuntimeError("a CompilePool cannot be used in a forked child; make a new one there")
 
     def _add_slot(self) -> None:
-        slot = _Slot()
+        slot = PoolSlot()
         slot.thread = threading.Thread(
             target=self._drive, args=(slot,), name=f"kcache-compile-{next(self._numbers)}", daemon=True
         )
         self._slots.append(slot)
         slot.thread.start()
 
-    def _drive(self, slot: _Slot) -> None:
+    def _drive(self, slot: PoolSlot) -> None:
         """The loop of one pool thread: start its worker, then run jobs until the pool closes. Nothing
         that goes wrong here leaves a caller waiting: a job this thread took gets an error whatever
         happens, and the thread goes on with a fresh worker."""
         start_error: CompilePoolError | None = None
         try:
-            slot.worker = self._start_worker()
+            slot.worker = self._workers.start_worker()
         except CompilePoolError as err:
             start_error = err
         slot.ready.set()
@@ -257,7 +228,7 @@ class CompilePool(JobRunner):
                         pending.future.set_exception(error)
                         continue
                     try:
-                        slot.worker = self._start_worker()
+                        slot.worker = self._workers.start_worker()
                     except CompilePoolError as err:
                         pending.future.set_exception(err)
                         continue
@@ -265,7 +236,7 @@ class CompilePool(JobRunner):
                     slot.busy, slot.pending = True, pending
                 if self.start_method == "fork":
                     slot.ready.clear()  # its worker is replaced after this job: `warm` waits for the new one
-                self._run_one(slot, pending)
+                run_job(slot, pending, lambda: self.closed)
                 if self.start_method == "fork" and slot.worker is not None and pending.aborted is None:
                     # The compile service's: a fresh fork of the template for every job, so that no
                     # module, global or registration of one client's job is seen by the next.
@@ -279,7 +250,7 @@ class CompilePool(JobRunner):
                     # Replace a dead worker now, not when the next job is already waiting.
                     slot.ready.clear()
                     try:
-                        slot.worker = self._start_worker()
+                        slot.worker = self._workers.start_worker()
                     except CompilePoolError as err:
                         start_error = err
                     slot.ready.set()
@@ -299,125 +270,3 @@ class CompilePool(JobRunner):
             slot.worker.close()
             slot.worker = None
 
-    def _run_one(self, slot: _Slot, pending: _Pending) -> None:
-        worker = slot.worker
-        assert worker is not None
-        try:
-            reply = worker.run(pending.payload, pending.timeout_s, pending.calls)
-        except ReplyUnreadable as err:  # the worker answered in full and serves on
-            pending.future.set_exception(RuntimeError(
-                f"the answer of {pending.name!r} came back but cannot be rebuilt in this process ({err}): "
-                "an exception class whose constructor takes other arguments than it passes to Exception, say"))
-            return
-        except TimeoutError:
-            worker.kill()
-            slot.worker = None
-            log.warning("kcache: killed the compile worker of %s after %g s", pending.name, pending.timeout_s)
-            pending.future.set_exception(CompileTimeout(pending.name, pending.timeout_s or 0.0))
-            return
-        except WorkerDied:
-            signal_name, exit_code = worker.death()
-            tail = worker.stderr_tail()
-            worker.kill()
-            slot.worker = None
-            if self.closed:
-                pending.future.set_exception(RuntimeError(f"the CompilePool closed while {pending.name!r} was compiling"))
-                return
-            if pending.aborted is not None:
-                pending.future.set_exception(CompileAborted(pending.name, pending.aborted))
-                return
-            log.warning("kcache: the compile worker of %s died (%s)", pending.name, signal_name or f"exit {exit_code}")
-            pending.future.set_exception(CompilerCrashed(pending.name, signal_name, exit_code, tail))
-            return
-        value, error = job_outcome(reply)
-        if error is None:
-            pending.future.set_result(value)
-        else:
-            pending.future.set_exception(error)
-
-    def _start_worker(self) -> WorkerProcess:
-        template = self._usable_template()
-        if template is not None:
-            try:
-                return WorkerProcess(self.preload, self.start_timeout_s, template)
-            except TemplateGone as err:  # the next start makes a new template
-                log.warning("kcache: the compile worker template is gone (%s); starting a new one", err)
-        return WorkerProcess(self.preload, self.start_timeout_s)
-
-    def start_template(self, *, forked: bool = False) -> None:
-        """Start the worker template now, without waiting for its imports; the first worker start
-        waits for them. `forked`: fork this process into it (only while it holds one thread: the
-        compile service does this first thing)."""
-        with self._template_lock:
-            if not self._template_unusable and self._template is None:
-                self._template = self._new_template(forked)
-
-    def _new_template(self, forked: bool = False) -> WorkerTemplate | None:
-        stderr = anonymous_append_file()
-        try:
-            return WorkerTemplate(self.preload, self.start_timeout_s, stderr, forked=forked)
-        except (TemplateGone, CompilePoolError, OSError) as err:
-            self._template_unusable = True
-            log.warning("kcache: the compile worker template could not start (%s); workers start by exec", err)
-            return None
-        finally:
-            os.close(stderr)  # the template holds its own copy
-
-    def _usable_template(self) -> WorkerTemplate | None:
-        """The worker template, started on first use unless `start_template` did (the first worker
-        waits for its imports, the others fork from it); None where workers start by exec."""
-        with self._template_lock:
-            if self._template_unusable:
-                return None
-            if self._template is not None and not self._template.alive:
-                self._template.close()
-                self._template = None
-            template = self._template or self._new_template()
-            if template is None:
-                return None
-            try:
-                template.wait_ready()
-            except TemplateGone as err:
-                self._template = None
-                self._template_unusable = True
-                log.warning("kcache: the compile worker template could not start (%s); workers start by exec", err)
-                return None
-            threads = template.threads or []
-            if len(threads) > 1:
-                # A fork would copy a process whose other threads may hold locks: not safe.
-                self._template = None
-                self._template_unusable = True
-                log.warning("kcache: the compile worker template holds %d threads after importing %s (%s); "
-                            "workers start by exec", len(threads), ", ".join(self.preload) or "nothing",
-                            ", ".join(threads[1:]))
-                template.close()
-                return None
-            self._template = template
-            return template
-
-
-_live_pools: weakref.WeakSet[CompilePool] = weakref.WeakSet()
-_shared: dict[tuple[object, ...], CompilePool] = {}
-_shared_lock = threading.Lock()
-
-
-def shared_pool(workers: int | None, timeout_s: float | None, preload: Iterable[str]) -> CompilePool:
-    """The process's pool for these settings, made on first use. Every KernelCache of a process shares it.
-
-    Workers copy the environment when they start: set CUDA_HOME, TILELANG_*
-    and friends before the first compile.
-    """
-    key = (workers, timeout_s, tuple(preload), os.getpid())
-    with _shared_lock:
-        pool = _shared.get(key)
-        if pool is None or pool.closed:
-            pool = _shared[key] = CompilePool(workers, timeout_s, preload=preload)
-        return pool
-
-
-@atexit.register
-def close_all_pools() -> None:
-    """Close every CompilePool of this process (its workers stopped): at exit, or earlier where a
-    process stops what it started before it ends."""
-    for pool in list(_live_pools):
-        pool.close()

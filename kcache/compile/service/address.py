@@ -20,6 +20,8 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
+import struct
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -115,3 +117,13 @@ def start_lock_path(name: str) -> Path:
 
 def log_path(name: str) -> Path:
     return runtime_directory() / f"compile-{name}.log"
+
+
+PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED): the server checks its
+    clients', and a client its server's."""
+    _pid, uid, _gid = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+    return uid

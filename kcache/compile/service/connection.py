@@ -9,7 +9,6 @@ import json
 import os
 import select
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -26,7 +25,6 @@ from kcache.store.locks import take_file_lock
 START_TIMEOUT_S = 20.0  # the server binds its socket before it imports anything heavy
 START_POLL_S = 0.02  # how often a process waiting for another's start tries the socket
 REQUEST_TIMEOUT_S = 600.0  # a status, stop or waiting warm-up request (the last starts workers)
-PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class ServiceUnavailable(OSError):
@@ -40,7 +38,7 @@ def connect(name: str) -> tuple[socket.socket, int, bool]:
     try:
         conn.settimeout(START_TIMEOUT_S)
         conn.connect(str(address.socket_path(name)))
-        _pid, uid, _gid = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+        uid = address.peer_uid(conn)
         if uid != os.geteuid():
             raise ServiceUnavailable(f"the socket of {name} is served by uid {uid}, not {os.geteuid()}")
         conn.settimeout(None)  # the wire reads the descriptor, which must block
@@ -113,7 +111,7 @@ def start(name: str, workers: int, preload: Iterable[str], idle_s: float) -> Non
         argv = ["--name", name, "--workers", str(workers), "--idle", str(idle_s), "--preload", json.dumps(list(preload)),
                 "--ready-fd", str(write_end), "--sys-path", json.dumps(importable_path(sys.path))]
         starter = POPEN(  # bound at import, as the workers' (interpreter.start_interpreter)
-            python_command(f"from kcache.compile.service.server import run; sys.exit(run({argv!r}))"),
+            python_command(f"from kcache.compile.service.server_process import run; sys.exit(run({argv!r}))"),
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, pass_fds=(write_end,),
             start_new_session=True, cwd="/",  # the service outlives, and serves every, working directory
             env=internal_environment({"PYTHONPATH": os.pathsep.join(importable_path(sys.path))}),

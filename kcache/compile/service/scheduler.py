@@ -156,3 +156,17 @@ class FairScheduler:
                 job.slot.release()
         self._dispatch()
         job.done(finished)
+
+
+def worker_memory(pid: int) -> int:
+    """A worker's proportional set size: pages it shares with the template and its siblings count
+    by their share, so the sum over workers is what they cost together (RSS would count the
+    template's TileLang once per worker)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -1,70 +1,50 @@
-"""The compile service: one long-lived server per user, machine and environment, shared by every process.
+"""The compile service's serving: one long-lived server per user, machine and environment, shared by every process.
 
-    run(["--name", NAME, "--workers", N, "--idle", SECONDS, "--preload", JSON, "--ready-fd", FD])
-
-Started on demand by a client (`kcache.compile.service.client`), detached (it forks once and its
-parent exits, so it is nobody's child), it keeps a `CompilePool` of warm workers (TileLang imported;
-forked from a worker template) for all of this user's processes: a fresh process's first compile
-costs a compile, not an import. At most `N` compiles run machine-wide, whoever asks, taking the
-clients in turn within the memory budget (`scheduler`), and sharing `N` compile slots with
-the clients that compile in a fork of themselves until the service is warm (`compile_slots`,
-`caller_fork`); identical jobs in flight run once (`inflight`).
+It keeps a `CompilePool` of warm workers (TileLang imported; forked from a worker template) for all
+of this user's processes: a fresh process's first compile costs a compile, not an import. At most
+`N` compiles run machine-wide, whoever asks, taking the clients in turn within the memory budget
+(`scheduler`), and sharing `N` compile slots with the clients that compile in a fork of themselves
+until the service is warm (`compile_slots`, `caller_fork`); identical jobs in flight run once
+(`inflight`). Its process (start, name lock, socket, exit): `server_process`.
 
 - Warm: a worker is ready (TileLang imported). The greeting says whether the service is warm, and
   every connected client is told ("warmed",) once it is: until then, a client that imported TileLang
   itself compiles in a fork of itself rather than wait for the service's import.
-
-- Only one server per name: it holds `compile-NAME.lock` (flock) for its life. A stale socket file
-  left by a dead server is removed under that lock, never one in use.
 - Every connection's peer is checked with SO_PEERCRED: only this uid is served. The socket is in a
   0700 directory of this user (`address`), and nothing listens on a network.
 - A job is `(fn, args)` pickled by the client; it is passed to the pool as it came, and its result or
   exception goes back pickled. A crash, segfault or hang kills that job's worker only (the pool's
   isolation): the client gets `CompilerCrashed` or `CompileTimeout` as from its own pool.
 - A client that disconnects has its queued jobs dropped and its running ones stopped.
-- With no job for `--idle` seconds the server exits; the next miss starts a new one.
+- With no job for the idle time (`--idle`) it tells its clients ("bye", "idle") and stops serving.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
-import json
 import logging
 import os
 import socket
-import struct
-import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kcache.compile.service.address import peer_uid
 from kcache.compile.service.calls import CallRelay
 
-if TYPE_CHECKING:
-    from kcache.compile.compile_slots import CompileSlots
-
 log = logging.getLogger("kcache")
-
-PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-def peer_uid(conn: socket.socket) -> int:
-    _pid, uid, _gid = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
-    return uid
-
 
 class Server:
     def __init__(self, listener: socket.socket, pool: Any, idle_s: float, memory_budget: int | None = None,
                  slots: Any = None) -> None:
         from kcache.compile.service.inflight import InflightOutputs
-        from kcache.compile.service.scheduler import FairScheduler
+        from kcache.compile.service.scheduler import FairScheduler, worker_memory
 
         self.listener = listener
         self.pool = pool
-        self.scheduler = FairScheduler(pool, memory_budget, lambda pids: [_memory(pid) for pid in pids], slots)
+        self.scheduler = FairScheduler(pool, memory_budget, lambda pids: [worker_memory(pid) for pid in pids], slots)
         self.warm = threading.Event()  # a worker is ready
         self.inflight = InflightOutputs()
         self.idle_s = idle_s
@@ -260,6 +240,8 @@ class Server:
             send(("warmed",))
 
     def status(self) -> dict[str, Any]:
+        from kcache.compile.service.scheduler import worker_memory
+
         workers = self.pool.worker_pids()
         with self._lock:
             return {
@@ -269,7 +251,7 @@ class Server:
                 "workers": len(workers),
                 "worker_pids": workers,
                 "template_pid": self.pool.template_pid(),
-                "worker_memory_bytes": sum(_memory(pid) for pid in workers),
+                "worker_memory_bytes": sum(worker_memory(pid) for pid in workers),
                 "memory_budget_bytes": self.scheduler.memory_budget,
                 "held_back_by_memory": self.scheduler.held_back,
                 "waited_for_slot": self.scheduler.waited_for_slot,
@@ -280,118 +262,3 @@ class Server:
                 "idle_timeout_s": self.idle_s,
                 **self.counts,
             }
-
-
-def _memory(pid: int) -> int:
-    """A worker's proportional set size: pages it shares with the template and its siblings count
-    by their share, so the sum over workers is what they cost together (RSS would count the
-    template's TileLang once per worker)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kcache.compile.service.server")
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--workers", type=int, required=True)
-    parser.add_argument("--idle", type=float, required=True)
-    parser.add_argument("--preload", default="[]")
-    parser.add_argument("--ready-fd", type=int, default=-1)
-    parser.add_argument("--sys-path", default=None, help="the client's sys.path (JSON): jobs import as there")
-    args = parser.parse_args(argv)
-    if args.sys_path:
-        from kcache.compile.workers.worker import importable_path
-
-        sys.path[:] = importable_path(json.loads(args.sys_path))
-    if os.fork() > 0:  # detach: the starter reaps this parent at once, the server is nobody's child
-        os._exit(0)
-    ready = args.ready_fd
-
-    def tell(word: bytes) -> None:
-        nonlocal ready
-        if ready >= 0:
-            with contextlib.suppress(OSError):
-                os.write(ready, word)
-            os.close(ready)
-            ready = -1
-
-    from kcache.compile.service import address
-    from kcache.store.locks import take_file_lock
-
-    lock_fd = take_file_lock(address.lock_path(args.name))  # held for the service's life
-    if lock_fd is None:
-        tell(b"busy")  # another server of this name runs or is starting
-        return 0
-    from kcache.compile.workers.worker import SERVER_NAME, name_process
-
-    name_process(SERVER_NAME)
-    from kcache.compile.pool.process_pool import CompilePool
-
-    pool = CompilePool(args.workers, None, preload=json.loads(args.preload), start="fork")
-    # The template is forked from this process now, while it holds one thread and no listener: its
-    # TileLang import, which the first compile waits for, starts without an interpreter's start and
-    # kcache's imports before it (on a loaded machine, a herd's ranks importing TileLang beside it,
-    # those were a good part of its lag). It closes this process's descriptors (the lock, the pipe
-    # to the starter).
-    pool.start_template(forked=True)
-    path = address.socket_path(args.name)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # stale: its server is dead, or it would hold the lock
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    previous = os.umask(0o077)
-    try:
-        listener.bind(str(path))
-    finally:
-        os.umask(previous)
-    listener.listen(128)
-    identity = os.stat(path)
-
-    from kcache.compile.compile_slots import CompileSlots
-    from kcache.setting_values import compile_memory_budget
-
-    slots = CompileSlots(args.name, args.workers)
-    server = Server(listener, pool, args.idle, compile_memory_budget(), slots)
-    threading.Thread(target=server.warm_up, daemon=True).start()  # overlaps the first client's imports
-    tell(b"ready")
-    try:
-        server.serve()
-    finally:
-        with contextlib.suppress(OSError):
-            if os.stat(path)[:2] == identity[:2]:
-                os.unlink(path)
-        listener.close()
-        pool.close()
-        _remove_runtime_files(args.name, slots, lock_fd)
-    return 0
-
-
-def _remove_runtime_files(name: str, slots: CompileSlots, lock_fd: int) -> None:
-    """What the service leaves in its private directory goes with it: the slot files and the start
-    lock nobody holds (a client compiling in a fork of itself keeps its slot's), then its own lock,
-    while it still holds it. Each is removed by a holder of its flock, and a taker checks that the
-    path still names the file it locked (kcache.store.locks.take_file_lock). The log stays: the record
-    of what the service did and why it exited, appended to by the next service of this name."""
-    from kcache.compile.service import address
-    from kcache.store.locks import remove_free_lock_file, unlink_held
-
-    with contextlib.suppress(OSError):
-        for index in range(slots.count):
-            remove_free_lock_file(slots.path(index))
-        remove_free_lock_file(address.start_lock_path(name))
-        unlink_held(lock_fd, address.lock_path(name))
-
-
-def run(argv: list[str]) -> int:
-    """The service's process (`connection.start` runs it through `interpreter.python_command`)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    return main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
