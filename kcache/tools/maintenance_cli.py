@@ -22,7 +22,7 @@ from kcache.tools.cli_entries import AUTOTUNER, autotune_results, entry_meta, ke
 from kcache.tools.cli_format import count_of, format_table, human_age, human_size, short_key
 from kcache.tools.doctor import doctor, installed_tilelang
 
-# `kcache gc` removes the entries of other TileLang versions left unused this long.
+# `kcache gc` removes the entries of other TileLang versions unused, and the quarantine kept, this long.
 OTHER_VERSION_UNUSED_S = 7 * 86400
 
 
