@@ -11,7 +11,8 @@ The cache's gc cleans stale staging under `<root>/autotuner/` like everywhere el
 """
 
 from autotuner.benchmark import cuda_event_profiler
-from autotuner.tune import NoBenchmarkDevice, TuneFailed, autotune, tune
+from autotuner.decorator import autotune
+from autotuner.tune import NoBenchmarkDevice, TuneFailed, tune
 from kcache.results.autotune import AutotuneResult, ConfigOutcome, result_path
 from kcache.results.tune_once import TuneWaitTimeout
 

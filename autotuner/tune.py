@@ -1,12 +1,10 @@
-"""`autotuner.tune` and `@autotuner.autotune`: compile every config through kcache, benchmark on the
-GPU, keep the fastest correct one, and save it so that the next tune compiles nothing."""
+"""`autotuner.tune`: compile every config through kcache, benchmark on the GPU, keep the fastest
+correct one, and save it so that the next tune compiles nothing (`@autotuner.autotune`, its
+decorator form, is autotuner.decorator)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-import inspect
 import logging
 import sys
 import time
@@ -17,8 +15,9 @@ from typing import Any
 import kcache
 from autotuner import trials as t
 from autotuner.benchmark import Profiler, benchmark, cuda_event_profiler, inputs_for
+from autotuner.identity import tune_identity
+from autotuner.progress import progress
 from kcache.errors import KCacheError
-from kcache.keys import canonical_json
 from kcache.results.autotune import COMPONENTS, NAMESPACE, RESULT_FORMAT, AutotuneResult, ConfigOutcome, result_path
 from kcache.results.device import current_device_identity, normalized
 from kcache.results.tune_once import RemoteResults, TuneOnce, report_to_log
@@ -26,6 +25,7 @@ from kcache.store import layout
 from kcache.store.entries import EntryStore
 
 log = logging.getLogger("kcache")
+
 
 class TuneFailed(KCacheError, RuntimeError):
     """No config of a tune worked; `table` says why each one failed."""
@@ -165,7 +165,7 @@ def _tune_now(kernel_factory: Callable[..., Any], configs: Sequence[dict[str, An
     # In server mode: the service's workers for this tune start (forked) while the configs are built.
     tuning.warm_compiles(len(configs))
     started = time.perf_counter()
-    with _progress(len(configs), f"compiling {name}", verbose, progressed("compiling", len(configs))) as bar:
+    with progress(len(configs), f"compiling {name}", verbose, progressed("compiling", len(configs))) as bar:
         compiled = t.compile_configs(kernel_factory, configs, target=target, cache=tuning, tune_identity=identity,
                                      out_idx=out_idx, progress=lambda _trial: bar.update(1))
     compiled_at = time.perf_counter()
@@ -174,7 +174,7 @@ def _tune_now(kernel_factory: Callable[..., Any], configs: Sequence[dict[str, An
     latencies: dict[int, float] = {}
     ref_latency = None
     runnable = sum(c.status == t.OK for c in compiled)
-    with _progress(runnable, f"benchmarking {name}", verbose, progressed("benchmarking", runnable)) as bar:
+    with progress(runnable, f"benchmarking {name}", verbose, progressed("benchmarking", runnable)) as bar:
         for index, trial in enumerate(compiled):
             if trial.status != t.OK:
                 continue
@@ -218,64 +218,6 @@ def _load_bound(path: Path, identity: str, device: dict[str, Any]) -> AutotuneRe
     return saved
 
 
-def autotune(configs: Sequence[dict[str, Any]], key: Sequence[str] = (), **tune_options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A decorator for TileLang-style use: `@autotune(configs=[...], key=["M", "N", "K"])` over a kernel
-    factory `f(*args, **config)`. Calling the decorated function tunes once per value of the `key`
-    arguments (the saved result, if any) and returns the best kernel."""
-
-    def decorate(factory: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(factory)
-        tuned: dict[str, Any] = {}
-
-        @functools.wraps(factory)
-        def best_kernel(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind_partial(*args, **kwargs)
-            chosen = {name: bound.arguments.get(name) for name in key}
-            memo = canonical_json(chosen)
-            if memo not in tuned:
-
-                def configured(**config: Any) -> Any:
-                    return factory(*args, **kwargs, **config)
-
-                configured.__module__ = factory.__module__
-                configured.__qualname__ = factory.__qualname__
-                result = tune(configured, configs, tune_key={"key": chosen, "source": _source(factory)}, **tune_options)
-                tuned[memo] = result.load_kernel(tune_options.get("cache"))
-            return tuned[memo]
-
-        best_kernel.tune_configs = list(configs)  # type: ignore[attr-defined]
-        return best_kernel
-
-    return decorate
-
-
-def tune_identity(kernel_factory: Callable[..., Any], configs: Sequence[dict[str, Any]], target: Any,
-                  out_idx: Any, tune_key: Any, device: Mapping[str, Any]) -> str:
-    """What makes two tunes the same: the factory (name and source), the configs, target, out_idx,
-    key, and the identity of the device they are measured on (not its index)."""
-    try:
-        target_text = canonical_json(target)
-    except TypeError:
-        target_text = str(target)
-    fields = {
-        "factory": f"{getattr(kernel_factory, '__module__', '?')}.{getattr(kernel_factory, '__qualname__', '?')}",
-        "source": _source(kernel_factory),
-        "configs": [canonical_json(c) for c in configs],
-        "target": target_text,
-        "out_idx": repr(out_idx),
-        "key": canonical_json(tune_key) if tune_key is not None else None,
-        "device": canonical_json(dict(device)),
-    }
-    return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
-
-
-def _source(function: Callable[..., Any]) -> str:
-    try:
-        return inspect.getsource(function)
-    except (OSError, TypeError):  # built in a REPL or by exec: its name stands for it
-        return ""
-
-
 class NoBenchmarkDevice(RuntimeError):
     """`tune` times configs on a CUDA GPU by default, and none is visible."""
 
@@ -296,44 +238,3 @@ def _tuning_cache(base: kcache.KernelCache, workers: int | None, timeout_s: floa
     settings = dataclasses.replace(base.settings, compile_workers=workers or base.settings.compile_workers,
                                    compile_timeout_s=timeout_s or base.settings.compile_timeout_s)
     return kcache.KernelCache(base.root, settings=settings)
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-class _NotedBar:
-    """A progress bar that also tells `noted(done)`: the tune's holder note, which waiters show."""
-
-    def __init__(self, bar: Any, noted: Callable[[int], None]) -> None:
-        self.bar = bar
-        self.noted = noted
-        self.done = 0
-
-    def update(self, n: int) -> None:
-        self.done += n
-        self.bar.update(n)
-        self.noted(self.done)
-
-    def __enter__(self) -> _NotedBar:
-        self.bar.__enter__()
-        self.noted(0)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.__exit__(*exc)
-
-
-def _progress(total: int, description: str, verbose: bool, noted: Callable[[int], None]) -> Any:
-    if not verbose:
-        return _NotedBar(_NoBar(), noted)
-    from tqdm import tqdm
-
-    return _NotedBar(tqdm(total=total, desc=description, file=sys.stderr, leave=False), noted)

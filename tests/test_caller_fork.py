@@ -133,11 +133,11 @@ def test_a_caches_warm_up_waiting_on_the_service_leaves_the_first_compile_to_a_f
     service's template (here held at its import by the gate) and then for its job identifying the
     toolchain. That thread must not keep the first compile out of a fork: the compile would wait for
     the template's import (on the CPU machine, 0.36 s of a 2.1 s call)."""
-    from kcache.cache.kernel_cache import _warm_service
+    from kcache.cache.service_warmup import warm_service
 
     pool = gated_pool()
     (tmp_path / "root").mkdir()
-    warming = threading.Thread(target=_warm_service, args=(pool, 1, str(tmp_path / "root")),
+    warming = threading.Thread(target=warm_service, args=(pool, 1, str(tmp_path / "root")),
                                name=caller_fork.SERVICE_WARM_THREAD, daemon=True)
     warming.start()
     try:

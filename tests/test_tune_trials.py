@@ -154,7 +154,7 @@ def test_a_launch_refused_for_shared_memory_is_out_of_resources_and_remembered(c
     """TVM's runtime words for a kernel whose dynamic shared memory the device refuses (the GPU test
     launches a real one); on CPU a profiler raises them where the launch would."""
     import autotuner
-    from autotuner.tune import tune_identity
+    from autotuner.identity import tune_identity
 
     refused: list = []
 

@@ -6,29 +6,29 @@ A lookup is a short pipeline, each step in the layer that owns it:
     kcache.cache.single_flight] disk again -> remote (kcache.tiers.remote) -> compile and
     publish (kcache.cache.compiling, kcache.store.entries)
 
-The miss path is loaded on the first miss: a process that only hits never imports it.
+The miss path (kcache.cache.miss_path) is loaded on the first miss, and the compile service's
+warm-up (kcache.cache.service_warmup) only to warm the service up: a process that only hits never
+imports either.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import sys
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kcache import lookup_log
 from kcache.cache import deployment
 from kcache.cache.request import KernelRequest
 from kcache.config import Settings, warn_unknown_settings
-from kcache.errors import KCacheError, TileLangMissing, UnwritableCache
+from kcache.errors import KCacheError, UnwritableCache
 from kcache.keys import ENTRY_FORMAT, canonical_json
 from kcache.maintenance.counter_file import stats_file
-from kcache.maintenance.gc_stamp import gc_is_due
+from kcache.maintenance.gc_stamp import collect_if_due
 from kcache.maintenance.stats import CacheStats
 from kcache.setting_values import jit_guard_setting, remote_urls
 from kcache.store import access
@@ -37,14 +37,13 @@ from kcache.store.entries import EntryStore
 from kcache.tiers.disk import DiskTier
 from kcache.tiers.memory import MemoryTier
 from kcache.tilelang import support
-from kcache.tilelang.installed import is_tilelang_missing, tilelang_installed
+from kcache.tilelang.installed import tilelang_installed
 
 if TYPE_CHECKING:
     from tilelang.jit import JITKernel
     from tvm.tirx import PrimFunc
 
-    from kcache.cache.compiling import CompileStep
-    from kcache.cache.single_flight import SingleFlight
+    from kcache.cache.miss_path import MissPath
     from kcache.compile.pool.process_pool import CompilePool
     from kcache.maintenance.gc import GcReport
     from kcache.tiers.remote_chain import RemoteTiers
@@ -88,13 +87,10 @@ class KernelCache:
         self.memory: MemoryTier | None = None
         self._store: EntryStore | None = None
         self._disk: DiskTier | None = None
-        self._misses: SingleFlight | None = None
-        self._compiler: CompileStep | None = None
+        self._misses: MissPath | None = None
         self._backend: Any = None
         if backend is not None:
             self._use_backend(backend)
-        self._key_threads: dict[str, threading.Lock] = {}
-        self._key_threads_guard = threading.Lock()
         self._toolchain: dict[str, object] | None = None
         self._pool = compile_pool
         self._serves_through_service = False  # compiles go to the shared compile service
@@ -127,17 +123,11 @@ class KernelCache:
         instead of following it. Never blocks, never raises; nothing in the other modes."""
         if not self._serves_through_service:
             return
-        from kcache.compile.fork.caller_fork import SERVICE_WARM_THREAD
-        from kcache.compile.pool.process_pool import (
-            TILELANG_PRELOAD,  # the TileLang backend's preload, without importing it
-        )
-        from kcache.compile.service.shared_pools import shared_service_pool
+        # Loaded here, not at the top: it loads the compile service's client, which a hit never needs.
+        from kcache.cache.service_warmup import warm_in_background
 
-        service = shared_service_pool(self.settings.compile_workers, self.settings.compile_timeout_s,
-                                      TILELANG_PRELOAD, self.settings.server_idle_s)
         identify_in = None if self.readonly or self._toolchain is not None else str(self.root)
-        threading.Thread(target=_warm_service, args=(service, count, identify_in), name=SERVICE_WARM_THREAD,
-                         daemon=True).start()
+        warm_in_background(self.settings, count, identify_in)
 
     # ------------------------------------------------------------ public
 
@@ -196,7 +186,7 @@ class KernelCache:
         remote = self._remote(backend) if not self.readonly else None
         if remote is None:
             return False
-        return self._miss_path(backend).upload(remote, key)
+        return self._miss_path(backend).flight.upload(remote, key)
 
     def stats(self) -> dict[str, float]:
         """This cache's counters in this process: memory_hits, disk_hits, misses, compiles,
@@ -210,15 +200,9 @@ class KernelCache:
         this user's compile service, else the process's shared pool."""
         if self._pool is not None:
             return self._pool
-        from kcache.compile.pool.shared_pools import shared_pool  # not on the hit path: ~5 ms of imports
+        from kcache.cache.miss_path import compile_pool_for  # the miss path: not on the hit path
 
-        settings, preload = self.settings, self._tilelang().COMPILE_PRELOAD
-        if settings.compile_isolation == "server":
-            from kcache.compile.service.shared_pools import shared_service_pool
-
-            return shared_service_pool(settings.compile_workers, settings.compile_timeout_s, preload,
-                                       settings.server_idle_s)  # type: ignore[return-value]
-        return shared_pool(settings.compile_workers, settings.compile_timeout_s, preload)
+        return compile_pool_for(self.settings, self._tilelang().COMPILE_PRELOAD)
 
     @property
     def store(self) -> EntryStore:
@@ -235,26 +219,7 @@ class KernelCache:
         if kernel is not None:
             self._disk_hit(backend, request, "")
             return kernel
-        # Not a miss yet: a miss is a lookup that compiles (kcache.cache.compiling counts it); one
-        # served by another process's or thread's compile, waited for, is a hit.
-        if self.readonly:
-            return self._compile_step(backend).compile_private(request)
-        opaque = getattr(request.context, "opaque", "")
-        if opaque:
-            # A callback whose effect cannot be keyed: compiled here, where it is registered, and
-            # kept in memory only (its memory key holds the callback's handle).
-            self._warn_once(f"opaque:{opaque}", "kcache: compiling %s in this process and not caching it on "
-                            "disk: %s", backend.kernel_name(request.func), opaque)
-            return self._compile_step(backend).compile_private(request, in_process=True)
-        with self._thread_gate(request.key):
-            # Another thread of this process may have finished it meanwhile.
-            kernel = disk.load(request.key, request.loader(backend), quarantine=False)
-            if kernel is not None:
-                self._disk_hit(backend, request, ", another thread's compile")
-                return kernel
-            kernel = self._miss_path(backend).get(request)
-        self._maybe_gc()  # the cache grew: evict if it is time to look
-        return kernel
+        return self._miss_path(backend).get(request)
 
     def _disk_hit(self, backend: Any, request: KernelRequest, how: str) -> None:
         self._count(disk_hits=1)
@@ -266,22 +231,14 @@ class KernelCache:
                                   warn_once=self._warn_once)
         return self._disk
 
-    def _compile_step(self, backend: Any) -> CompileStep:
-        if self._compiler is None:
-            from kcache.cache.compiling import CompileStep  # the miss path: loaded on the first miss
-
-            self._compiler = CompileStep(backend, self._disk_tier(), isolation=self.settings.compile_isolation,
-                                         pool=lambda: self.compile_pool, count=self._count)
-        return self._compiler
-
-    def _miss_path(self, backend: Any) -> SingleFlight:
+    def _miss_path(self, backend: Any) -> MissPath:
         if self._misses is None:
-            from kcache.cache.single_flight import SingleFlight  # the miss path: loaded on the first miss
+            from kcache.cache.miss_path import MissPath  # the miss path: loaded on the first miss
 
-            self._misses = SingleFlight(
-                backend, self._disk_tier(), self._compile_step(backend), lock_timeout_s=self.settings.lock_timeout_s,
-                remote=lambda: self._remote(backend), remote_lease_s=self.settings.remote_lease_s,
-                count=self._count, warn_once=self._warn_once,
+            self._misses = MissPath(
+                backend, self._disk_tier(), self.settings, readonly=self.readonly, pool=lambda: self.compile_pool,
+                remote=lambda: self._remote(backend), count=self._count, warn_once=self._warn_once,
+                disk_hit=lambda request, how: self._disk_hit(backend, request, how), grown=self._maybe_gc,
             )
         return self._misses
 
@@ -308,16 +265,7 @@ class KernelCache:
     def _tilelang(self) -> Any:
         backend = self._backend
         if backend is None:
-            try:
-                # A TileLang outside the supported versions, or without an internal kcache needs, is
-                # one line (kcache/tilelang/support.py), before any of kcache's layer imports it.
-                support.require_supported()
-                from kcache.tilelang import backend
-            except ModuleNotFoundError as err:
-                if is_tilelang_missing(err):
-                    raise TileLangMissing() from None  # what to install, not where the import failed
-                raise
-
+            backend = support.load_backend()  # one line where TileLang is missing or unsupported
             self._use_backend(backend)
         return backend
 
@@ -341,51 +289,11 @@ class KernelCache:
         if self._stats_file is not None:
             self._stats_file.add(**deltas)
 
-    @contextlib.contextmanager
-    def _thread_gate(self, key: str) -> Iterator[None]:
-        """Threads of one process missing the same key queue here, not on the file lock."""
-        with self._key_threads_guard:
-            gate = self._key_threads.setdefault(key, threading.Lock())
-        with gate:
-            yield
-
     def _maybe_gc(self) -> None:
-        try:
-            if gc_is_due(self.root, self.settings.gc_interval_s):
-                report = self.gc()
-                if report.staging_removed or report.locks_removed:
-                    log.debug("kcache: gc at open removed %s", report)
-        except Exception as err:  # whatever a hostile root holds, opening the cache works
-            log.warning("kcache: gc of %s at open failed (the cache still works): %s: %s", self.root,
-                        type(err).__name__, err)
+        collect_if_due(self.root, self.settings.gc_interval_s, self.gc)
 
 
 def _compiles_expected() -> bool:
     """False where the program declared it compiles nothing (KCACHE_JIT_GUARD=error; a bad value
     failed already, when the settings were checked at open)."""
     return jit_guard_setting() != "error"
-
-
-def _warm_service(service: Any, count: int, identify_in: str | None) -> None:
-    """The warm-up's thread: `count` workers, then the toolchain fingerprint of the root `identify_in`
-    computed by a worker of the service, which imports TileLang anyway. The program's first lookup then
-    reads the root's memo instead of hashing TileLang's 105 MB of libraries itself (a cache opened
-    before `import tilelang` identifies the toolchain at its first lookup), and a herd of processes
-    that opened one fresh root hashes once, before its barrier, instead of once each after it."""
-    service.warm(count)
-    if identify_in is None:
-        return
-    from kcache.compile.jobs import JobOutput
-    from kcache.compile.protocol import CallByName
-
-    # One job per root in flight, whichever processes ask: a herd of 32 that opened one fresh root
-    # at once would otherwise have the service fork 16 workers for 32 identical jobs, just as
-    # its first compile arrives.
-    job = service.submit_to_service(CallByName("kcache.tilelang.fingerprint", "toolchain_fingerprint"), identify_in,
-                                    name="identifying the toolchain",
-                                    output=JobOutput(f"toolchain of {os.path.realpath(identify_in)}", None))
-    if job is not None:
-        # The thread lives as long as its job (a disconnect would stop it). A failure here costs
-        # nothing: the first lookup identifies the toolchain itself and meets the failure there.
-        with contextlib.suppress(Exception):
-            job.result()

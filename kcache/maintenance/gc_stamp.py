@@ -1,13 +1,18 @@
-"""Whether the gc run at a cache's open is due: the rate limit alone, without the gc's own modules (a
-cache that opens, hits and exits never loads them)."""
+"""The gc run at a cache's open: whether it is due (the rate limit alone, without the gc's own modules:
+a cache that opens, hits and exits never loads them), and its run, which never fails the open."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kcache.store import dirfd, layout, sharing
+
+log = logging.getLogger("kcache")
 
 
 def gc_is_due(root: Path, interval_s: float) -> bool:
@@ -30,3 +35,15 @@ def gc_is_due(root: Path, interval_s: float) -> bool:
         finally:
             os.close(fd)
     return True
+
+
+def collect_if_due(root: Path, interval_s: float, collect: Callable[[], Any]) -> None:
+    """Run `collect` (the cache's gc) if it is due at `root`; a failure is one warning."""
+    try:
+        if gc_is_due(root, interval_s):
+            report = collect()
+            if report.staging_removed or report.locks_removed:
+                log.debug("kcache: gc at open removed %s", report)
+    except Exception as err:  # whatever a hostile root holds, opening the cache works
+        log.warning("kcache: gc of %s at open failed (the cache still works): %s: %s", root,
+                    type(err).__name__, err)

@@ -19,9 +19,10 @@ import importlib
 import logging
 import re
 import sys
+from typing import Any
 
-from kcache.errors import TileLangUnsupported
-from kcache.tilelang.installed import tilelang_installed
+from kcache.errors import TileLangMissing, TileLangUnsupported
+from kcache.tilelang.installed import is_tilelang_missing, tilelang_installed
 
 log = logging.getLogger("kcache")
 
@@ -102,3 +103,18 @@ def warn_passing_through(reason: str) -> None:
     if not _warned:
         _warned = True
         log.warning("kcache: every TileLang compile goes to plain TileLang, uncached by kcache: %s", reason)
+
+
+def load_backend() -> Any:
+    """kcache's TileLang backend (kcache.tilelang.backend), imported. A TileLang outside the supported
+    versions, or without an internal kcache needs, is one line (require_supported), before any of
+    kcache's layer imports it; a missing TileLang is TileLangMissing: what to install, not where the
+    import failed."""
+    try:
+        require_supported()
+        from kcache.tilelang import backend
+    except ModuleNotFoundError as err:
+        if is_tilelang_missing(err):
+            raise TileLangMissing() from None
+        raise
+    return backend
