@@ -45,6 +45,25 @@ def test_a_busy_worker_s_pipes_are_closed_by_its_own_thread_when_the_pool_closes
     assert all(thread.startswith("kcache-compile-") for _pipe, thread in mine), mine  # by its own thread
 
 
+def test_a_job_still_queued_when_the_pool_closes_never_starts(tmp_path: Path) -> None:
+    """Behind a running job, a queued one (one that would never end) when the pool closes: the running
+    one's worker is killed, and the queued one fails without starting. It once started on a fresh
+    worker after the close and held its pool thread forever (a thread left behind by tests/test_pool.py
+    kept later tests from forking)."""
+    fifo = tmp_path / "held"
+    os.mkfifo(fifo)
+    pool = CompilePool(1, preload=("tests.pool_jobs",))
+    running = pool.submit(pool_jobs.read_fifo, str(fifo))
+    queued = pool.submit(pool_jobs.hang)
+    with open(fifo, "w"):  # the first job runs now, the second waits behind it
+        pool.close()
+    with pytest.raises(RuntimeError, match="closed while"):
+        running.result(60)
+    with pytest.raises(RuntimeError, match="closed before .* started"):
+        queued.result(60)
+    assert not any(slot.thread is not None and slot.thread.is_alive() for slot in pool._slots)
+
+
 def test_the_template_s_control_socket_is_closed_after_a_request_in_flight_ends(tmp_path: Path) -> None:
     """A request to the worker template in flight on another thread (a `reap` the template answers
     only when the worker ends) when the template is closed: the close wakes it first, and closes the

@@ -160,7 +160,8 @@ class CompilePool(JobRunner):
         self._workers.start_template(forked=forked)
 
     def close(self) -> None:
-        """Stop the workers: idle ones exit, busy ones are killed (their futures fail)."""
+        """Stop the workers: idle ones exit, busy ones are killed, and jobs still queued never start
+        (their futures fail)."""
         with self._lock:
             if self.closed:
                 return
@@ -232,8 +233,13 @@ class CompilePool(JobRunner):
                     except CompilePoolError as err:
                         pending.future.set_exception(err)
                         continue
-                with self._lock:
-                    slot.busy, slot.pending = True, pending
+                with self._lock:  # close() reads `busy` after setting `closed` under this lock
+                    closed_first = self.closed
+                    if not closed_first:
+                        slot.busy, slot.pending = True, pending
+                if closed_first:  # queued before close(), taken after: never run (close kills none of it)
+                    pending.future.set_exception(RuntimeError(f"the CompilePool closed before {pending.name!r} started"))
+                    continue
                 if self.start_method == "fork":
                     slot.ready.clear()  # its worker is replaced after this job: `warm` waits for the new one
                 run_job(slot, pending, lambda: self.closed)
