@@ -17,4 +17,4 @@ def test_a_profile_gets_every_argument_but_only_and_profile() -> None:
 def test_a_scenario_without_a_profile_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--only", "memory", "--profile"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["stress.bench: --profile needs --only with one of herd, disk, cold, triton"]
+    assert err == ["stress.bench: --profile needs --only with one of herd, disk, cold, triton, helion"]
