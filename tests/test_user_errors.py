@@ -139,7 +139,7 @@ TARGET_MISTAKES = [
 @pytest.mark.parametrize(("target", "reason", "fix"), TARGET_MISTAKES, ids=[str(t[0]) for t in TARGET_MISTAKES])
 def test_a_target_is_refused_for_what_it_says(target: object, reason: str, fix: str) -> None:
     """Each mistake gets its own reason, never "no GPU is visible" for a target that names its arch."""
-    pytest.importorskip("tilelang")
+    pytest.importorskip("tilelang", reason="the target check needs TileLang (pip install -e '.[test]')")
     import kcache
     from kcache.tilelang.target import resolve_target
 
@@ -151,7 +151,7 @@ def test_a_target_is_refused_for_what_it_says(target: object, reason: str, fix: 
 
 @pytest.mark.parametrize("target", ["nvidia/nvidia-h100", {"kind": "cuda", "arch": "sm_90a"}])
 def test_a_cuda_target_that_names_its_arch_resolves_without_a_gpu(target: object) -> None:
-    pytest.importorskip("tilelang")
+    pytest.importorskip("tilelang", reason="the target check needs TileLang (pip install -e '.[test]')")
     from kcache.tilelang.target import resolve_target
 
     assert '"sm_90a"' in resolve_target(target, "tvm_ffi").canonical
@@ -159,7 +159,7 @@ def test_a_cuda_target_that_names_its_arch_resolves_without_a_gpu(target: object
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_100a", "sm_120", "sm_121"])
 def test_the_archs_of_todays_gpus_pass_the_arch_check(arch: str) -> None:
-    pytest.importorskip("tilelang")
+    pytest.importorskip("tilelang", reason="the target check needs TileLang (pip install -e '.[test]')")
     from kcache.tilelang.target import refuse_unusable_target
 
     refuse_unusable_target({"kind": "cuda", "arch": arch}, {"kind": "cuda", "arch": arch})  # raises nothing
@@ -167,7 +167,7 @@ def test_the_archs_of_todays_gpus_pass_the_arch_check(arch: str) -> None:
 
 @pytest.mark.tilelang
 def test_a_bad_arch_is_one_line_from_get_or_compile_before_any_compile(tmp_path: Path) -> None:
-    pytest.importorskip("tilelang")
+    pytest.importorskip("tilelang", reason="the target check needs TileLang (pip install -e '.[test]')")
     import kcache
     from stress.kernels import elementwise_add
 
@@ -181,7 +181,7 @@ def test_a_bad_arch_is_one_line_from_get_or_compile_before_any_compile(tmp_path:
 @pytest.mark.tilelang
 @pytest.mark.parametrize("func", [lambda x: x, "add_kernel", None], ids=["function", "str", "None"])
 def test_get_or_compile_names_what_it_takes(tmp_path: Path, func: object) -> None:
-    pytest.importorskip("tilelang")
+    pytest.importorskip("tilelang", reason="get_or_compile needs TileLang (pip install -e '.[test]')")
     import kcache
     from stress.kernels import CPU_TARGET
 
@@ -193,7 +193,7 @@ def test_get_or_compile_names_what_it_takes(tmp_path: Path, func: object) -> Non
 
 @pytest.mark.tilelang
 def test_tuning_without_a_gpu_or_a_profiler_says_so_before_compiling_anything(tmp_path: Path) -> None:
-    pytest.importorskip("tilelang")
+    pytest.importorskip("tilelang", reason="tuning needs TileLang (pip install -e '.[test]')")
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here: the mistake this test makes is not one")
