@@ -18,3 +18,31 @@ def test_a_scenario_without_a_profile_is_refused_in_one_line(capsys: pytest.Capt
     assert main(["--only", "memory", "--profile"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["stress.bench: --profile needs --only with one of herd, disk, cold, triton, helion"]
+
+
+def test_the_helion_profile_needs_a_gpu_and_helion_not_tilelang(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # Helion's scenario runs no TileLang: a machine without it may still profile a Helion tune.
+    pytest.importorskip("helion", reason="the Helion scenario needs helion (pip install -e '.[test]')")
+    import kcache.tilelang.installed
+    import stress.gpu
+
+    monkeypatch.setattr(kcache.tilelang.installed, "tilelang_installed", lambda: False)
+    monkeypatch.setattr(stress.gpu, "gpu_missing", lambda: "no CUDA GPU visible (this test's)")
+    assert main(["--only", "helion", "--profile"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["helion: profile skipped: no CUDA GPU visible (this test's)"]
+
+
+def test_a_helion_bench_starts_no_turn_that_could_end_after_its_time() -> None:
+    from stress.bench.helion import HELION_COMPILE_TIMEOUT_S, TurnBudget
+
+    now = [0.0]
+    budget = TurnBudget(300.0, clock=lambda: now[0])
+    assert budget.next_fits(0)  # a kernel's first turn always runs, its length unknown
+    now[0] = 100.0
+    budget.took(60.0)
+    assert budget.next_fits(1)  # 100 + 60 + a compile timeout's 60 <= 300
+    now[0] = 300.0 - 60.0 - HELION_COMPILE_TIMEOUT_S + 1.0
+    assert not budget.next_fits(2)
+    assert budget.next_fits(0)  # the next kernel still gets one turn
+    assert TurnBudget(None, clock=lambda: 1e9).next_fits(5)

@@ -14,10 +14,15 @@ compile and the run. Compiles are counted by the runs of Triton's assemblers (co
 - herd: `--procs` fresh processes (default 8) at once on one fresh root. Goals: one tune (compiles at
   most the configs plus the winner), every pick equal, every result correct against torch.
 
-plain and first take turns, `--turns` times (medians). Within a turn every process draws the same 8
-configs (HELION_AUTOTUNE_RANDOM_SEED, SEED + the turn: Helion's default seed is the time, and two
-draws differ in compile and benchmark time by more than kcache's cost); each turn draws anew. Each
-reading is printed as it is taken; at the end a table, and with --rows the bench's rows.
+The herd runs first; then plain and first take turns, `--turns` times (medians). Within a turn every
+process draws the same 8 configs (HELION_AUTOTUNE_RANDOM_SEED, SEED + the turn: Helion's default seed
+is the time, and two draws differ in compile and benchmark time by more than kcache's cost); each turn
+draws anew. `--within-s S` starts no turn that could end after S seconds (the longest turn so far plus
+one of Helion's compile timeouts), so that a device call's limit cuts no run short: the rows then hold
+the turns taken. Each reading is printed as it is taken, with the configs whose compile Helion gave up
+on (its "Timeout after" warning, after `autotune_compile_timeout`, 60 s by default: the outliers of a
+tune's time, in either lane); each process's stderr is kept in the work directory's `logs/`. At the
+end a table, and with --rows the bench's rows.
 With no GPU visible, or without Helion, one line saying why, and exits 0.
 """
 
@@ -32,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..procs import PROJECT, READY_WITHIN_S, line_within
 from ..triton_program import assembler_runs, counting_assemblers
@@ -40,6 +45,8 @@ from .rows import row, rows_option, write_rows
 
 CONFIGS = 8  # stress.helion_program's RandomSearch count
 SEED = 1000  # a turn's seed for Helion's RandomSearch: SEED + the turn
+HELION_TIMEOUT_WARNING = "Timeout after "  # Helion's warning for a config whose compile it gave up on
+HELION_COMPILE_TIMEOUT_S = 60.0  # Helion's autotune_compile_timeout by default: what one such config adds
 KCACHE_ENV = {"HELION_REMOTE_CACHE_BACKEND": "kcache.helion.Backend", "HELION_AUTOTUNE_CACHE": "RemoteAutotuneCache",
               "TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 
@@ -51,6 +58,8 @@ class Lane:
         self.work, self.kernel = work, kernel
         self.counted = work / "ptxas"
         self.counted.mkdir(parents=True)
+        self.logs = work / "logs"  # each process's stderr (Helion's own warnings among it), kept
+        self.logs.mkdir()
         self._runs = 0
 
     def env(self, name: str, root: str | None, seed: int = SEED) -> dict[str, str]:
@@ -72,12 +81,14 @@ class Lane:
     def one(self, name: str, root: str | None, seed: int) -> dict[str, Any]:
         """One fresh process: its result, and the compiles it ran."""
         before = assembler_runs(self.counted)
-        result = finish(self.start(self.env(name, root, seed)))
+        env = self.env(name, root, seed)
+        result = finish(self.start(env), self.logs / f"{name}-{self._runs}.log")
         return result | {"compiles": assembler_runs(self.counted) - before}
 
     def herd(self, procs: int, root: str) -> dict[str, Any]:
         before = assembler_runs(self.counted)
         herd = [self.start(self.env(f"herd-{i}", root), gate=True) for i in range(procs)]
+        logs = [self.logs / f"herd-{i}.log" for i in range(procs)]
         for process in herd:
             if line_within(process, READY_WITHIN_S).strip() != "ready":
                 raise RuntimeError(f"a herd process did not start: {process.communicate(timeout=60)[1][-2000:]}")
@@ -85,29 +96,62 @@ class Lane:
         for process in herd:
             process.stdin.write("go\n")  # type: ignore[union-attr]
             process.stdin.flush()  # type: ignore[union-attr]
-        results = [finish(process) for process in herd]
+        results = [finish(process, log) for process, log in zip(herd, logs)]
         return {"wall_s": time.perf_counter() - released, "compiles": assembler_runs(self.counted) - before,
                 "picks": len({r["config"] for r in results}), "correct": all(r["correct"] for r in results)}
 
 
-def finish(process: subprocess.Popen[str]) -> dict[str, Any]:
+def finish(process: subprocess.Popen[str], log: Path | None = None) -> dict[str, Any]:
+    """A program's reading, with the configs whose compile Helion gave up on (`timeouts`); its stderr
+    written to `log`."""
     out, err = process.communicate(timeout=900)
+    if log is not None:
+        log.write_text(err)
     if process.returncode != 0:
         raise RuntimeError(f"stress.helion_program exited {process.returncode}: {err[-3000:]}")
-    return json.loads(out.splitlines()[-1])
+    return json.loads(out.splitlines()[-1]) | {"timeouts": err.count(HELION_TIMEOUT_WARNING)}
 
 
-def measure(kernel: str, turns: int, procs: int) -> dict[str, Any]:
+class TurnBudget:
+    """Whether one more turn fits `within_s` seconds of the whole run (None: always): the longest turn
+    so far, plus one of Helion's compile timeouts, must end in time. A kernel's first turn always runs."""
+
+    def __init__(self, within_s: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.within_s, self.clock = within_s, clock
+        self.started = clock()
+        self.longest_s: float | None = None
+
+    def next_fits(self, turn: int) -> bool:
+        if self.within_s is None or self.longest_s is None or turn == 0:
+            return True
+        return self.clock() - self.started + self.longest_s + HELION_COMPILE_TIMEOUT_S <= self.within_s
+
+    def took(self, seconds: float) -> None:
+        self.longest_s = max(seconds, self.longest_s or 0.0)
+
+
+def measure(kernel: str, turns: int, procs: int, budget: TurnBudget) -> dict[str, Any]:
     lane = Lane(Path(tempfile.mkdtemp(prefix="kcache-bench-helion-")), kernel)
+    print(f"  {kernel}: each process's stderr in {lane.logs}", flush=True)
+    herd = lane.herd(procs, str(lane.work / "root-herd"))  # first, so that --within-s bounds only the turns
+    print(f"  {kernel}: herd of {procs}: {herd['picks']} pick(s), {herd['compiles']} compiles, "
+          f"in {herd['wall_s']:.1f} s", flush=True)
     plain, first, second = [], [], []
     for turn in range(turns):  # taking turns: a drift of the machine falls on both lanes
+        if not budget.next_fits(turn):
+            print(f"  {kernel}: {turn} turns taken: another could end after --within-s {budget.within_s:g}",
+                  flush=True)
+            break
+        begun = time.monotonic()
         root = str(lane.work / f"root-{turn}")
         for name, readings, where in (("plain", plain, None), ("first", first, root), ("second", second, root)):
             readings.append(lane.one(name, where, SEED + turn))
             # as it is taken: a run cut short by a time limit still shows its readings, and where it stopped
+            timeouts = readings[-1]["timeouts"]
             print(f"  {kernel}, turn {turn + 1}: {name} ready in {readings[-1]['ready_s']:.2f} s, "
-                  f"{readings[-1]['compiles']} compiles", flush=True)
-    herd = lane.herd(procs, str(lane.work / "root-herd"))  # a draw of its own: SEED
+                  f"{readings[-1]['compiles']} compiles"
+                  + (f", {timeouts} config(s) timed out in Helion's precompile" if timeouts else ""), flush=True)
+        budget.took(time.monotonic() - begun)
     every = plain + first + second
     return {"kernel": kernel, "plain": plain, "first": first, "second": second, "herd": herd, "procs": procs,
             "correct": all(r["correct"] for r in every) and herd["correct"],
@@ -130,6 +174,10 @@ def bench_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
         row("helion", f"{kernel}: herd of {found['procs']}, compiles", herd["compiles"], median("plain", "compiles"),
             "runs", "one plain tune"),
         row("helion", f"{kernel}: herd of {found['procs']}, distinct picks", herd["picks"], None, "picks", ""),
+        # not a goal: why a lane's median can move by a minute (Helion's compile timeout, in either lane)
+        row("helion", f"{kernel}: configs timed out in Helion's precompile, all turns",
+            sum(r["timeouts"] for r in found["first"]), sum(r["timeouts"] for r in found["plain"]), "configs",
+            "Helion alone (fork)"),
     ]
 
 
@@ -138,27 +186,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", action="append", choices=("matmul", "softmax"))
     parser.add_argument("--turns", type=int, default=3, help="readings of each lane, taking turns (medians)")
     parser.add_argument("--procs", type=int, default=8)
+    parser.add_argument("--within-s", type=float, help="start no turn that could end after this many seconds")
     parser.add_argument("--readings", type=Path, help="write every process's reading here (JSON)")
     rows_option(parser)
     args = parser.parse_args(argv)
-    from ..gpu import gpu_missing
+    from .needs import unavailable
 
-    missing = gpu_missing()
-    try:
-        import helion  # noqa: F401
-    except ImportError:
-        missing = missing or "Helion is not installed (pip install helion)"
+    missing = unavailable("helion")
     if missing is not None:
         print(f"helion: skipped: {missing}", flush=True)
         return 0
     import torch
 
-    found = [measure(kernel, args.turns, args.procs) for kernel in args.kernel or ["matmul"]]
+    budget = TurnBudget(args.within_s)
+    found = [measure(kernel, args.turns, args.procs, budget) for kernel in args.kernel or ["matmul"]]
     if args.readings:
         args.readings.write_text(json.dumps(found, indent=1))
     rows = [r for one in found for r in bench_rows(one)]
     write_rows(args.rows, rows)
-    print(f"helion: {CONFIGS} configs, RandomSearch, {args.turns} turns, {torch.cuda.get_device_name()}, "
+    taken = ", ".join(f"{one['kernel']} {len(one['first'])}" for one in found)
+    print(f"helion: {CONFIGS} configs, RandomSearch, turns taken: {taken}, {torch.cuda.get_device_name()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"

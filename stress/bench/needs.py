@@ -43,6 +43,17 @@ def _remote_missing() -> str | None:
     return _nvcc_counter_missing()
 
 
+def _helion_missing() -> str | None:
+    """Why Helion's autotune cannot run here, or None."""
+    import importlib.util
+
+    from ..gpu import gpu_missing
+
+    if importlib.util.find_spec("helion") is None:
+        return "Helion is not installed: pip install helion"
+    return gpu_missing()
+
+
 def unavailable(scenario: str) -> str | None:
     """Why `scenario` cannot run on this machine (and what to install), or None where it can."""
     from kcache.errors import TileLangMissing
@@ -52,6 +63,8 @@ def unavailable(scenario: str) -> str | None:
         import importlib.util
 
         return None if importlib.util.find_spec("triton") else "Triton is not installed: pip install triton"
+    if scenario == "helion":  # Helion's kernels on the GPU: no TileLang
+        return _helion_missing()
     if scenario not in ("cli", "run") and not tilelang_installed():  # cli: synthetic entries; run: no compiler
         return str(TileLangMissing())
     if scenario == "remote":
