@@ -1,7 +1,8 @@
-"""A Helion kernel autotuned on the GPU, as Helion's examples write one (issue 57): a matmul (or, with
-KT_KERNEL=softmax, the softmax of Helion's examples/softmax.py), searched by Helion's RandomSearch over 8
-configs through Helion's autotune cache (`autotuner_fn`, the path Helion's default autotuner takes; a
-fixed `configs=[...]` list bypasses that cache by Helion's design).
+"""A Helion kernel autotuned on the GPU, as Helion's examples write one (issue 57): KT_KERNEL names it,
+a matmul by default, or the softmax of Helion's examples/softmax.py, or the layer norm (forward) of its
+examples/layer_norm.py; searched by Helion's RandomSearch over 8 configs through Helion's autotune cache
+(`autotuner_fn`, the path Helion's default autotuner takes; a fixed `configs=[...]` list bypasses that
+cache by Helion's design).
 
     python -m stress.helion_program      (KT_GATE=1: wait for a line on stdin first;
                                           KT_ABORT=1: the first compile of all, in any process, aborts)
@@ -15,6 +16,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import helion
 import helion.language as hl
@@ -54,6 +56,37 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@helion.kernel(static_shapes=True, autotuner_fn=small_search)
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    m, n = x.size()
+    out = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    for tile_m in hl.tile(m):
+        row = x[tile_m, :].to(torch.float32)
+        mean = torch.mean(row, dim=-1, keepdim=True)
+        centered = row - mean
+        variance = torch.mean(centered * centered, dim=-1, keepdim=True)
+        normalized = centered * torch.rsqrt(variance + 1e-5)
+        out[tile_m, :] = (normalized * weight[:].to(torch.float32) + bias[:].to(torch.float32)).to(x.dtype)
+    return out
+
+
+def example(name: str, device: str = "cuda") -> tuple[Any, tuple[torch.Tensor, ...], torch.Tensor, dict[str, float]]:
+    """KT_KERNEL's kernel, its arguments (seeded), torch's result for them, and the tolerance."""
+    torch.manual_seed(0)
+    x = torch.randn((1024, 1024), device=device, dtype=torch.float16)
+    if name == "softmax":
+        return softmax, (x,), torch.softmax(x.float(), dim=1), {"atol": 1e-2, "rtol": 1e-2}
+    if name == "layer_norm":
+        weight = torch.randn(1024, device=device, dtype=torch.float16)
+        bias = torch.randn(1024, device=device, dtype=torch.float16)
+        expected = torch.nn.functional.layer_norm(x.float(), [1024], weight.float(), bias.float(), eps=1e-5)
+        return layer_norm, (x, weight, bias), expected, {"atol": 1e-2, "rtol": 1e-2}
+    if name != "matmul":
+        raise SystemExit(f"stress.helion_program: KT_KERNEL={name!r}: no such example (matmul, softmax, layer_norm)")
+    y = torch.randn((1024, 1024), device=device, dtype=torch.float16)
+    return matmul, (x, y), x.float() @ y.float(), {"atol": 0.5, "rtol": 1e-2}
+
+
 def abort_the_first_compile() -> None:
     def hook(self=None, stages=None, options=None, language=None, capability=None):  # noqa: ANN001, ANN202
         if stages is None:
@@ -77,10 +110,7 @@ def abort_the_first_compile() -> None:
 def main() -> None:
     if os.environ.get("KT_ABORT"):
         abort_the_first_compile()
-    torch.manual_seed(0)
-    x = torch.randn((1024, 1024), device="cuda", dtype=torch.float16)
-    y = torch.randn((1024, 1024), device="cuda", dtype=torch.float16)
-    kernel, args = (softmax, (x,)) if os.environ.get("KT_KERNEL") == "softmax" else (matmul, (x, y))
+    kernel, args, expected, tolerance = example(os.environ.get("KT_KERNEL", "matmul"))
     torch.cuda.synchronize()
     if os.environ.get("KT_GATE"):
         print("ready", flush=True)
@@ -91,8 +121,6 @@ def main() -> None:
     ready_s = time.perf_counter() - started
     bound = kernel.bind(args)
     picked = getattr(bound, "_config", None) or getattr(bound, "config", None)
-    expected = torch.softmax(x.float(), dim=1) if kernel is softmax else x.float() @ y.float()
-    tolerance = {"atol": 1e-2, "rtol": 1e-2} if kernel is softmax else {"atol": 0.5, "rtol": 1e-2}
     print(json.dumps({"ready_s": ready_s, "config": str(picked), "pid": os.getpid(),
                       "correct": bool(torch.allclose(out.float(), expected, **tolerance))}))
 

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
+from stress.bench.helion import KERNELS  # noqa: E402
 from stress.procs import READY_WITHIN_S, line_within  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402
@@ -206,3 +207,24 @@ def test_a_compile_in_helions_own_precompile_child_is_not_forked_again(tmp_path:
     child = json.loads(done.stdout.splitlines()[-1])
     fired = [int(pid) for pid in (tmp_path / "fired").read_text().split()]
     assert fired == [child["child"]] and child["signal"] == 6, (fired, child, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_each_example_the_bench_tunes_is_helion_that_generates_triton(name: str) -> None:
+    # The bench's kernels (stress.helion_program) run on the GPU machine only: here, each is traced by
+    # Helion and turned into Triton code for its default config, so a kernel Helion rejects fails on
+    # the CPU first; its torch reference is checked to be computed for the same arguments.
+    from stress.helion_program import example
+
+    kernel, args, expected, _ = example(name, device="cpu")
+    bound = kernel.bind(args)
+    code = bound.to_triton_code(bound.config_spec.default_config())
+    assert "@triton.jit" in code and f"_helion_{name}" in code
+    assert expected.shape == args[0].shape
+
+
+def test_an_example_the_bench_does_not_know_is_refused_in_one_line() -> None:
+    from stress.helion_program import example
+
+    with pytest.raises(SystemExit, match="KT_KERNEL='layernorm': no such example"):
+        example("layernorm", device="cpu")

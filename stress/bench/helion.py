@@ -44,6 +44,7 @@ from ..triton_program import assembler_runs, counting_assemblers
 from .rows import row, rows_option, write_rows
 
 CONFIGS = 8  # stress.helion_program's RandomSearch count
+KERNELS = ("matmul", "softmax", "layer_norm")  # stress.helion_program's examples (KT_KERNEL)
 SEED = 1000  # a turn's seed for Helion's RandomSearch: SEED + the turn
 HELION_TIMEOUT_WARNING = "Timeout after "  # Helion's warning for a config whose compile it gave up on
 HELION_COMPILE_TIMEOUT_S = 60.0  # Helion's autotune_compile_timeout by default: what one such config adds
@@ -183,7 +184,7 @@ def bench_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stress.bench.helion")
-    parser.add_argument("--kernel", action="append", choices=("matmul", "softmax"))
+    parser.add_argument("--kernel", action="append", choices=KERNELS)
     parser.add_argument("--turns", type=int, default=3, help="readings of each lane, taking turns (medians)")
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--within-s", type=float, help="start no turn that could end after this many seconds")

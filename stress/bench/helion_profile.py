@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..procs import PROJECT
-from .helion import SEED, Lane, finish
+from .helion import KERNELS, SEED, Lane, finish
 
 TIMED = [
     "helion.runtime.kernel:BoundKernel.autotune", "helion.runtime.kernel:BoundKernel.compile_config",
@@ -97,7 +97,7 @@ def run(lane: Lane, env: dict[str, str], log: Path, cprofile: Path | None) -> di
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stress.bench.helion_profile")
-    parser.add_argument("--kernel", default="matmul", choices=("matmul", "softmax"))
+    parser.add_argument("--kernel", default="matmul", choices=KERNELS)
     parser.add_argument("--turns", type=int, default=1)
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--keep", type=Path, help="with --cprofile: write each process's profile (pstats) here")
