@@ -86,3 +86,9 @@ def test_each_own_run_writes_the_metrics_its_goals_name() -> None:
         "matmul: herd of 8, compiles": ("one tune: at most one plain tune's compiles", False),
         "matmul: herd of 8, distinct picks": ("every pick equal", True),
         "matmul: configs timed out in Helion's precompile, all turns": (None, None)}
+    # The floor under the first-tune goal (--against-itself): Helion alone in both lanes, judged by no goal.
+    floor = {"kernel": "softmax", "procs": 8, "against_itself": True, "herd": None, "second": [],
+             "plain": lanes["plain"], "first": [{"ready_s": 44.0, "compiles": 10, "timeouts": 0}]}
+    assert _judged(helion.bench_rows(floor)) == {
+        "softmax: Helion alone against itself, ready": (None, None),
+        "softmax: configs timed out in Helion's precompile, all turns": (None, None)}

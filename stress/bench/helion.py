@@ -23,6 +23,10 @@ the turns taken. Each reading is printed as it is taken, with the configs whose 
 on (its "Timeout after" warning, after `autotune_compile_timeout`, 60 s by default: the outliers of a
 tune's time, in either lane); each process's stderr is kept in the work directory's `logs/`. At the
 end a table, and with --rows the bench's rows.
+
+`--against-itself` measures the floor under the first-tune goal: no kcache at all, the kcache lane
+replaced by a second lane of Helion alone (fresh caches, the same draws), no herd. Its one row, "Helion
+alone against itself", is the ratio that chance alone gives at that many turns.
 With no GPU visible, or without Helion, one line saying why, and exits 0.
 """
 
@@ -131,13 +135,18 @@ class TurnBudget:
         self.longest_s = max(seconds, self.longest_s or 0.0)
 
 
-def measure(kernel: str, turns: int, procs: int, budget: TurnBudget) -> dict[str, Any]:
+def measure(kernel: str, turns: int, procs: int, budget: TurnBudget,
+            against_itself: bool = False) -> dict[str, Any]:
     lane = Lane(Path(tempfile.mkdtemp(prefix="kcache-bench-helion-")), kernel)
     print(f"  {kernel}: each process's stderr in {lane.logs}", flush=True)
-    herd = lane.herd(procs, str(lane.work / "root-herd"))  # first, so that --within-s bounds only the turns
-    print(f"  {kernel}: herd of {procs}: {herd['picks']} pick(s), {herd['compiles']} compiles, "
-          f"in {herd['wall_s']:.1f} s", flush=True)
-    plain, first, second = [], [], []
+    herd = None
+    if not against_itself:
+        herd = lane.herd(procs, str(lane.work / "root-herd"))  # first, so that --within-s bounds only the turns
+        print(f"  {kernel}: herd of {procs}: {herd['picks']} pick(s), {herd['compiles']} compiles, "
+              f"in {herd['wall_s']:.1f} s", flush=True)
+    plain: list[dict[str, Any]] = []
+    first: list[dict[str, Any]] = []
+    second: list[dict[str, Any]] = []
     for turn in range(turns):  # taking turns: a drift of the machine falls on both lanes
         if not budget.next_fits(turn):
             print(f"  {kernel}: {turn} turns taken: another could end after --within-s {budget.within_s:g}",
@@ -145,7 +154,8 @@ def measure(kernel: str, turns: int, procs: int, budget: TurnBudget) -> dict[str
             break
         begun = time.monotonic()
         root = str(lane.work / f"root-{turn}")
-        for name, readings, where in (("plain", plain, None), ("first", first, root), ("second", second, root)):
+        others = [("plain-b", first, None)] if against_itself else [("first", first, root), ("second", second, root)]
+        for name, readings, where in [("plain", plain, None), *others]:
             readings.append(lane.one(name, where, SEED + turn))
             # as it is taken: a run cut short by a time limit still shows its readings, and where it stopped
             timeouts = readings[-1]["timeouts"]
@@ -155,7 +165,8 @@ def measure(kernel: str, turns: int, procs: int, budget: TurnBudget) -> dict[str
         budget.took(time.monotonic() - begun)
     every = plain + first + second
     return {"kernel": kernel, "plain": plain, "first": first, "second": second, "herd": herd, "procs": procs,
-            "correct": all(r["correct"] for r in every) and herd["correct"],
+            "against_itself": against_itself,
+            "correct": all(r["correct"] for r in every) and (herd is None or herd["correct"]),
             "same_pick": all(s["config"] == f["config"] for f, s in zip(first, second))}
 
 
@@ -165,6 +176,12 @@ def bench_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
     def median(lane: str, field: str = "ready_s") -> float:
         return statistics.median(r[field] for r in found[lane])
 
+    timeouts = row("helion", f"{kernel}: configs timed out in Helion's precompile, all turns",
+                   sum(r["timeouts"] for r in found["first"]), sum(r["timeouts"] for r in found["plain"]), "configs",
+                   "Helion alone (fork)")  # not a goal: why a lane's median can move by a minute, in either lane
+    if found.get("against_itself"):  # the floor: chance's ratio, no goal
+        return [row("helion", f"{kernel}: Helion alone against itself, ready", median("first"), median("plain"), "s",
+                    "Helion alone (fork)"), timeouts]
     herd = found["herd"]
     return [
         row("helion", f"{kernel}: first tune, ready", median("first"), median("plain"), "s", "Helion alone (fork)"),
@@ -175,10 +192,7 @@ def bench_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
         row("helion", f"{kernel}: herd of {found['procs']}, compiles", herd["compiles"], median("plain", "compiles"),
             "runs", "one plain tune"),
         row("helion", f"{kernel}: herd of {found['procs']}, distinct picks", herd["picks"], None, "picks", ""),
-        # not a goal: why a lane's median can move by a minute (Helion's compile timeout, in either lane)
-        row("helion", f"{kernel}: configs timed out in Helion's precompile, all turns",
-            sum(r["timeouts"] for r in found["first"]), sum(r["timeouts"] for r in found["plain"]), "configs",
-            "Helion alone (fork)"),
+        timeouts,
     ]
 
 
@@ -188,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=3, help="readings of each lane, taking turns (medians)")
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--within-s", type=float, help="start no turn that could end after this many seconds")
+    parser.add_argument("--against-itself", action="store_true",
+                        help="the floor: a second lane of Helion alone in place of kcache's, no herd")
     parser.add_argument("--readings", type=Path, help="write every process's reading here (JSON)")
     rows_option(parser)
     args = parser.parse_args(argv)
@@ -200,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     budget = TurnBudget(args.within_s)
-    found = [measure(kernel, args.turns, args.procs, budget) for kernel in args.kernel or ["matmul"]]
+    found = [measure(kernel, args.turns, args.procs, budget, args.against_itself)
+             for kernel in args.kernel or ["matmul"]]
     if args.readings:
         args.readings.write_text(json.dumps(found, indent=1))
     rows = [r for one in found for r in bench_rows(one)]
@@ -213,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         baseline = "-" if r["tilelang"] is None else f"{r['tilelang']:.4g}"
         print(f"  {r['metric']:40} {r['kcache']:>9.4g} {r['unit']:4} vs {baseline:>8}  {ratio}")
     for one in found:
-        print(f"  {one['kernel']}: correct {one['correct']}, second's pick equal {one['same_pick']}, herd "
-              f"{one['herd']['picks']} pick(s), {one['herd']['compiles']} compiles, wall {one['herd']['wall_s']:.1f} s")
+        herd = one["herd"]
+        print(f"  {one['kernel']}: correct {one['correct']}" + ("" if herd is None else
+              f", second's pick equal {one['same_pick']}, herd {herd['picks']} pick(s), {herd['compiles']} compiles, "
+              f"wall {herd['wall_s']:.1f} s"))
     return 0
 
 

@@ -251,7 +251,7 @@ def helion(readings: list[Reading], axes: Any) -> list[Reading]:
     in seconds until the kernel's first result, each kernel from its newest run; the second's goal beside it."""
     kernels = sorted({r["metric"].split(":")[0] for r in readings if r["scenario"] == "helion"
                       and r["metric"].endswith("first tune, ready")})
-    run = [r for kernel in kernels for r in _newest_run(readings, "helion", rf"^{re.escape(kernel)}: .*ready$")]
+    run = [r for kernel in kernels for r in _newest_run(readings, "helion", rf"^{re.escape(kernel)}: (first tune|second process), ready$")]
     for k, kernel in enumerate(kernels):
         first = next(r for r in run if r["metric"] == f"{kernel}: first tune, ready")
         second = next((r["kcache"] for r in run if r["metric"] == f"{kernel}: second process, ready"), 0.0)
