@@ -1,7 +1,10 @@
-"""`python -m stress.bench`'s own command line, on the CPU: what --profile hands the profile, and a
-scenario with no profile refused in one line."""
+"""`python -m stress.bench`'s own command line, on the CPU: what --profile hands the profile, a
+scenario with no profile refused in one line, what the Helion scenario needs, and the order and the
+time budget of its lanes (its processes scripted: they need a GPU)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +49,40 @@ def test_a_helion_bench_starts_no_turn_that_could_end_after_its_time() -> None:
     assert not budget.next_fits(2)
     assert budget.next_fits(0)  # the next kernel still gets one turn
     assert TurnBudget(None, clock=lambda: 1e9).next_fits(5)
+
+
+class _ScriptedLane:
+    """stress.bench.helion's Lane without a GPU: each process's reading scripted, each call kept in order."""
+
+    calls: list[str] = []
+
+    def __init__(self, work: object, kernel: str) -> None:
+        self.work = self.logs = work
+
+    def one(self, name: str, root: str | None, seed: int) -> dict:
+        self.calls.append(f"{name} {'kcache' if root else 'alone'} {seed}")
+        return {"ready_s": 20.0, "compiles": 9, "timeouts": 0, "config": "c", "correct": True}
+
+    def herd(self, procs: int, root: str) -> dict:
+        self.calls.append(f"herd {procs}")
+        return {"wall_s": 30.0, "compiles": 9, "picks": 1, "correct": True}
+
+
+@pytest.mark.parametrize("against_itself", [False, True])
+def test_a_helion_bench_runs_its_herd_first_then_its_lanes_by_turns(
+        against_itself: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from stress.bench import helion
+
+    monkeypatch.setattr(helion, "Lane", _ScriptedLane)
+    monkeypatch.setattr(helion.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    _ScriptedLane.calls = []
+    found = helion.measure("softmax", 2, 8, helion.TurnBudget(None), against_itself)
+    s = helion.SEED
+    if against_itself:  # no kcache anywhere, no herd
+        assert _ScriptedLane.calls == [f"plain alone {s}", f"plain-b alone {s}", f"plain alone {s + 1}",
+                                       f"plain-b alone {s + 1}"]
+        assert [r["metric"] for r in helion.bench_rows(found)][0] == "softmax: Helion alone against itself, ready"
+    else:
+        assert _ScriptedLane.calls == ["herd 8", f"plain alone {s}", f"first kcache {s}", f"second kcache {s}",
+                                       f"plain alone {s + 1}", f"first kcache {s + 1}", f"second kcache {s + 1}"]
+        assert len(helion.bench_rows(found)) == 6 and found["correct"] and found["same_pick"]
