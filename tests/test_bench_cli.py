@@ -86,3 +86,17 @@ def test_a_helion_bench_runs_its_herd_first_then_its_lanes_by_turns(
         assert _ScriptedLane.calls == ["herd 8", f"plain alone {s}", f"first kcache {s}", f"second kcache {s}",
                                        f"plain alone {s + 1}", f"first kcache {s + 1}", f"second kcache {s + 1}"]
         assert len(helion.bench_rows(found)) == 6 and found["correct"] and found["same_pick"]
+
+
+def test_each_helion_bench_process_has_caches_of_its_own_and_an_autotune_log(tmp_path: Path) -> None:
+    """Fresh processes: Helion's, Triton's and Inductor's caches new for each one (the plain lane, run
+    first in a turn, must leave nothing the kcache lane reads), and Helion's per-config CSV kept in logs/."""
+    from stress.bench.helion import KCACHE_ENV, Lane
+
+    lane = Lane(tmp_path, "softmax")
+    plain, first = lane.env("plain", None, 7), lane.env("first", str(tmp_path / "root"), 7)
+    for cache in ("HELION_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HELION_AUTOTUNE_LOG"):
+        assert plain[cache] != first[cache] and plain[cache].startswith(str(tmp_path))
+    assert Path(plain["HELION_AUTOTUNE_LOG"]).parent == lane.logs
+    assert not KCACHE_ENV.keys() & plain.keys() and first["KCACHE_DIR"] == str(tmp_path / "root")
+    assert plain["HELION_AUTOTUNE_RANDOM_SEED"] == first["HELION_AUTOTUNE_RANDOM_SEED"] == "7"
