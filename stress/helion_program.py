@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -24,12 +25,25 @@ import torch
 from triton import knobs
 
 
+def seeded_search(bound_kernel, args):  # noqa: ANN001, ANN201
+    """Helion's RandomSearch of 8 configs, its draws seeded by HELION_AUTOTUNE_RANDOM_SEED as it is
+    built: Helion's RandomSearch (1.5.0 and 1.5.1) draws its configs from `random` in its constructor,
+    and seeds `random` with that setting only later (`BaseSearch._prepare`). Without this every process
+    would tune configs of its own, and two lanes of a bench could not be compared turn by turn."""
+    from helion.autotuner import RandomSearch
+
+    seed = os.environ.get("HELION_AUTOTUNE_RANDOM_SEED")
+    if seed is not None:
+        random.seed(int(seed))
+    return RandomSearch(bound_kernel, args, count=8)
+
+
 def small_search(bound_kernel, args, **kwargs):  # noqa: ANN001, ANN003, ANN201
-    """Helion's default autotuner_fn, with a RandomSearch of 8 configs: wrapped by Helion's cache class."""
-    from helion.autotuner import RandomSearch, cache_classes
+    """Helion's default autotuner_fn, with `seeded_search`: wrapped by Helion's cache class."""
+    from helion.autotuner import cache_classes
 
     def factory():  # noqa: ANN202
-        return RandomSearch(bound_kernel, args, count=8)
+        return seeded_search(bound_kernel, args)
 
     return cache_classes[bound_kernel.settings.autotune_cache](factory(), autotuner_factory=factory)
 

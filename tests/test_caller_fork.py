@@ -181,6 +181,24 @@ def test_no_fork_while_another_thread_runs_or_when_turned_off(gate: Path, monkey
     assert gated_pool().caller_fork is False
 
 
+def test_kcache_draws_nothing_from_the_programs_random_state(runtime: Path) -> None:
+    """A slot's first try and a wait's pause are random, but not from `random`'s module state, which
+    is the program's: Helion seeds it and then draws the configs it tunes, with compiles between."""
+    import random
+
+    from kcache.tiers.backoff import Backoff
+
+    random.seed(1000)
+    state = random.getstate()
+    slots = CompileSlots("draws", 4)
+    taken = [slots.try_take() for _ in range(3)]
+    pauses = [Backoff(10.0).next_pause() for _ in range(3)]
+    assert all(taken) and all(0.0 < pause <= 1.0 for pause in pauses)
+    assert random.getstate() == state
+    for slot in taken:
+        slot.release()  # type: ignore[union-attr]
+
+
 def test_forks_and_the_services_workers_share_one_bound_of_compile_slots(gate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One slot: while a client's fork holds it, the service's job waits; freed, the job runs. A job
     the service runs holds a slot, so no fork can take it meanwhile."""

@@ -223,6 +223,24 @@ def test_each_example_the_bench_tunes_is_helion_that_generates_triton(name: str)
     assert expected.shape == args[0].shape
 
 
+def test_the_bench_program_draws_the_same_configs_for_the_same_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Helion's RandomSearch draws its configs as it is built, before it seeds `random` with
+    # HELION_AUTOTUNE_RANDOM_SEED: the bench program seeds it first, so that both lanes of a turn tune
+    # the same configs. Without the seed, the draws are the process's own.
+    import random
+
+    from stress.helion_program import example, seeded_search
+
+    kernel, args, _, _ = example("softmax", device="cpu")
+    bound = kernel.bind(args)
+    monkeypatch.setenv("HELION_AUTOTUNE_RANDOM_SEED", "1000")
+    first = [str(config) for config in seeded_search(bound, args).configs]
+    random.random()
+    assert [str(config) for config in seeded_search(bound, args).configs] == first and len(set(first)) == 8
+    monkeypatch.delenv("HELION_AUTOTUNE_RANDOM_SEED")
+    assert [str(config) for config in seeded_search(bound, args).configs] != first
+
+
 def test_an_example_the_bench_does_not_know_is_refused_in_one_line() -> None:
     from stress.helion_program import example
 

@@ -45,7 +45,9 @@ def test_plain_triton_dies_on_the_abort_and_kcache_skips_that_config_only(tmp_pa
     """The founding report: one config's abort ends plain Triton's process (rc -6). Under kcache the
     abort fires in a fork, the caller gets TritonCompilerCrashed (a CompilerCrashed and a PTXASError,
     which @triton.autotune skips) naming the kernel, the config and the signal; the other configs and
-    a later kernel compile, byte-equal to plain Triton's, and the caller's other thread lives."""
+    a later kernel compile, byte-equal to plain Triton's, and the caller's other thread lives. The
+    program's `random` state is its own: its next draw is plain Triton's (Helion seeds it, then draws
+    the configs it tunes, with a compile between)."""
     plain_env = program_env(ptxas, tmp_path / "plain", KT_FAULT="abort", KT_FIRED=str(tmp_path / "plain-fired"))
     plain = run(plain_env)
     assert plain.returncode == -signal.SIGABRT and fired(tmp_path / "plain-fired"), plain.stderr[-2000:]
@@ -61,6 +63,7 @@ def test_plain_triton_dies_on_the_abort_and_kcache_skips_that_config_only(tmp_pa
     assert {config: result["configs"][config] for config in OK_CONFIGS} == {
         config: reference["configs"][config] for config in OK_CONFIGS}
     assert result["later"] == reference["later"] and result["ticker_alive"] and result["ticks"] > 0
+    assert result["draw"] == reference["draw"]
     skipped = [line for line in done.stderr.splitlines() if "crashed (SIGABRT)" in line]
     assert len(skipped) == 1 and "num_warps=4" in skipped[0] and "skips this config" in skipped[0], done.stderr
 

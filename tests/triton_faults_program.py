@@ -3,7 +3,8 @@ would, with a fault injected into the config num_warps=4's `llir` stage through 
 hook (`knobs.runtime.add_stages_inspection_hook`): KT_FAULT = abort | segv | hang | python | none.
 Each firing appends this process's pid to KT_FIRED, so a test can tell where the fault ran. Then it
 compiles a second kernel (softmax), and prints one JSON object: for each config the sha256 of its
-cubin, or the exception's type and message; "later": the softmax's cubin; "pid": this process's.
+cubin, or the exception's type and message; "later": the softmax's cubin; "pid": this process's;
+"draw": the program's next draw from `random`, seeded before the compiles (as Helion seeds its search).
 A thread ("ticker") counts while the compiles run; "ticks" says it was not disturbed.
 
     python tests/triton_faults_program.py      (KT_GATE=1: wait for a line on stdin first)
@@ -15,6 +16,7 @@ import ctypes
 import hashlib
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -82,6 +84,7 @@ def main() -> None:
     ticker = threading.Thread(target=tick, name="ticker", daemon=True)
     ticker.start()
     results: dict[str, object] = {}
+    random.seed(1000)  # the program's own state: a compile, isolated or not, must leave it as it was
     signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
     for warps in (1, 2, 4, 8):
         try:
@@ -98,6 +101,7 @@ def main() -> None:
     stop.set()
     ticker.join()
     print(json.dumps({"configs": results, "later": cubin(later), "pid": os.getpid(), "ticks": ticks[0],
+                      "draw": random.random(),
                       "ticker_alive": alive}))
 
 

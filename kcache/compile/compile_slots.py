@@ -17,6 +17,12 @@ import random
 from kcache.compile.runtime_dir import runtime_directory
 from kcache.store.locks import take_file_lock
 
+# Not `random`'s module functions: their state is the program's. Helion seeds it for its search
+# (HELION_AUTOTUNE_RANDOM_SEED) and then draws its configs; a draw of kcache's in between (a compile
+# of the tune's baseline asks for a slot) would change the configs Helion tunes. The system's source
+# has no state to share with the program, or between a process and its forks.
+_DRAWS = random.SystemRandom()
+
 
 class CompileSlot:
     """A slot held (its descriptor keeps the flock); `release()` gives it back."""
@@ -47,7 +53,7 @@ class CompileSlots:
         """One non-blocking attempt at each slot, from a random one on (so that processes that ask
         together do not all try slot 0 first); None when every slot is held. OSError (a service
         directory that is not private, say) reaches the caller."""
-        first = random.randrange(self.count)
+        first = _DRAWS.randrange(self.count)
         for step in range(self.count):
             index = (first + step) % self.count
             fd = take_file_lock(self.path(index))  # the service removes its free slot files as it exits

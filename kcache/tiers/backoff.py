@@ -13,6 +13,9 @@ from __future__ import annotations
 import random
 import time
 
+# Not `random`'s module functions, whose state is the program's (kcache.compile.compile_slots says why).
+_DRAWS = random.SystemRandom()
+
 # A lone waiter still notices a released lease within this long...
 FIRST_PAUSE_S = 0.05
 # ...and a long wait costs the store at most a few requests a second per waiter.
@@ -47,7 +50,7 @@ class Backoff:
         attempt up to `max_s` (jitter, so that waiters that started together drift apart; the lower
         bound keeps the number of attempts in a wait small whatever the draws)."""
         window = min(self._max_s, self._first_s * 2 ** min(self.attempts, 16))
-        return max(self._first_s, random.uniform(window / 2, window))
+        return max(self._first_s, _DRAWS.uniform(window / 2, window))
 
     def pause(self) -> bool:
         """Sleep before the next attempt; False, without sleeping, once the deadline has passed."""

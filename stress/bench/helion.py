@@ -22,8 +22,8 @@ one of Helion's compile timeouts), so that a device call's limit cuts no run sho
 the turns taken. Each reading is printed as it is taken, with the configs whose compile Helion gave up
 on (its "Timeout after" warning, after `autotune_compile_timeout`, 60 s by default: the outliers of a
 tune's time, in either lane); each process's stderr is kept in the work directory's `logs/`, beside
-Helion's own autotune log of it (HELION_AUTOTUNE_LOG: `<process>.csv`, a config a line, with its compile
-time). Every process has caches of its own, Helion's, Triton's and Inductor's (where Helion writes the
+Helion's own autotune log of it (HELION_AUTOTUNE_LOG: `autotune-<process>.csv`, a config a line, with
+its compile time). Every process has caches of its own, Helion's, Triton's and Inductor's (where Helion writes the
 code it generates). At the end a table, and with --rows the bench's rows.
 
 `--against-itself` measures the floor under the first-tune goal: no kcache at all, the kcache lane
@@ -80,7 +80,7 @@ class Lane:
                 "TORCHINDUCTOR_CACHE_DIR": str(own / "inductor"),  # Helion writes its generated code there
                 "HELION_AUTOTUNE_RANDOM_SEED": str(seed),
                 # Helion's per-config CSV (compile time, status, perf) beside the stderr: where a tune's time went
-                "HELION_AUTOTUNE_LOG": str(self.logs / f"{name}-{self._runs}"),
+                "HELION_AUTOTUNE_LOG": str(self.logs / f"autotune-{name}-{self._runs}"),  # .csv and .log
                 **({**KCACHE_ENV, "KCACHE_DIR": root} if root is not None else {})}
 
     def start(self, env: dict[str, str], gate: bool = False) -> subprocess.Popen[str]:
