@@ -100,3 +100,18 @@ def test_each_helion_bench_process_has_caches_of_its_own_and_an_autotune_log(tmp
     assert Path(plain["HELION_AUTOTUNE_LOG"]).parent == lane.logs
     assert not KCACHE_ENV.keys() & plain.keys() and first["KCACHE_DIR"] == str(tmp_path / "root")
     assert plain["HELION_AUTOTUNE_RANDOM_SEED"] == first["HELION_AUTOTUNE_RANDOM_SEED"] == "7"
+
+
+def test_a_helion_herd_is_held_to_the_plain_tune_of_its_own_draws() -> None:
+    """The herd draws turn 1's configs (SEED): its compiles are compared with turn 1's plain tune, not
+    with a median over turns whose draws had configs time out (fewer compiles, none of the herd's)."""
+    from stress.bench.helion import bench_rows
+
+    def reading(compiles: int) -> dict:
+        return {"ready_s": 20.0, "compiles": compiles, "timeouts": 9 - compiles, "config": "c", "correct": True}
+
+    found = {"kernel": "softmax", "plain": [reading(9), reading(6)], "first": [reading(9), reading(6)],
+             "second": [reading(0), reading(0)], "procs": 8, "against_itself": False,
+             "herd": {"wall_s": 30.0, "compiles": 9, "picks": 1, "correct": True}}
+    herd = next(r for r in bench_rows(found) if r["metric"] == "softmax: herd of 8, compiles")
+    assert (herd["kcache"], herd["tilelang"]) == (9, 9)  # not 7.5: a median over both turns
