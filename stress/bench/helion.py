@@ -15,9 +15,10 @@ compile and the run. Compiles are counted by the runs of Triton's assemblers (co
   most the configs plus the winner), every pick equal, every result correct against torch.
 
 The herd runs first; then plain and first take turns, `--turns` times (medians). Within a turn every
-process draws the same 8 configs (HELION_AUTOTUNE_RANDOM_SEED, SEED + the turn: Helion's default seed
-is the time, and two draws differ in compile and benchmark time by more than kcache's cost); each turn
-draws anew. `--within-s S` starts no turn that could end after S seconds (the longest turn so far plus
+process draws the same 8 configs (HELION_AUTOTUNE_RANDOM_SEED, SEED + the turn, which the program seeds
+`random` with before it builds Helion's RandomSearch: Helion draws there, before it seeds; two draws
+differ in compile and benchmark time by more than kcache's cost); each turn draws anew, the herd the
+draws of turn 1, whose plain tune its compiles are held to. `--within-s S` starts no turn that could end after S seconds (the longest turn so far plus
 one of Helion's compile timeouts), so that a device call's limit cuts no run short: the rows then hold
 the turns taken. Each reading is printed as it is taken, with the configs whose compile Helion gave up
 on (its "Timeout after" warning, after `autotune_compile_timeout`, 60 s by default: the outliers of a
