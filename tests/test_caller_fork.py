@@ -183,7 +183,7 @@ def test_no_fork_while_another_thread_runs_or_when_turned_off(gate: Path, monkey
 
 def test_kcache_draws_nothing_from_the_programs_random_state(runtime: Path) -> None:
     """A slot's first try and a wait's pause are random, but not from `random`'s module state, which
-    is the program's: Helion seeds it and then draws the configs it tunes, with compiles between."""
+    is the program's: Helion's searches seed it, and draw their configs between compiles."""
     import random
 
     from kcache.tiers.backoff import Backoff

@@ -46,8 +46,8 @@ def test_plain_triton_dies_on_the_abort_and_kcache_skips_that_config_only(tmp_pa
     abort fires in a fork, the caller gets TritonCompilerCrashed (a CompilerCrashed and a PTXASError,
     which @triton.autotune skips) naming the kernel, the config and the signal; the other configs and
     a later kernel compile, byte-equal to plain Triton's, and the caller's other thread lives. The
-    program's `random` state is its own: its next draw is plain Triton's (Helion seeds it, then draws
-    the configs it tunes, with a compile between)."""
+    program's `random` state is its own: its next draw is plain Triton's (Helion's searches seed it,
+    and draw their configs between compiles)."""
     plain_env = program_env(ptxas, tmp_path / "plain", KT_FAULT="abort", KT_FIRED=str(tmp_path / "plain-fired"))
     plain = run(plain_env)
     assert plain.returncode == -signal.SIGABRT and fired(tmp_path / "plain-fired"), plain.stderr[-2000:]

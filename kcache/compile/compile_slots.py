@@ -17,10 +17,10 @@ import random
 from kcache.compile.runtime_dir import runtime_directory
 from kcache.store.locks import take_file_lock
 
-# Not `random`'s module functions: their state is the program's. Helion seeds it for its search
-# (HELION_AUTOTUNE_RANDOM_SEED) and then draws its configs; a draw of kcache's in between (a compile
-# of the tune's baseline asks for a slot) would change the configs Helion tunes. The system's source
-# has no state to share with the program, or between a process and its forks.
+# Not `random`'s module functions: their state is the program's. Helion's searches seed it
+# (HELION_AUTOTUNE_RANDOM_SEED) and draw their configs from it between compiles; a draw of kcache's
+# there (a compile that asks for a slot, a remote wait's jitter) would change the configs they tune.
+# The system's source has no state to share with the program, or between a process and its forks.
 _DRAWS = random.SystemRandom()
 
 

@@ -18,14 +18,15 @@ The herd runs first; then plain and first take turns, `--turns` times (medians).
 process draws the same 8 configs (HELION_AUTOTUNE_RANDOM_SEED, SEED + the turn, which the program seeds
 `random` with before it builds Helion's RandomSearch: Helion draws there, before it seeds; two draws
 differ in compile and benchmark time by more than kcache's cost); each turn draws anew, the herd the
-draws of turn 1, whose plain tune its compiles are held to. `--within-s S` starts no turn that could end after S seconds (the longest turn so far plus
-one of Helion's compile timeouts), so that a device call's limit cuts no run short: the rows then hold
-the turns taken. Each reading is printed as it is taken, with the configs whose compile Helion gave up
-on (its "Timeout after" warning, after `autotune_compile_timeout`, 60 s by default: the outliers of a
-tune's time, in either lane); each process's stderr is kept in the work directory's `logs/`, beside
-Helion's own autotune log of it (HELION_AUTOTUNE_LOG: `autotune-<process>.csv`, a config a line, with
-its compile time). Every process has caches of its own, Helion's, Triton's and Inductor's (where Helion writes the
-code it generates). At the end a table, and with --rows the bench's rows.
+draws of turn 1, whose plain tune its compiles are held to. `--within-s S` starts no turn that could end
+after S seconds (the longest turn so far plus one of Helion's compile timeouts), so that a device call's
+limit cuts no run short: the rows then hold the turns taken. Each reading is printed as it is taken,
+with the configs whose compile Helion gave up on (its "Timeout after" warning, after
+`autotune_compile_timeout`, 60 s by default: the outliers of a tune's time, in either lane); each
+process's stderr is kept in the work directory's `logs/`, beside Helion's own autotune log of it
+(HELION_AUTOTUNE_LOG: `autotune-<process>.csv`, a config a line, with its compile time). Every process
+has caches of its own, Helion's, Triton's and Inductor's (where Helion writes the code it generates). At
+the end a table, and with --rows the bench's rows.
 
 `--against-itself` measures the floor under the first-tune goal: no kcache at all, the kcache lane
 replaced by a second lane of Helion alone (fresh caches, the same draws), no herd. Its one row, "Helion
