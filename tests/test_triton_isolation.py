@@ -166,3 +166,43 @@ def test_inductors_compile_workers_compile_through_kcache_and_a_crash_kills_a_fo
     assert fired(tmp_path / "fired"), "the abort never fired"
     entries = [name for name in os.listdir(tmp_path / "root" / "triton") if not name.startswith(".")]
     assert len(entries) >= 3  # the two groups, and the crash remembered
+
+
+FORKS_OF_THE_CALLER = """
+import json, os, sys
+sys.path.insert(0, {project!r})
+import triton
+from triton.compiler import ASTSource
+from stress.triton_program import add_kernel
+from tests.triton_faults_program import TARGET
+signature = {{"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}}
+def compile_add(block):
+    triton.compile(ASTSource(add_kernel, signature, {{"BLOCK": block}}), target=TARGET, options={{"num_warps": 4}})
+compile_add(128)  # the caller's first compile (under kcache: in a fork)
+read, write = os.pipe()
+child = os.fork()
+if child == 0:  # as one of Helion's precompile children: a fork of the caller that compiles in place
+    os.environ["KCACHE_TRITON_ISOLATION"] = "off"
+    before = set(sys.modules)
+    compile_add(256)
+    os.write(write, json.dumps(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("triton", "kcache"))).encode())
+    os._exit(0)
+os.close(write)
+imported = json.loads(os.read(read, 1 << 20))
+assert os.waitpid(child, 0)[1] == 0
+print(json.dumps(imported))
+"""
+
+
+def test_a_fork_of_the_caller_imports_nothing_a_compile_needs_again(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
+    """Plain Triton imports its code generator at a process's first compile, and the forks the process
+    makes later (Helion's precompile children, one per config) inherit it. Under kcache that first
+    compile ran in a fork, so each of them imported it again, with kcache's miss path: about 40 ms a
+    fork. The caller now imports them before it forks: its forks import nothing of Triton's or kcache's."""
+    program = FORKS_OF_THE_CALLER.format(project=str(PROJECT))
+    for lane, extra in (("plain", {}), ("kcache", MANAGER)):
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                              env=program_env(ptxas, tmp_path / lane, **extra), cwd=str(tmp_path))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout.splitlines()[-1]) == [], lane
+    assert runs(ptxas) == 4  # both compiles ran in both lanes: the kcache lane's first, in its fork

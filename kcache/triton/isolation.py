@@ -21,6 +21,8 @@ published group, verified, as a hit, and Triton's `compile` goes on down its hit
   fork showed that this compile does not crash.
 - KCACHE_TRITON_ISOLATION=off, Triton's override and dump modes, or a caller other than Triton's
   `compile`: no fork, the compile runs in the caller as before.
+Before its first fork the caller imports what a compile imports at its first use (Triton's code
+generator, kcache's miss path), where plain Triton imports it: the forks inherit it (docs/design/triton.md).
 The fork runs only the compile: Triton's own code and the hooks Triton calls during a compile
 (`knobs.runtime.add_stages_inspection_hook`, a compilation listener); it touches no CUDA (the target is
 resolved in the caller), and its effects on objects stay in the fork.
@@ -28,6 +30,7 @@ resolved in the caller), and its effects on objects stay in the fork.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -86,11 +89,33 @@ def describe(frame: FrameType, kernel: str) -> str:
     return f"{kernel} [{', '.join(parts)}]" if parts else kernel
 
 
+# What a compile imports at its first use: Triton's code generator (with its Gluon and libdevice
+# modules: about 35 ms on the CPU machine; `ASTSource.make_ir`, Triton 3.5 and 3.6), and kcache's own
+# miss path, which runs in the fork (the key's lock, the publish: about 8 ms).
+COMPILE_IMPORTS = ("triton.compiler.code_generator", "kcache.triton.held", "kcache.triton.key_fields",
+                   "kcache.triton.private", "kcache.store.arrivals", "kcache.store.entries", "kcache.store.locks",
+                   "kcache.cache.deployment", "kcache.cache.miss_explain")
+
+
+def import_before_forking() -> None:
+    """Import COMPILE_IMPORTS here, where plain Triton would import them (in the process that compiles),
+    so that every fork inherits them: this compile's, later ones, and the forks this process makes
+    itself (Helion's precompile children, one per config). Otherwise each fork imports them again."""
+    for module in COMPILE_IMPORTS:
+        if module not in sys.modules:
+            try:
+                importlib.import_module(module)
+            except ImportError:  # another Triton's layout: the fork imports what its compile needs
+                if not module.startswith("triton."):
+                    raise
+
+
 def compile_in_fork(frame: FrameType, name: str) -> tuple[str, Any]:
     """Run the compile of `frame` in a fork of this process: ("ok", {entry key: group files}) or
     ("error", "Type: message") for a Python error there. Raises CompilerCrashed or CompileTimeout."""
     from kcache.compile.fork.caller_fork import run_in_fork  # a miss's
 
+    import_before_forking()
     arguments = frame.f_locals
     options = arguments["options"]
     job = (sys.modules["triton.compiler.compiler"].compile, arguments["src"], arguments["target"],
