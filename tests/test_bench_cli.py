@@ -1,9 +1,11 @@
 """`python -m stress.bench`'s own command line, on the CPU: what --profile hands the profile, a
 scenario with no profile refused in one line, what the Helion scenario needs, and the order and the
-time budget of its lanes (its processes scripted: they need a GPU)."""
+time budget of its lanes (its processes scripted: they need a GPU); the Triton precompile row, one
+turn, for real."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,17 @@ def test_a_helion_herd_is_held_to_the_plain_tune_of_its_own_draws() -> None:
              "herd": {"wall_s": 30.0, "compiles": 9, "picks": 1, "correct": True}}
     herd = next(r for r in bench_rows(found) if r["metric"] == "softmax: herd of 8, compiles")
     assert (herd["kcache"], herd["tilelang"]) == (9, 9)  # not 7.5: a median over both turns
+
+
+def test_the_triton_precompile_row_compiles_its_8_forks_in_both_lanes(tmp_path: Path) -> None:
+    """stress.bench --only triton's precompile row, one turn on the CPU: 8 forks of the caller compile a
+    config each in both lanes (the program fails the row where a fork's compile failed), and under
+    kcache each config lands in the root as a group of its own."""
+    from stress.bench.triton import KCACHE, precompile_rows
+    from stress.procs import worker_env
+
+    base = {key: value for key, value in worker_env().items() if key != "TRITON_CACHE_MANAGER"}
+    (found,) = precompile_rows(tmp_path, {"kcache": {**base, **KCACHE}, "triton": base}, 1)
+    assert found["kcache"] > 0 and found["tilelang"] > 0 and found["baseline"] == "triton in the same forks"
+    groups = [name for name in os.listdir(tmp_path / "precompile-kcache-0" / "triton") if not name.startswith(".")]
+    assert len(groups) >= 9  # the caller's baseline and the 8 configs

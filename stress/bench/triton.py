@@ -10,6 +10,10 @@ no GPU needed):
 - cold (issue 56): a fresh process's compile of the kernel on empty caches, kcache's in a fork of the
   process (kcache.triton.isolation) against Triton's in the process, taking turns, `repeats` each
   (at most 5). Goal: kcache's median at most 1.05x Triton's.
+- precompile (issue 57): Helion's default precompile, compile only (stress.triton_precompile_program):
+  a caller compiles one config, then 8 forks of it compile a config each, at once; the time until the
+  last is reaped, kcache's manager against Triton's, taking turns (at most 5 each). No goal of its own
+  (Helion's first tune has one): what kcache costs in those forks.
 - autotune (issue 56, GPU only): the compile phase of a 16-config `@triton.autotune` matmul in a fresh
   process (stress.triton_tune_program: the first tune less the same tune with every config compiled),
   kcache's configs at once in forks against Triton's one after another, 3 turns. Goal: at most 0.35x
@@ -89,7 +93,8 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[d
                     "runs", "triton FileCacheManager"))
     rows.append(row(f"triton herd ({procs} procs)", "wall s", hits["herd-kcache"][1], hits["herd-triton"][1], "s",
                     "triton FileCacheManager"))
-    return rows + cold_rows(work, caches, min(repeats, 5)) + autotune_rows(work, env)
+    return (rows + cold_rows(work, caches, min(repeats, 5)) + precompile_rows(work, caches, min(repeats, 5))
+            + autotune_rows(work, env))
 
 
 def cold_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> list[dict[str, Any]]:
@@ -105,6 +110,27 @@ def cold_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> li
           f"{kcache / triton:.3f}x (goal: at most 1.05x)", flush=True)
     return [row("triton cold compile (fresh process)", "cold compile median s", kcache, triton, "s",
                 "triton in-process compile")]
+
+
+def precompile_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> list[dict[str, Any]]:
+    """Helion's precompile, compile only (stress.triton_precompile_program): 8 forks of a caller that
+    compiled once, each compiling a config at once, kcache's manager against Triton's, taking turns."""
+    seconds: dict[str, list[float]] = {"kcache": [], "triton": []}
+    for turn in range(repeats):
+        for name, cache_env in caches.items():
+            empty = str(work / f"precompile-{name}-{turn}")
+            done = subprocess.run([sys.executable, "-m", "stress.triton_precompile_program"], capture_output=True,
+                                  text=True, cwd=str(PROJECT), timeout=600,
+                                  env={**cache_env, "KCACHE_DIR": empty, "TRITON_CACHE_DIR": empty})
+            found = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else {}
+            if found.get("statuses") != [0] * 8:
+                raise RuntimeError(f"stress.triton_precompile_program ({name}) failed: {done.stderr[-800:]}")
+            seconds[name].append(found["children_s"])
+    kcache, triton = statistics.median(seconds["kcache"]), statistics.median(seconds["triton"])
+    print(f"triton: 8 forks of the caller compiling at once (Helion's precompile), median of {repeats}: kcache "
+          f"{kcache:.3f} s, Triton {triton:.3f} s, {kcache / triton:.3f}x", flush=True)
+    return [row("triton precompile (8 forks of the caller, as Helion's)", "children median s", kcache, triton, "s",
+                "triton in the same forks")]
 
 
 def autotune_rows(work: Path, env: dict[str, str], turns: int = 3) -> list[dict[str, Any]]:
