@@ -233,12 +233,16 @@ def test_the_bench_program_draws_the_same_configs_for_the_same_seed(monkeypatch:
 
     kernel, args, _, _ = example("softmax", device="cpu")
     bound = kernel.bind(args)
-    monkeypatch.setenv("HELION_AUTOTUNE_RANDOM_SEED", "1000")
-    first = [str(config) for config in seeded_search(bound, args).configs]
-    random.random()
-    assert [str(config) for config in seeded_search(bound, args).configs] == first and len(set(first)) == 8
-    monkeypatch.delenv("HELION_AUTOTUNE_RANDOM_SEED")
-    assert [str(config) for config in seeded_search(bound, args).configs] != first
+    state = random.getstate()  # this process's, given back: the seed below is this test's
+    try:
+        monkeypatch.setenv("HELION_AUTOTUNE_RANDOM_SEED", "1000")
+        first = [str(config) for config in seeded_search(bound, args).configs]
+        random.random()
+        assert [str(config) for config in seeded_search(bound, args).configs] == first and len(set(first)) == 8
+        monkeypatch.delenv("HELION_AUTOTUNE_RANDOM_SEED")
+        assert [str(config) for config in seeded_search(bound, args).configs] != first
+    finally:
+        random.setstate(state)
 
 
 def test_an_example_the_bench_does_not_know_is_refused_in_one_line() -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..procs import PROJECT, worker_env
+from ..triton_precompile_program import CONFIGS as PRECOMPILE_CONFIGS
 from ..triton_program import assembler_runs, counting_assemblers
 from .rows import percentile, row
 
@@ -123,7 +124,7 @@ def precompile_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int)
                                   text=True, cwd=str(PROJECT), timeout=600,
                                   env={**cache_env, "KCACHE_DIR": empty, "TRITON_CACHE_DIR": empty})
             found = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else {}
-            if found.get("statuses") != [0] * 8:
+            if found.get("statuses") != [0] * len(PRECOMPILE_CONFIGS):
                 raise RuntimeError(f"stress.triton_precompile_program ({name}) failed: {done.stderr[-800:]}")
             seconds[name].append(found["children_s"])
     kcache, triton = statistics.median(seconds["kcache"]), statistics.median(seconds["triton"])
