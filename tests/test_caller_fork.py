@@ -188,15 +188,19 @@ def test_kcache_draws_nothing_from_the_programs_random_state(runtime: Path) -> N
 
     from kcache.tiers.backoff import Backoff
 
-    random.seed(1000)
-    state = random.getstate()
-    slots = CompileSlots("draws", 4)
-    taken = [slots.try_take() for _ in range(3)]
-    pauses = [Backoff(10.0).next_pause() for _ in range(3)]
-    assert all(taken) and all(0.0 < pause <= 1.0 for pause in pauses)
-    assert random.getstate() == state
-    for slot in taken:
-        slot.release()  # type: ignore[union-attr]
+    saved = random.getstate()  # this process's, given back: the seed below is this test's
+    try:
+        random.seed(1000)
+        state = random.getstate()
+        slots = CompileSlots("draws", 4)
+        taken = [slots.try_take() for _ in range(3)]
+        pauses = [Backoff(10.0).next_pause() for _ in range(3)]
+        assert all(taken) and all(0.0 < pause <= 1.0 for pause in pauses)
+        assert random.getstate() == state
+        for slot in taken:
+            slot.release()  # type: ignore[union-attr]
+    finally:
+        random.setstate(saved)
 
 
 def test_forks_and_the_services_workers_share_one_bound_of_compile_slots(gate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
