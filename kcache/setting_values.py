@@ -189,7 +189,7 @@ def on_unwritable_setting() -> str:
     return env_choice("KCACHE_ON_UNWRITABLE", UNWRITABLE_POLICIES)
 
 
-TRITON_ISOLATION_LANES = ("fork", "off")
+TRITON_ISOLATION_LANES = ("worker", "off")
 
 
 def triton_isolation_setting() -> str:

@@ -14,7 +14,9 @@ from kcache.compile.service.client import ServicePool
 from kcache.setting_values import caller_fork_setting
 
 _shared: dict[tuple[object, ...], ServicePool] = {}
-_shared_lock = threading.Lock()
+# Reentrant: making a pool may open another (an import hook of the program's can open a cache, whose
+# warm-up asks for its own pool), and a plain lock would wait for itself.
+_shared_lock = threading.RLock()
 
 
 def shared_service_pool(workers: int | None, timeout_s: float | None, preload: Iterable[str],
