@@ -1,7 +1,8 @@
 """Triton's isolated compiles in programs as they really run (issue 67), on the CPU machine (Triton
 compiles for sm_90 without a GPU): threads holding locks, an S3 tier in use, signal handlers and a
 scheduler's signals, kills from outside, a hardened machine. Each finding of the review that asked for
-these was reproduced on the design that forked the caller; each test here fails on it.
+these was reproduced on the design that forked the caller, and the tests of threads, the S3 tier, kills,
+the lock's wait and the copies fail on it; the process group's SIGTERM guards what held already.
 
 The back half of a compile runs in a worker of the compile service (kcache.triton.stages), or, while
 the service is not warm, in a fork of a single-threaded caller. Faults and holds are injected into the
@@ -61,16 +62,30 @@ def test_threads_racing_first_compiles_beside_threads_holding_locks_compile_what
     assert kcache["stderr"].count("(in a worker)") == 3, kcache["stderr"]  # each compiled away from the program
 
 
+S3_PROGRAM = """
+import json
+from triton.runtime.build import compile_module_from_src
+from stress.triton_program import compile_kernel
+# As Triton's driver starts in a GPU program (CudaUtils): its module is a lone file, looked up in the tier.
+SOURCE = (
+    "#include <Python.h>\\n"
+    "static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, \\"kcache_s3_probe\\", NULL, -1, NULL};\\n"
+    "PyMODINIT_FUNC PyInit_kcache_s3_probe(void) { return PyModule_Create(&module); }\\n")
+compile_module_from_src(SOURCE, "kcache_s3_probe")
+print(json.dumps({name: compile_kernel(name) for name in ("add", "matmul")}))
+"""
+
+
 def test_a_compile_beside_an_s3_tier_in_use_shares_it_with_the_next_node(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
-    """The review's S3 finding: a fork of the caller inherited its S3 client, whose runtime's threads do
-    not survive a fork, and hung on the tier's timeout; its group never reached the bucket. Now the
-    claim, the fetch and the upload are the caller's: node A compiles two kernels (its tier's client in
-    use from the first), and node B, a fresh root on the same bucket, compiles neither."""
+    """The review's S3 finding: with the program's S3 client in use (its driver's module looked up in the
+    tier at its start, as a GPU program's Triton does), a fork of the caller inherited that client, whose
+    runtime's threads do not survive a fork, and each compile hung on the tier's timeout; no group
+    reached the bucket. Now the claim, the fetch and the upload are the caller's: node A compiles two
+    kernels, and node B, a fresh root on the same bucket, compiles neither."""
     with s3_server() as server:
         remote = {**server.env, "KCACHE_REMOTE": server.url("triton"), "KCACHE_REMOTE_SECRET": "s3cret", **BOUNDED}
-        env_a = program_env(ptxas, tmp_path / "node-a", **remote, **MANAGER)
-        done = subprocess.run([sys.executable, "-m", "stress.triton_program", "add,matmul"], capture_output=True,
-                              text=True, env=env_a, cwd=str(PROJECT), timeout=300)
+        done = subprocess.run([sys.executable, "-c", S3_PROGRAM], capture_output=True, text=True, cwd=str(PROJECT),
+                              env=program_env(ptxas, tmp_path / "node-a", **remote, **MANAGER), timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "unavailable" not in done.stderr, done.stderr[-3000:]  # the tier answered every request
         assert runs(ptxas) == 2
@@ -221,3 +236,49 @@ def test_on_a_cis_hardened_machine_tritons_driver_modules_load_with_nothing_set(
         subprocess.run(["rm", "-rf", str(home)], check=True)
     assert results["plain"]["answer"] == results["kcache"]["answer"] == 42
     assert results["kcache"]["file"].startswith("/proc/self/fd/"), results  # a private copy, in memory
+
+
+def test_a_process_waiting_on_anothers_compile_past_its_own_compile_timeout_is_not_killed(
+        tmp_path: Path, ptxas: Path, runtime: Path) -> None:  # noqa: F811
+    """A's compile of config 4 holds the key's lock (its worker held, A's timeout 120 s); B, whose own
+    KCACHE_COMPILE_TIMEOUT is 2 s, misses the same key. B waits for A in its own process, where no
+    compile timeout applies (the fork that once waited there was killed at its compile timeout), and
+    gets A's kernel once A publishes it."""
+    job = HeldCompile(tmp_path, ptxas, "worker")
+    job.held()
+    waiter = subprocess.Popen([sys.executable, str(FAULTS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=str(PROJECT), env=program_env(ptxas, tmp_path / "root", KT_FAULT="none",
+                                                                KT_FIRED=str(tmp_path / "fired-b"),
+                                                                KCACHE_COMPILE_TIMEOUT="2", KCACHE_LOG="info", **MANAGER))
+    try:
+        finished, _, _ = select.select([waiter.stdout], [], [], 8.0)  # 4x B's compile timeout: B must still wait
+        assert not finished, "B ended while A still held the key's lock: B's wait was cut short"
+    finally:
+        with open(job.hold, "w") as release:  # A's compile goes on, and publishes
+            release.write("go\n")
+    ours, theirs = printed(job.finish()), printed(subprocess.CompletedProcess(waiter.args, waiter.wait(300),
+                                                                               waiter.stdout.read(), waiter.stderr.read()))
+    assert len(theirs["configs"]["4"]) == 64 and theirs["configs"] == ours["configs"], theirs
+
+
+def test_a_private_copy_is_its_own_bytes_though_its_directory_is_swapped(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The review's swap: the directory of a process's copies is renamed away and another put in its
+    place, with a file of the copy's name (as a member of a group KCACHE_EXEC_DIR without the sticky
+    bit could). The path kcache handed out still reads the bytes it checked, from memory."""
+    from kcache.triton import private
+
+    monkeypatch.setattr(private, "_copies", private._Copies())  # a directory of this test's own
+    monkeypatch.setattr(private, "_bases", lambda: [tmp_path])
+    path = private.private_copy("ab" * 32, "launcher.so", b"the verified bytes")
+    assert path.startswith("/proc/self/fd/") and not path.startswith(str(tmp_path))
+    (made,) = list(tmp_path.iterdir())
+    made.rename(tmp_path / "moved-away")
+    planted = tmp_path / made.name
+    planted.mkdir()
+    (planted / Path(path).name).write_bytes(b"the attacker's bytes")
+    assert Path(path).read_bytes() == b"the verified bytes"
+    again = private.private_copy("ab" * 32, "launcher.so", b"the verified bytes")
+    assert again != path and Path(again).read_bytes() == b"the verified bytes"  # afresh for each load
+    for fd in (private._copies.fd, *private._copies.open_memfds):
+        os.close(fd)
