@@ -36,6 +36,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 from types import FrameType
 from typing import Any
 
@@ -117,11 +118,13 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
     reason = frontend.needs_caller()
     if reason is not None and not _forkable(reason):
         return None
+    started = time.thread_time()  # this thread's CPU: the front halves of a tune's threads share the GIL
     try:
         job = frontend.stages_job(frame)
     except Exception as err:  # noqa: BLE001 - Triton's compile meets it again here, and raises it
         log.debug("kcache: the front half of Triton's %s failed (%s): compiling it in this process", name, err)
         return None
+    log.debug("kcache: the front half of Triton's %s took %.1f ms of CPU", name, 1000 * (time.thread_time() - started))
     timeout = values.env_seconds("KCACHE_COMPILE_TIMEOUT", values.DEFAULT_COMPILE_TIMEOUT_S) or None
     try:
         if reason is not None:
@@ -163,11 +166,20 @@ def _forkable(reason: str) -> bool:
 
 def _compile_pool() -> Any:
     """The compile service of this environment for Triton's jobs (KCACHE_COMPILE_ISOLATION=server, the
-    default), else the process's own pool: its workers import TRITON_PRELOAD."""
-    from kcache.cache.miss_path import compile_pool_for
-    from kcache.config import Settings
+    default), else the process's own pool: its workers import TRITON_PRELOAD. The settings are read as
+    `kcache.config.Settings` reads them, without it, and nothing of TileLang's miss path is loaded: a
+    cold process's first compile waits for these imports (about 50 ms through the cache's miss path)."""
+    mode = values.env_choice("KCACHE_COMPILE_ISOLATION", values.ISOLATION_MODES)
+    workers = values.env_count("KCACHE_COMPILE_WORKERS")
+    timeout = values.env_seconds("KCACHE_COMPILE_TIMEOUT", values.DEFAULT_COMPILE_TIMEOUT_S) or None
+    if mode == "server":
+        from kcache.compile.service.shared_pools import shared_service_pool
 
-    return compile_pool_for(Settings.from_env(), TRITON_PRELOAD)
+        idle = values.env_seconds("KCACHE_SERVER_IDLE", values.DEFAULT_SERVER_IDLE_S) or values.DEFAULT_SERVER_IDLE_S
+        return shared_service_pool(workers, timeout, TRITON_PRELOAD, idle)
+    from kcache.compile.pool.shared_pools import shared_pool
+
+    return shared_pool(workers, timeout, TRITON_PRELOAD)
 
 
 def _relay(text: str) -> None:

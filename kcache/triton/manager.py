@@ -215,10 +215,10 @@ class CacheManager(TritonCacheManager):
             self._held.release_lock()
         self._log_compile(filename, files, record)
         lookup.compiled_isolated = True
-        found = self._groups.find(self._groups.key, filename) if published is not None else None
-        if found is None:  # nothing published (a read-only root, a full disk): private copies
-            found = {file: str(self._held.write_private(file, data, self._groups.where)) for file, data in files.items()}
-        return found
+        if published is not None:  # just verified: ours, or a race's winner checked by `publish`
+            return {file: str(published / file) for file in files}
+        # Nothing published (a read-only root, a full disk): private copies
+        return {file: str(self._held.write_private(file, data, self._groups.where)) for file, data in files.items()}
 
     # ------------------------------------------------------------------ the key's lock
 
