@@ -3,7 +3,9 @@ plain Triton (issue 67), on the GPU.
 
 The library is installed (by default fla-core, flash-linear-attention's kernels: `.whl`, put there by
 `.ci/gpu-library.sh`), and one module of its own tests, with their conftest, is in `--library` (by
-default `.gpu/library/fla`, the repository's files at the installed version's tag). Each run is a fresh
+default `.gpu/library/fla`, the repository's files at the installed version's tag; the default module,
+test_hgrn.py, autotunes configs that only split independent channels, so that any pick computes the same
+numbers and verdicts cannot differ by the pick). Each run is a fresh
 `python -m pytest` of that module on a fresh copy of the folder, timed from its start to its exit (what
 the user waits for); plain Triton's runs with an empty TRITON_CACHE_DIR, kcache's as a user starts them,
 `kcache run -m pytest ...`, with a root and a compile service of its own. A turn:
