@@ -44,8 +44,9 @@ def test_a_verdict_that_differs_in_any_run_is_listed_with_every_runs_verdict() -
 
 def runs(kcache_cold_verdict: str = "passed") -> list[Run]:
     """A turn's runs, every test passing unless said otherwise."""
-    walls = {"plain cold": 100.0, "kcache cold": 50.0, "first machine": 70.0, "second machine": 20.0,
-             "plain warm": 10.0, "kcache warm": 11.0}
+    # Each just past or within its goal, so that a goal's limit is read as the issue states it.
+    walls = {"plain cold": 100.0, "kcache cold": 62.0, "first machine": 70.0, "second machine": 29.0,
+             "plain warm": 10.0, "kcache warm": 10.6}
     stats = {"first machine": 40, "second machine": 0}
     return [Run(f"{index:02d}", lane, 0, wall, {"t::a": kcache_cold_verdict if lane == "kcache cold" else "passed"},
                 {"lookups": {"triton": {"compiles": stats[lane], "hits": 1}}} if lane in stats else {})
@@ -60,11 +61,11 @@ def test_the_rows_name_the_library_and_are_judged_by_their_goals() -> None:
         assert found["scenario"] == "triton-library"
         assert found["label"] == "triton-library (fla-core 0.5.2: tests/ops/test_hgrn.py)"
     cold = judged["cold, wall median s"]
-    assert (cold["ratio"], cold["met"], cold["goal"]) == (0.5, True, "<= 0.6x plain Triton's cold run")
+    assert (cold["ratio"], cold["met"], cold["goal"]) == (0.62, False, "<= 0.6x plain Triton's cold run")
     warm = judged["warm, wall median s"]
-    assert warm["ratio"] == pytest.approx(1.1) and warm["met"] is False  # 11 s against 10 s: more than 1.05x
+    assert warm["ratio"] == pytest.approx(1.06) and warm["met"] is False  # more than 1.05x
     second = judged["second machine (empty root, the first's entries in S3), wall median s"]
-    assert (second["ratio"], second["met"]) == (0.2, True)
+    assert (second["ratio"], second["met"]) == (0.29, True)
     first = judged["first machine (empty root, uploading to S3), wall median s"]
     assert (first["ratio"], first["goal"], first["met"]) == (0.7, None, None)  # what the tier costs: context
     compiles = judged["Triton compiles, second machine (most of a turn)"]
