@@ -4,8 +4,8 @@ The baseline is TileLang's own cache unless a row says otherwise.
 
 The scenarios are registered in stress.bench.scenarios, one module each under stress/bench/: herd, disk,
 memory, compile, cli, remote, cold, many, triton and warm are measured in the bench's run (all of them
-by default); tune, tune-once, dropin, deploy, bundle, multigpu and helion have runs of their own, started when
-named with --only (arguments the bench does not know go to them). A scenario whose tools are missing
+by default); tune, tune-once, dropin, deploy, bundle, multigpu, helion and triton-library have runs of their
+own, started when named with --only (arguments the bench does not know go to them). A scenario whose tools are missing
 here (redis-server for remote, a CUDA toolkit for the ones that compile) is skipped with one line saying
 why and what to install.
 
