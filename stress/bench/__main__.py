@@ -73,6 +73,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--many-configs", type=int, default=16, help="configs each process compiles (many scenario)")
     p.add_argument("--warm-kernels", type=int, default=200, help="kernels on disk (warm scenario)")
     p.add_argument("--warm-repeats", type=int, default=3, help="fresh processes per mode (warm scenario)")
+    p.add_argument("--triton-rows", action="append", choices=("hit", "cold", "precompile", "autotune", "tunes"),
+                   help="only these rows of the triton scenario (default: all; autotune and tunes need a GPU)")
     p.add_argument("--json", help="write the rows to this file")
     return p.parse_known_args(argv)
 

@@ -62,11 +62,24 @@ def result(process: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(out.splitlines()[-1])
 
 
-def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[dict[str, Any]]:
+ROWS = ("hit", "cold", "precompile", "autotune", "tunes")  # `--triton-rows`: a part of them
+
+
+def measure(work: Path, repeats: int, procs: int, env: dict[str, str], only: tuple[str, ...] = ROWS) -> list[dict[str, Any]]:
     work.mkdir(parents=True, exist_ok=True)
     base = {**env, **counting_assemblers(work)}
     caches = {"kcache": {**base, **KCACHE, "KCACHE_DIR": str(work / "kcache-root")},
               "triton": {**base, "TRITON_CACHE_DIR": str(work / "triton-cache")}}
+    rows = hit_and_herd_rows(work, caches, repeats, procs) if "hit" in only else []
+    rows += cold_rows(work, caches, min(repeats, 5)) if "cold" in only else []
+    rows += precompile_rows(work, caches, min(repeats, 5)) if "precompile" in only else []
+    rows += autotune_rows(work, env) if "autotune" in only else []
+    return rows + (tunes_at_once_rows(work, env) if "tunes" in only else [])
+
+
+def hit_and_herd_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int,
+                      procs: int) -> list[dict[str, Any]]:
+    """A fresh process's hit, kcache's and Triton's in turns; then a herd of `procs` on an empty cache."""
     for cache_env in caches.values():  # fill both caches
         result(run_program(cache_env))
     hits: dict[str, list[float]] = {"kcache": [], "triton": []}
@@ -103,8 +116,7 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[d
                     "runs", "triton FileCacheManager"))
     rows.append(row(f"triton herd ({procs} procs)", "wall s", hits["herd-kcache"][1], hits["herd-triton"][1], "s",
                     "triton FileCacheManager"))
-    return (rows + cold_rows(work, caches, min(repeats, 5)) + precompile_rows(work, caches, min(repeats, 5))
-            + autotune_rows(work, env) + tunes_at_once_rows(work, env))
+    return rows
 
 
 def cold_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> list[dict[str, Any]]:
@@ -242,4 +254,4 @@ def release_together(processes: list[subprocess.Popen[str]]) -> None:
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    return measure(work / "triton", options.repeats, options.procs, env)
+    return measure(work / "triton", options.repeats, options.procs, env, tuple(options.triton_rows or ROWS))
