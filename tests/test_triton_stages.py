@@ -37,3 +37,24 @@ def test_the_warm_up_compiles_and_leaves_one_thread_and_the_environment_and_runs
     # ptx_get_version is asked as the llir stage makes the PTX: the warm-up went through its stages.
     assert found == {"threads": 1, "tasks": 1, "environment_kept": True, "ptx_versions_known": 1}, found
     assert assembler_runs(tmp_path) == 0  # no program of the user's ran in the template
+
+
+def test_tritons_service_and_tilelangs_share_one_bound_of_compile_slots(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each service has a name of its own (its preload differs), but the slots that bound the compiles
+    running at once are the user's: a slot Triton's service holds is one TileLang's cannot take."""
+    from kcache.compile.compile_slots import CompileSlots
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
+    from kcache.compile.service.address import identity
+    from kcache.triton.isolation import TRITON_PRELOAD
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    tritons, tilelangs = identity(TRITON_PRELOAD, 1), identity(TILELANG_PRELOAD, 1)
+    assert tritons != tilelangs
+    held = CompileSlots(tritons, 1).try_take()
+    try:
+        assert held is not None and CompileSlots(tilelangs, 1).try_take() is None
+    finally:
+        assert held is not None
+        held.release()
+    assert CompileSlots(tilelangs, 1).held() == 0
