@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kcache.tools.interruption import Interrupted, ignore_further_signals
+from kcache.interruption import Interrupted, ignore_further_signals
 
 from .command_scope import command_scope
 from .procs import WorkerFailedToStart

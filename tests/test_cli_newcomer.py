@@ -60,8 +60,8 @@ def test_stats_of_a_root_too_big_to_measure_says_as_of_when(cache_root: Path) ->
     populate(cache_root, ["k0"])
     kcache_run("--dir", str(cache_root), "gc")
     populate(cache_root, ["k1", "k2"])
-    code = ("import sys\nimport kcache.tools.stats_cli as entries\nentries.LIVE_SIZE_MAX_ENTRIES = 1\n"
-            "from kcache.tools.cli import main\nsys.exit(main(sys.argv[1:]))")
+    code = ("import sys\nimport kcache.cli.stats as entries\nentries.LIVE_SIZE_MAX_ENTRIES = 1\n"
+            "from kcache.cli.main import main\nsys.exit(main(sys.argv[1:]))")
     done = subprocess.run([sys.executable, "-c", code, "--dir", str(cache_root), "stats"], capture_output=True,
                           text=True, env=child_env(), cwd=str(PROJECT), check=True)
     (size,) = [line for line in done.stdout.splitlines() if line.startswith("size ")]

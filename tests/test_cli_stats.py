@@ -71,8 +71,8 @@ def test_stats_zero_zeroes_the_counters_of_dead_and_live_processes_and_a_fold_ke
     herd(cache_root, 2)  # dead processes: their files
     live = spawn(f"""
 import sys, kcache
-from stress import synthetic
 from kcache.maintenance.counter_file import stats_file
+from stress import synthetic
 cache = kcache.KernelCache({str(cache_root)!r}, backend=synthetic)
 cache.get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
 stats_file(cache.root).flush()
@@ -169,7 +169,7 @@ def test_ls_names_a_tilelang_jit_kernel_by_its_function_and_shows_its_arguments(
 
 def test_ls_target_names_what_sets_two_targets_of_one_kernel_apart() -> None:
     """TileLang's resolved targets as meta.json keeps them: the usual attributes are left out, others named."""
-    from kcache.tools.cli_entries import _arch
+    from kcache.cli.entries import _arch
 
     usual = {"arch": "sm_90a", "host": {"keys": ["cpu"], "kind": "c", "tag": ""}, "keys": ["cuda", "gpu"],
              "kind": "cuda", "max_num_threads": 1024, "tag": "", "thread_warp_size": 32}

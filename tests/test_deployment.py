@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import kcache
+from kcache.bundle.importer import export_bundle, missing_coverage, read_key_records
 from kcache.cache import deployment
-from kcache.tools.bundle import export_bundle, missing_coverage, read_key_records
 from stress import synthetic
 
 from .helpers import PROJECT, child_env

@@ -132,7 +132,7 @@ def test_a_folder_named_kcache_in_the_working_directory_shadows_nothing(tmp_path
     program.write_text(SHOW_KCACHE)
     script = tmp_path / "bin" / "kcache"
     script.parent.mkdir()
-    script.write_text("import sys\nfrom kcache.tools.launch import main\nsys.exit(main())\n")  # as pip writes it
+    script.write_text("import sys\nfrom kcache.cli.launch import main\nsys.exit(main())\n")  # as pip writes it
     command = [sys.executable, "-m", "kcache"] if entry == "python -m kcache" else [sys.executable, str(script)]
     env = {**os.environ, "PYTHONPATH": str(finder)}
     shadowed = subprocess.run([sys.executable, "-c", SHOW_KCACHE], capture_output=True, text=True, env=env, cwd=work)

@@ -295,7 +295,7 @@ def test_a_lease_object_is_exclusive_released_and_taken_over_when_stale(s3: str,
 
 
 def test_doctor_checks_the_bucket_and_create_only_writes(tmp_path: Path, s3: str, monkeypatch) -> None:
-    from kcache.tools.doctor import doctor
+    from kcache.cli.doctor import doctor
 
     def remote_findings(url: str):
         settings = dataclasses.replace(Settings.from_env(tmp_path), remote_url=url)

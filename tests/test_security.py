@@ -159,7 +159,7 @@ def test_a_link_in_place_of_a_kcache_directory_is_never_followed(tmp_path: Path,
     fresh.settings = __import__("dataclasses").replace(fresh.settings, max_size_bytes=1)
     get(fresh, "k0")
     fresh.gc()
-    from kcache.tools.cli import main
+    from kcache.cli.main import main
 
     assert main(["--dir", str(root), "--json", "gc"]) == 0  # which also prunes old quarantined entries
     from kcache.maintenance.counter_file import _flush_all
@@ -221,7 +221,7 @@ def test_an_entry_copied_under_another_key_is_refused_and_verify_says_so(tmp_pat
     assert fresh.stats()["compiles"] == 1
     shutil.rmtree(kernels / key_of["k0"])
     shutil.copytree(kernels / key_of["k1"], kernels / key_of["k0"])
-    from kcache.tools.cli import main
+    from kcache.cli.main import main
 
     assert main(["--dir", str(root), "--json", "verify"]) == 1
 

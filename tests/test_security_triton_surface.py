@@ -59,8 +59,8 @@ LONE_BYTES = b"\x7fELF a launcher's bytes"
 NODE = """
 import hashlib, json, sys
 sys.path.insert(0, {project!r})
-from stress.triton_program import compile_kernel
 from kcache.triton.manager import CacheManager
+from stress.triton_program import compile_kernel
 out = {{name: compile_kernel(name) for name in sys.argv[1].split(",") if name}}
 lone = json.loads(sys.argv[2])
 for key, name, data in lone.get("put", []):
@@ -439,7 +439,7 @@ def members_of(bundle: Path) -> list[Member]:
 
 def write_bundle(path: Path, members: list[Member], manifest: dict | None = None) -> Path:
     """The tar of `members`; with `manifest`, that manifest (re-signed) in place of the first two."""
-    from kcache.tools.bundle_manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
+    from kcache.bundle.manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
 
     if manifest is not None:
         data = json.dumps(manifest).encode()
@@ -456,7 +456,7 @@ def write_bundle(path: Path, members: list[Member], manifest: dict | None = None
 
 
 def manifest_of(members: list[Member]) -> dict:
-    from kcache.tools.bundle_manifest import MANIFEST_MEMBER
+    from kcache.bundle.manifest import MANIFEST_MEMBER
 
     return json.loads(next(m.data for m in members if m.name == MANIFEST_MEMBER))
 

@@ -656,7 +656,7 @@ def test_a_bundle_whose_triton_file_was_changed_or_moved_under_another_key_is_re
         tmp_path: Path, ptxas: Path) -> None:
     """A changed byte of a Triton cubin fails its sha256; a Triton entry listed (and signed) under
     another key fails its kcache-triton.json's binding. Either refuses the bundle: B gets nothing."""
-    from kcache.tools.bundle_manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
+    from kcache.bundle.manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
 
     root_a, bundle = tmp_path / "a", tmp_path / "k.bundle"
     compile_in_fresh_process("add", program_env(ptxas, root_a, **MANAGER))

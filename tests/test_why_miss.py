@@ -15,9 +15,9 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from kcache.cache import deployment, miss_explain  # noqa: E402
+from kcache.cli import main as cli  # noqa: E402
+from kcache.cli.contract import EXIT_NOT_FOUND  # noqa: E402
 from kcache.tilelang import backend as tilelang_backend  # noqa: E402
-from kcache.tools import cli  # noqa: E402
-from kcache.tools.cli_contract import EXIT_NOT_FOUND  # noqa: E402
 from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 STORED = {"target": CPU_TARGET, "out_idx": [2]}

@@ -7,13 +7,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kcache.bundle.manifest import parse_manifest
+from kcache.bundle.reader import open_bundle
+from kcache.bundle.sections import SECTIONS
 from kcache.store import owned_files
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore
 from kcache.store.layout import is_key
-from kcache.tools.bundle_manifest import parse_manifest
-from kcache.tools.bundle_reader import open_bundle
-from kcache.tools.bundle_sections import SECTIONS
 
 
 def read_key_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """One bundle entry's import: its bytes checked against the signed bundle manifest, then staged.
 
-Shared by the two ways an import stages (kcache.tools.bundle: threads, for small bundles;
-kcache.tools.bundle_stager: processes, for large ones), so both check exactly the same things.
+Shared by the two ways an import stages (kcache.bundle.importer: threads, for small bundles;
+kcache.bundle.stager: processes, for large ones), so both check exactly the same things.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class EntryImport:
     batch: PublishBatch
     allowed_archs: set[str] | None
     path: Path
-    folder: str = KERNELS  # the members' folder: KERNELS, or a section's (kcache.tools.bundle_sections)
+    folder: str = KERNELS  # the members' folder: KERNELS, or a section's (kcache.bundle.sections)
     check_section_bound: Callable[[str, dict[str, bytes], Path], None] | None = None  # a section's; None: a kernel's
 
     def verify_and_stage(self, key: str, entry: dict[str, Any], files: dict[str, bytes]) -> EntryFate:

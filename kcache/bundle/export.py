@@ -24,14 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kcache.errors import CorruptEntry
-from kcache.setting_values import default_root
-from kcache.store import sharing
-from kcache.store.components import COMPONENTS, KERNELS, META
-from kcache.store.entries import EntryStore
-from kcache.store.fsutil import create_temporary_at
-from kcache.tools.bundle_entries import BundleError, arch_allowed
-from kcache.tools.bundle_manifest import (
+from kcache.bundle.entries import BundleError, arch_allowed
+from kcache.bundle.manifest import (
     BUNDLE_FORMAT,
     FROM_ENVIRONMENT,
     MANIFEST_MEMBER,
@@ -40,8 +34,14 @@ from kcache.tools.bundle_manifest import (
     bundle_secret,
     sign,
 )
-from kcache.tools.bundle_sections import SECTIONS, Section
-from kcache.tools.interruption import Interrupted, signals_deferred
+from kcache.bundle.sections import SECTIONS, Section
+from kcache.errors import CorruptEntry
+from kcache.interruption import Interrupted, signals_deferred
+from kcache.setting_values import default_root
+from kcache.store import sharing
+from kcache.store.components import COMPONENTS, KERNELS, META
+from kcache.store.entries import EntryStore
+from kcache.store.fsutil import create_temporary_at
 
 log = logging.getLogger("kcache")
 

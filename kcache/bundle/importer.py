@@ -18,7 +18,7 @@ must match its size and sha256, every entry must hold exactly a kernel entry's c
 meta.json must name its key (a Triton entry: its kcache-triton.json must name its key, the Triton
 key that key is the name of, and exactly its files; a Helion pick: its kcache-helion.json must name its
 key and the Helion key that key is the name of, and its value must be a pick Helion may read:
-kcache.tools.bundle_sections). The file is opened once, by one descriptor (kcache.tools.bundle_reader:
+kcache.bundle.sections). The file is opened once, by one descriptor (kcache.bundle.reader:
 a FIFO or a link at the path is refused at once), and read once, in order (the manifest first, each
 entry's files together). Nothing is read before its size is checked: a header's payload against a
 small cap, the manifest and signature against theirs, an entry's file against the size the manifest
@@ -29,8 +29,8 @@ verified and staged are the entries renamed into place, in one batch of the stor
 crash never sees half an entry, and a refused bundle leaves nothing. Unsigned bundles import only
 when asked (`allow_unsigned`), since whoever wrote one is trusted with code.
 
-This module is the import; export is kcache.tools.bundle_export, the coverage check
-kcache.tools.bundle_coverage (both re-exported here, the package's public names).
+This module is the import; export is kcache.bundle.export, the coverage check
+kcache.bundle.coverage (both re-exported here, the package's public names).
 
 Why HMAC and not Ed25519: the `cryptography` package is not a dependency, and a bundle goes from one
 organisation's build to its own servers, which can share a secret as they share the remote tier's.
@@ -49,16 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kcache.setting_values import default_root
-from kcache.store.access import create_root
-from kcache.store.components import COMPONENTS, KERNELS
-from kcache.store.entries import EntryStore, PublishOutcome
-from kcache.store.publish_batch import publish_batch
-from kcache.tilelang.installed import require_tilelang
-from kcache.tools.bundle_coverage import bundle_keys, missing_coverage, read_key_list, read_key_records
-from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport
-from kcache.tools.bundle_export import ExportReport, export_bundle
-from kcache.tools.bundle_manifest import (
+from kcache.bundle.coverage import bundle_keys, missing_coverage, read_key_list, read_key_records
+from kcache.bundle.entries import BundleError, EntryFate, EntryImport
+from kcache.bundle.export import ExportReport, export_bundle
+from kcache.bundle.manifest import (
     FROM_ENVIRONMENT,
     MANIFEST_MEMBER,
     MAX_MANIFEST_BYTES,
@@ -68,10 +62,16 @@ from kcache.tools.bundle_manifest import (
     signer,
     toolchain_mismatch,
 )
-from kcache.tools.bundle_reader import BundleMember, BundleReader, open_bundle
-from kcache.tools.bundle_sections import SECTIONS
-from kcache.tools.bundle_stager import ProcessStaging, stager_count
-from kcache.tools.interruption import Interrupted, signals_deferred
+from kcache.bundle.reader import BundleMember, BundleReader, open_bundle
+from kcache.bundle.sections import SECTIONS
+from kcache.bundle.stager import ProcessStaging, stager_count
+from kcache.interruption import Interrupted, signals_deferred
+from kcache.setting_values import default_root
+from kcache.store.access import create_root
+from kcache.store.components import COMPONENTS, KERNELS
+from kcache.store.entries import EntryStore, PublishOutcome
+from kcache.store.publish_batch import publish_batch
+from kcache.tilelang.installed import require_tilelang
 
 __all__ = [
     "BundleError", "CURRENT_TOOLCHAIN", "ExportReport", "FROM_ENVIRONMENT", "ImportReport", "MANIFEST_MEMBER",
@@ -121,7 +121,7 @@ def import_bundle(bundle: str | os.PathLike[str], *, root: str | os.PathLike[str
     The file is opened once and read once: each entry, as soon as its files are read, is verified and
     staged in a worker thread (`publish_batch`); the staged entries are renamed into place
     only once the whole bundle is verified and staged, and are all removed when anything is refused
-    (or the import is interrupted: under kcache.tools.interruption, a signal that arrives during the
+    (or the import is interrupted: under kcache.interruption, a signal that arrives during the
     renames waits for the last one, and `Interrupted.done` then says what was imported).
     A missing `root` is created as kcache creates every root (0700, or 2770 in group mode)."""
     started = time.perf_counter()
@@ -214,7 +214,7 @@ def _verify_and_stage_all(reader: BundleReader, listings: dict[str, dict[str, An
                           ) -> dict[str, dict[str, EntryFate]]:
     """Read the archive's headers in order, once, in this thread, and have each entry verified and
     staged as soon as its last member is reached: the kernels in stager processes for a large bundle
-    (kcache.tools.bundle_stager, handed the bundle's descriptor), else in threads (`_ThreadStaging`);
+    (kcache.bundle.stager, handed the bundle's descriptor), else in threads (`_ThreadStaging`);
     each section's entries (`jobs` beside KERNELS: small groups, picks) always in threads. The fates
     of each, by folder.
     Each member's size must be the one the manifest lists before a byte of it is read, and an entry's

@@ -1,7 +1,7 @@
 """A bundle's manifest: the members that carry it, its signature, and the checks on its form.
 
-Shared by export (kcache.tools.bundle_export), which writes and signs it, and by import and the
-coverage check (kcache.tools.bundle, kcache.tools.bundle_coverage), which read it.
+Shared by export (kcache.bundle.export), which writes and signs it, and by import and the
+coverage check (kcache.bundle.importer, kcache.bundle.coverage), which read it.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kcache.bundle.entries import BundleError
+from kcache.bundle.sections import SECTIONS
 from kcache.store.components import COMPONENTS
 from kcache.store.layout import is_key
 from kcache.store.manifest import MANIFEST_NAME
-from kcache.tools.bundle_entries import BundleError
-from kcache.tools.bundle_sections import SECTIONS
 
 BUNDLE_FORMAT = 1
 MANIFEST_MEMBER = "kcache-bundle.json"
@@ -56,7 +56,7 @@ def arch_of(meta: dict[str, Any]) -> str:
 def parse_manifest(data: bytes, path: Path) -> dict[str, Any]:
     """The bundle manifest, every field of the expected type (it is signed, but may be unsigned), each
     file's size within MAX_ENTRY_FILE_BYTES: the sizes an import reads are these. Each section's entries
-    (kcache.tools.bundle_sections: Triton's, Helion's) are under its name (none where the bundle has no
+    (kcache.bundle.sections: Triton's, Helion's) are under its name (none where the bundle has no
     such section)."""
     try:
         manifest: dict[str, Any] = json.loads(data)

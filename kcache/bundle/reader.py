@@ -4,7 +4,7 @@ a byte of what it sizes is read.
 Opened once (`open_bundle`): without blocking (a FIFO at the path would block an open for reading
 until someone writes it) and without following a link, then checked with fstat on that descriptor
 (a regular file), then used blocking. Every read of the bundle is a pread on that descriptor, here
-and in the stager processes, which inherit it (kcache.tools.bundle_stager): nobody opens the path
+and in the stager processes, which inherit it (kcache.bundle.stager): nobody opens the path
 again, so a file swapped in after the check is never read.
 
 Why not tarfile: it reads a GNU long name's or a pax header's claimed size into memory before
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kcache.bundle.entries import BundleError, read_exactly
+from kcache.bundle.manifest import MANIFEST_MEMBER, MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, SIGNATURE_MEMBER
 from kcache.store.components import KERNELS
-from kcache.tools.bundle_entries import BundleError, read_exactly
-from kcache.tools.bundle_manifest import MANIFEST_MEMBER, MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, SIGNATURE_MEMBER
 
 BLOCK = 512
 END_OF_ARCHIVE = bytes(BLOCK)  # the first of the two zero blocks that end an archive

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kcache.bundle.entries import TRITON_META, BundleError, check_triton_bound
 from kcache.helion import store as helion_store
 from kcache.store.layout import HELION, TRITON
 from kcache.store.manifest import MANIFEST_NAME, is_entry_file_name
-from kcache.tools.bundle_entries import TRITON_META, BundleError, check_triton_bound
 from kcache.triton.store import kernel_name
 from kcache.triton.store import store_of as triton_store_of
 

@@ -5,14 +5,14 @@ release the GIL; in threads it stops scaling at about 4. Measured on the 16-core
 (2026-11-24, 2000 entries of 512 KB): one process staged the bundle in 3.4-3.7 s, eight processes
 each staging an eighth of it in 0.85 s (1.06 s with their start), GNU tar with a sync in 1.9-2.0 s.
 
-The importing process parses the archive's headers (kcache.tools.bundle_reader, one thread) and
+The importing process parses the archive's headers (kcache.bundle.reader, one thread) and
 sends each entry, as soon as its last header is read, to one of N stager processes (`python -m
-kcache.tools.bundle_stager`) as a JSON line: its key, arch, and each file's offset, size and
+kcache.bundle.stager`) as a JSON line: its key, arch, and each file's offset, size and
 sha256 from the signed bundle manifest. A stager reads the bytes with pread from the importer's own
 descriptor of the bundle, inherited (`pass_fds`): the file the importer opened once and checked
-(kcache.tools.bundle_reader), never the path again, so nothing swapped in at the path since is read.
+(kcache.bundle.reader), never the path again, so nothing swapped in at the path since is read.
 It verifies what it reads against the signed digests and stages the entry exactly as a thread would
-(kcache.tools.bundle_entries.EntryImport), releases it from its own batch, and answers with the
+(kcache.bundle.entries.EntryImport), releases it from its own batch, and answers with the
 staging directory's name; the importer adopts it into its batch (`PublishBatch.adopt`), which
 publishes or discards everything together. A stager that fails removes what it did not hand
 over and reports the error; the importer then stops the others (SIGTERM: they remove theirs too)
@@ -33,11 +33,11 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from kcache.bundle.entries import BundleError, EntryFate, EntryImport, read_exactly
 from kcache.compile.interpreter import internal_environment, python_command
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore
 from kcache.store.publish_batch import publish_batch
-from kcache.tools.bundle_entries import BundleError, EntryFate, EntryImport, read_exactly
 
 # A bundle of at least this many entries and bytes is staged in processes: below it, starting them
 # (about 0.1-0.2 s) costs more than the threads lose.
@@ -79,7 +79,7 @@ class ProcessStaging:
 
     def _start(self, header: str) -> None:
         stderr = tempfile.TemporaryFile()  # a pipe nobody reads until the end could fill and block it
-        process = subprocess.Popen(python_command("from kcache.tools.bundle_stager import main; sys.exit(main())"),
+        process = subprocess.Popen(python_command("from kcache.bundle.stager import main; sys.exit(main())"),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                    pass_fds=(self._bundle_fd,), env=internal_environment({}))
         assert process.stdin is not None

@@ -1,1 +1,2 @@
-"""Tools over a root: the `kcache` command and `kcache.doctor`. Only `kcache run` imports TileLang."""
+"""The command line: the `kcache` command (parser, exit-code contract, output formats, one module per
+command or close group of commands) and `kcache.doctor`. Only `kcache run` imports TileLang."""

@@ -1,6 +1,6 @@
 """`kcache export`, `kcache import` and `kcache verify-coverage`: deployment bundles from the command
 line. An interrupted export or import (SIGINT, SIGTERM) says what it left: no bundle, or nothing
-imported (kcache.tools.interruption; the CLI prints the one line)."""
+imported (kcache.interruption; the CLI prints the one line)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import json
 import time
 from typing import Any
 
+from kcache.cli.format import count_of, format_table, human_size
 from kcache.config import Settings
-from kcache.tools.cli_format import count_of, format_table, human_size
-from kcache.tools.interruption import Interrupted
+from kcache.interruption import Interrupted
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    from kcache.tools.bundle import export_bundle, read_key_list
+    from kcache.bundle.importer import export_bundle, read_key_list
 
     try:
         report = export_bundle(args.bundle, root=settings.root,
@@ -35,7 +35,7 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
 
 
 def cmd_import(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    from kcache.tools.bundle import import_bundle
+    from kcache.bundle.importer import import_bundle
 
     options: dict[str, Any] = {"toolchain": None} if args.any_toolchain else {}
     try:
@@ -54,7 +54,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
 
 
 def cmd_verify_coverage(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
-    from kcache.tools.bundle import missing_coverage, read_key_records
+    from kcache.bundle.importer import missing_coverage, read_key_records
 
     records = read_key_records(args.keys)
     where = args.bundle or str(settings.root)

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kcache.cli.entries import autotune_results, entry_meta, is_triton_crash, json_file
+from kcache.cli.format import count_of
 from kcache.config import Settings
 from kcache.maintenance.eviction import evict_entry, scan_entries
 from kcache.store import layout
-from kcache.tools.cli_entries import autotune_results, entry_meta, is_triton_crash, json_file
-from kcache.tools.cli_format import count_of
 from kcache.triton.store import META as TRITON_META
 
 

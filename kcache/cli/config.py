@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kcache import setting_values as values
+from kcache.cli.format import format_table
 from kcache.config import SETTING_NAMES, unknown_settings
-from kcache.tools.cli_format import format_table
 
 SECRETS = frozenset({"KCACHE_REMOTE_SECRET", "KCACHE_BUNDLE_SECRET"})
 

@@ -6,6 +6,15 @@ import os
 import stat
 from pathlib import Path
 
+from kcache.cli.doctor_environment import (
+    Finding,
+    helion_finding,
+    settings_finding,
+    toolchain_finding,
+    triton_finding,
+)
+from kcache.cli.doctor_environment import installed_tilelang as installed_tilelang  # the CLI's, from here
+from kcache.cli.format import human_size
 from kcache.config import Settings
 from kcache.maintenance.eviction import scan_entries
 from kcache.maintenance.gc import collect_garbage, staging_dirs
@@ -13,15 +22,6 @@ from kcache.setting_values import default_root, remote_urls
 from kcache.store import access, exec_copy, layout, sharing
 from kcache.store.components import KERNELS
 from kcache.store.trust import untrusted_reason
-from kcache.tools.cli_format import human_size
-from kcache.tools.doctor_environment import (
-    Finding,
-    helion_finding,
-    settings_finding,
-    toolchain_finding,
-    triton_finding,
-)
-from kcache.tools.doctor_environment import installed_tilelang as installed_tilelang  # the CLI's, from here
 
 MIN_FREE_BYTES = 1 << 30
 
@@ -30,7 +30,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     """Every condition of a cache root that can hurt, each with its fix: existence, who can write it
     and what kcache then does, trust, group sharing, noexec, free space, size, leftovers, the
     toolchain, the remote tier, the compile service, the classes TRITON_CACHE_MANAGER and
-    HELION_REMOTE_CACHE_BACKEND name (kcache.tools.doctor_environment). `fix` repairs what is safe to
+    HELION_REMOTE_CACHE_BACKEND name (kcache.cli.doctor_environment). `fix` repairs what is safe to
     repair (create the root, chmod o-w a root you own, gc)."""
     bad_value = None
     if isinstance(root, Settings):

@@ -10,6 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kcache.cli.contract import NotFound
+from kcache.cli.entry_params import describe_params, kernel_params
+from kcache.cli.format import count_of, format_table, human_age, human_size, human_time, short_key
+from kcache.cli.helion import helion_entries, helion_row
 from kcache.config import Settings
 from kcache.maintenance.eviction import EntryUsage, scan_entries
 from kcache.store import dirfd, layout
@@ -17,10 +21,6 @@ from kcache.store.bounded_read import read_regular_at
 from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERNELS, LIBRARY, META, PARAMS
 from kcache.store.entries import EntryStore
 from kcache.store.manifest import MANIFEST_NAME
-from kcache.tools.cli_contract import NotFound
-from kcache.tools.cli_format import count_of, format_table, human_age, human_size, human_time, short_key
-from kcache.tools.cli_helion import helion_entries, helion_row
-from kcache.tools.entry_params import describe_params, kernel_params
 from kcache.triton.crashes import CRASH_FILE
 from kcache.triton.store import META as TRITON_META
 

@@ -11,16 +11,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kcache.cli import bundle as bundle_cli
+from kcache.cli import clear as clear_cli
+from kcache.cli import config as config_cli
+from kcache.cli import help as cli_help
+from kcache.cli import stats as stats_cli
+from kcache.cli import why_miss as why_miss_cli
+from kcache.cli.contract import EXIT_BROKEN_PIPE, UserMistake, report_failure, require_root
+from kcache.cli.entries import cmd_ls, cmd_show, cmd_tunes
+from kcache.cli.maintenance import cmd_doctor, cmd_gc, cmd_prune, cmd_untune, cmd_verify
+from kcache.cli.parser import build_parser, join_dashed_values
+from kcache.cli.server import cmd_server
 from kcache.config import Settings, warn_unknown_settings
 from kcache.errors import KCacheError
+from kcache.interruption import Interrupted, interruptible
 from kcache.setting_values import default_root
-from kcache.tools import bundle_cli, clear_cli, cli_help, config_cli, stats_cli, why_miss_cli
-from kcache.tools.cli_contract import EXIT_BROKEN_PIPE, UserMistake, report_failure, require_root
-from kcache.tools.cli_entries import cmd_ls, cmd_show, cmd_tunes
-from kcache.tools.cli_parser import build_parser, join_dashed_values
-from kcache.tools.interruption import Interrupted, interruptible
-from kcache.tools.maintenance_cli import cmd_doctor, cmd_gc, cmd_prune, cmd_untune, cmd_verify
-from kcache.tools.server_cli import cmd_server
 
 # Commands that read a root: on a missing one each says so in one line and exits 1, creating nothing
 # (a mistyped --dir is no empty cache). `import` and `run` create theirs; `server` and `help` read none.
@@ -29,7 +34,7 @@ ROOT_READERS = frozenset({"stats", "ls", "show", "verify", "prune", "clear", "ex
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command, under the contract of kcache.tools.cli_contract: a failure (a missing root, a
+    """Run one command, under the contract of kcache.cli.contract: a failure (a missing root, a
     bad setting or argument) is one line on stderr, with its JSON on stdout under --json, and exit
     status 1 or 2; `--debug` or KCACHE_DEBUG=1 shows its traceback. Bugs keep their tracebacks. SIGINT
     or SIGTERM stops the command (what it started stopped, what it half made removed) with one line on
@@ -77,7 +82,7 @@ def _run(arguments: list[str], parsed: list[argparse.Namespace]) -> int | Callab
     if args.command == "help":
         return cli_help.show_help(parser, args.topic)
     if args.command == "run":
-        from kcache.tools.run import prepare_program  # TileLang's hooks wait for the program's import
+        from kcache.cli.run import prepare_program  # TileLang's hooks wait for the program's import
 
         return prepare_program(args)
     if args.command in ("doctor", "config"):

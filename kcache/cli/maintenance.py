@@ -9,6 +9,10 @@ import os
 import time
 from typing import Any
 
+from kcache.cli.contract import NotFound
+from kcache.cli.doctor import doctor, installed_tilelang
+from kcache.cli.entries import AUTOTUNER, autotune_results, entry_meta, kernel_store
+from kcache.cli.format import count_of, format_table, human_age, human_size, short_key
 from kcache.config import Settings
 from kcache.errors import CorruptEntry
 from kcache.maintenance.eviction import evict, evict_entry, scan_entries
@@ -17,10 +21,6 @@ from kcache.store import layout
 from kcache.store.components import META
 from kcache.store.elf import require_loadable
 from kcache.store.locks import KeyLock
-from kcache.tools.cli_contract import NotFound
-from kcache.tools.cli_entries import AUTOTUNER, autotune_results, entry_meta, kernel_store
-from kcache.tools.cli_format import count_of, format_table, human_age, human_size, short_key
-from kcache.tools.doctor import doctor, installed_tilelang
 
 # `kcache gc` removes the entries of other TileLang versions unused, and the quarantine kept, this long.
 OTHER_VERSION_UNUSED_S = 7 * 86400

@@ -7,11 +7,15 @@ import argparse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from kcache.cli import clear as clear_cli
+from kcache.cli import config as config_cli
+from kcache.cli import help as cli_help
+from kcache.cli import stats as stats_cli
+from kcache.cli import why_miss as why_miss_cli
+from kcache.cli.contract import EXIT_STATUS_HELP, UserMistake
 from kcache.setting_values import parse_age, parse_size
-from kcache.tools import clear_cli, cli_help, config_cli, stats_cli, why_miss_cli
-from kcache.tools.cli_contract import EXIT_STATUS_HELP, UserMistake
 
-# What `kcache --help` says the command is: the first line of kcache.tools.cli's docstring.
+# What `kcache --help` says the command is: the first line of kcache.cli.main's docstring.
 DESCRIPTION = "`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a TileLang program"
 
 

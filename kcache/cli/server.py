@@ -7,9 +7,9 @@ import argparse
 import importlib.util
 from typing import Any
 
+from kcache.cli.contract import NotStarted
 from kcache.config import Settings
 from kcache.errors import TileLangMissing
-from kcache.tools.cli_contract import NotStarted
 
 
 def cmd_server(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
@@ -46,7 +46,7 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, 
 
 def summary(status: dict[str, Any]) -> str:
     """What `doctor` says of the service, a line a topic: process, workers, jobs, when it exits."""
-    from kcache.tools.cli_format import count_of, human_age, human_size
+    from kcache.cli.format import count_of, human_age, human_size
 
     warm = "warm" if status.get("warm") else "starting its first worker"
     template = f"forked from template pid {status['template_pid']}" if status.get("template_pid") else "started by exec"

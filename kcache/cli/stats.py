@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kcache.cli.entries import is_triton_crash
+from kcache.cli.format import count_of, format_table, human_age, human_size, human_time
 from kcache.config import Settings
 from kcache.maintenance.counter_file import LOOKUP_COUNTERS, OTHER_COMPILERS
 from kcache.maintenance.eviction import recorded_size, scan_entries
 from kcache.maintenance.stats import COUNTERS, read_persisted, zero_counters
 from kcache.store import layout
 from kcache.store.components import KERNELS
-from kcache.tools.cli_entries import is_triton_crash
-from kcache.tools.cli_format import count_of, format_table, human_age, human_size, human_time
 
 # Up to this many entries `kcache stats` measures the size itself: a stat of every file, about 0.2 s at
 # the rate docs/benchmarks.md measured (10,000 entries: 1.1 s), which keeps stats within its 0.5 s

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from kcache.cache import miss_explain
+from kcache.cli.contract import NotFound
+from kcache.cli.format import human_age, short_key
 from kcache.config import Settings
 from kcache.store.components import KERNELS
 from kcache.store.layout import TRITON
-from kcache.tools.cli_contract import NotFound
-from kcache.tools.cli_format import human_age, short_key
 from kcache.triton.key_fields import stored_fields
 from kcache.triton.store import KERNEL_SUFFIX
 
@@ -71,7 +71,7 @@ def _find(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         raise ValueError(f"why-miss: {args.key!r} is no key or key prefix (at least {MIN_PREFIX} hex digits)")
     candidates = [r for r in reversed(logged) if r["key"].startswith(prefix)]
     if not candidates and args.keys:
-        from kcache.tools.bundle import read_key_records
+        from kcache.bundle.importer import read_key_records
 
         candidates = [{**r, "source": args.keys} for r in read_key_records(args.keys)
                       if r["key"].startswith(prefix) and isinstance(r.get("fields"), dict)]

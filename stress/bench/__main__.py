@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kcache.tools.interruption import Interrupted, ignore_further_signals
+from kcache.interruption import Interrupted, ignore_further_signals
 
 from ..command_scope import command_scope
 from ..procs import PROJECT

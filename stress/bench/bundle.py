@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     import dataclasses
 
     from kcache import KernelCache, Settings
-    from kcache.tools.bundle import export_bundle, import_bundle
+    from kcache.bundle.importer import export_bundle, import_bundle
 
     from .. import synthetic
 

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         keys_file, bundle = work / "keys.jsonl", work / "deploy.kcb"
         machines = {"A": run_machine(work, "A", work / "root-a", launch=launch, env={"KCACHE_RECORD": str(keys_file)})}
-        from kcache.tools.bundle import read_key_list
+        from kcache.bundle.importer import read_key_list
 
         keys = len(read_key_list(keys_file))
         exported, _ = kcache_cli("--dir", str(work / "root-a"), "export", str(bundle), "--keys", str(keys_file))

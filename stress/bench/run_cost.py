@@ -2,7 +2,7 @@
 
 `python -m kcache run empty.py` against `python empty.py`, in turns, each a fresh interpreter as a user
 types it; the p50 of each. The program imports nothing, so `kcache run` must import nothing of TileLang's,
-Triton's or Helion's (kcache.tools.launch, kcache.dropin.on_import). The goal: within 0.1 s of plain Python.
+Triton's or Helion's (kcache.cli.launch, kcache.dropin.on_import). The goal: within 0.1 s of plain Python.
 A second row, context: the same through the whole command line (`kcache --dir ROOT run`), which loads
 kcache's other commands first.
 """

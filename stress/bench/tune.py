@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kcache.tools.interruption import Interrupted, ignore_further_signals
+from kcache.interruption import Interrupted, ignore_further_signals
 
 from ..command_scope import command_scope
 from .rows import row, rows_option, write_rows

@@ -51,7 +51,7 @@ def child(mode: str, root: str, count: int, bundle: str) -> None:
             tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
     else:
         if mode == "kcache-bundle":
-            from kcache.tools.bundle import import_bundle
+            from kcache.bundle.importer import import_bundle
 
             import_bundle(bundle, root=root, secret=SECRET, toolchain=None)
         cache = kcache.KernelCache(root)
@@ -81,7 +81,7 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
         list(pool.map(lambda f: cache.get_or_compile(f, CPU_TARGET, out_idx=[2]), funcs(count)))
     if any(filler.wait() != 0 for filler in fillers):
         raise RuntimeError("filling TileLang's cache failed")
-    from kcache.tools.bundle import export_bundle
+    from kcache.bundle.importer import export_bundle
 
     export_bundle(work / "warm.bundle", root=work / "kcache", secret=SECRET)
 
