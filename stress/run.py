@@ -71,7 +71,7 @@ def own_kernel_names(args: Any) -> set[str]:
     """The names in meta.json of the kernels this run uses (what chaos may corrupt)."""
     if args.synthetic:
         return {f"k{i}" for i in range(args.kernels)}
-    from .kernels import pool  # imports no TileLang
+    from .programs.kernels import pool  # imports no TileLang
 
     return {spec.symbol for spec in pool(args.kernels)}
 

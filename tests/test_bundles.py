@@ -29,7 +29,7 @@ from kcache.bundle.importer import (
 )
 from kcache.store.components import COMPONENTS, KERNELS
 from kcache.store.entries import EntryStore
-from stress import synthetic
+from stress.programs import synthetic
 
 from .helpers import PROJECT, child_env
 

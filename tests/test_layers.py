@@ -218,7 +218,7 @@ def test_a_disk_hit_in_a_fresh_process_loads_nothing_of_the_miss_path(cache_root
     of the miss path."""
     program = f"""
 import kcache
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 {{build_first}}
 cache = kcache.KernelCache({str(cache_root)!r})
 cache.get_or_compile(func if "func" in globals() else elementwise_add(), CPU_TARGET, out_idx=[2])

@@ -14,7 +14,7 @@ redis = pytest.importorskip("redis", reason="the remote tier needs redis-py (pip
 
 import kcache  # noqa: E402
 from kcache.config import Settings  # noqa: E402
-from stress import synthetic  # noqa: E402
+from stress.programs import synthetic  # noqa: E402
 
 from .helpers import cold_cluster, lease_holder  # noqa: E402
 from .redis_server import redis_server  # noqa: E402

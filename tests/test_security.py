@@ -20,7 +20,7 @@ import pytest
 import kcache
 from kcache.store import access, layout
 from kcache.store.components import LIBRARY
-from stress import synthetic
+from stress.programs import synthetic
 
 from .faults import needs_root
 from .helpers import snapshot
@@ -422,7 +422,7 @@ def test_swapping_kernel_entries_during_fresh_loads_never_serves_the_attackers(
     env = unprivileged_env
     root = shared_dir(world_dir / "victim-root", env, "kcache-b", 0o750)  # the group may look, not write
     kernels = shared_dir(root / "kernels", env, "kcache-b", 0o770)  # ...but here it may (umask 002, say)
-    load = (f"import logging, kcache\nfrom stress import synthetic\nlogging.disable(logging.WARNING)\n"
+    load = (f"import logging, kcache\nfrom stress.programs import synthetic\nlogging.disable(logging.WARNING)\n"
             f"print(kcache.KernelCache({str(root)!r}, backend=synthetic)"
             f".get_or_compile(synthetic.SyntheticFunc('k0'), 'synthetic').library_sha)")
     first = env.run("kcache-b", load)

@@ -54,7 +54,7 @@ print(staging, quarantined)
 OPEN = """
 import json, logging, sys
 import kcache
-from stress import synthetic
+from stress.programs import synthetic
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 cache = kcache.KernelCache(sys.argv[1], backend=synthetic)  # gc is due: it runs here
 kernel = cache.get_or_compile(synthetic.SyntheticFunc(KERNEL), "synthetic")

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .rows import row, rows_option, write_rows
+from .suite.rows import row, rows_option, write_rows
 
 
 def rate_rows(entries: int, entry_kb: int, rates: dict[str, float]) -> list[dict[str, Any]]:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from kcache import KernelCache, Settings
     from kcache.bundle.importer import export_bundle, import_bundle
 
-    from .. import synthetic
+    from ..programs import synthetic
 
     scale = args.entry_kb * 1024 / sum(synthetic.SIZES.values())
     synthetic.SIZES = {name: int(size * scale) for name, size in synthetic.SIZES.items()}

@@ -43,7 +43,7 @@ def child(mode: str, kernel: str, root: str) -> None:
         cache = kcache.KernelCache(root)  # starts the service in the background
     import tilelang
 
-    from ..kernels import CPU_TARGET, matmul, pool
+    from ..programs.kernels import CPU_TARGET, matmul, pool
 
     func = pool(1)[0].build() if kernel == "add" else matmul(1024, 1024, 1024, 128, 128, 32)
     if mode != "tilelang" and cache is None:
@@ -178,7 +178,7 @@ if __name__ == "__main__":
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """The first compile per kernel and lane against TileLang's; `--cold-mode` narrows the lanes (TileLang's
     always runs), `--cold-without-pool` leaves out the per-process pool's, which no goal reads."""
-    from .rows import row
+    from .suite.rows import row
 
     repeats = options.cold_repeats
     modes = MODES if not options.cold_without_pool else tuple(mode for mode in MODES if mode != "pool")

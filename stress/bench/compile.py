@@ -36,7 +36,7 @@ def measure(sequential: int, parallel: int, workers: int | None) -> dict[str, An
     import kcache
     from kcache.config import Settings
 
-    from ..kernels import CPU_TARGET, matmul
+    from ..programs.kernels import CPU_TARGET, matmul
 
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-compile-"))
     if max(sequential, parallel) > len(CONFIGS):
@@ -107,7 +107,7 @@ if __name__ == "__main__":
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """Run in an interpreter of its own (`python -m stress.bench.compile`), so that the pool starts cold."""
     from ..procs import PROJECT, worker_env
-    from .rows import row
+    from .suite.rows import row
 
     sequential, parallel = options.sequential, options.parallel
     done = subprocess.run(

@@ -2,7 +2,7 @@
 roots and fresh processes.
 
 - A (build machine): an empty root, KCACHE_RECORD, `kcache.install()`, the unmodified programs of
-  stress/tilelang_programs (GEMM, elementwise, flash attention) run and their outputs saved.
+  stress/programs/tilelang_programs (GEMM, elementwise, flash attention) run and their outputs saved.
 - export: `python -m kcache --dir A export BUNDLE --keys KEYS`, signed (KCACHE_BUNDLE_SECRET), then
   `verify-coverage`; import: `python -m kcache --dir B import BUNDLE` into an empty root, timed (the
   CLI's wall time, and the import's own seconds).
@@ -39,7 +39,7 @@ from ..gpu import gpu_missing, tilelang_target_env
 from ..nvcc_counter import NvccCounter
 from ..procs import PROJECT, run_for_result, worker_env
 from ..service_runtime import fresh_runtime, stop_services
-from .rows import row, rows_option, write_rows
+from .suite.rows import row, rows_option, write_rows
 
 PROGRAMS = ("gemm", "elementwise", "attention")
 BUNDLE_SECRET = "bench-deploy"
@@ -50,13 +50,13 @@ MACHINE_DEFAULTS = {"KCACHE_REMOTE": "", "KCACHE_RECORD": "", "KCACHE_JIT_GUARD"
 
 def run_machine(work: Path, name: str, root: Path, *, launch: bool, plain: bool = False,
                 env: dict[str, str] | None = None) -> dict[str, Any]:
-    """One fresh process of stress.bench.deploy_machine on `root`, its compiles counted by an nvcc wrapper;
+    """One fresh process of stress.bench.jobs.deploy_machine on `root`, its compiles counted by an nvcc wrapper;
     its report, with its ready times from the process's start."""
     home = work / name
     (home / "outputs").mkdir(parents=True)
     counter = NvccCounter(home)
     runtime = fresh_runtime("kd-")
-    command = [sys.executable, "-m", "stress.bench.deploy_machine", "--outputs", str(home / "outputs"),
+    command = [sys.executable, "-m", "stress.bench.jobs.deploy_machine", "--outputs", str(home / "outputs"),
                *(word for program in PROGRAMS for word in ("--program", program)),
                *(["--no-launch"] if not launch else []), *(["--plain"] if plain else [])]
     machine_env = {**MACHINE_DEFAULTS, "KCACHE_DIR": str(root), "TILELANG_CACHE_DIR": str(home / "tilelang"),

@@ -1,5 +1,5 @@
 """`python -m stress.bench.dropin`: TileLang code under `kcache.install()` against TileLang's own cache,
-measured in the same run, on the GEMM of stress/tilelang_programs/gemm.py.
+measured in the same run, on the GEMM of stress/programs/tilelang_programs/gemm.py.
 
 - seen call: `matmul(...)` again in the same process (TileLang's per-call memo above kcache): median
   of 20,000 calls, installed and not;
@@ -26,9 +26,10 @@ from typing import Any
 
 from ..gpu import tilelang_target_env
 from ..procs import worker_env
-from .rows import row, rows_option, write_rows
+from ..programs import TILELANG_PROGRAMS
+from .suite.rows import row, rows_option, write_rows
 
-PROGRAM = Path(__file__).resolve().parent / "tilelang_programs"
+PROGRAM = TILELANG_PROGRAMS
 ARGS = (1024, 1024, 1024, 128, 128, 32)
 
 FIRST_CALL = """

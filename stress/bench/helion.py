@@ -1,6 +1,6 @@
 """`python -m stress.bench.helion`: Helion's autotune with and without kcache (issue 57), on the GPU.
 
-Each reading is a fresh `python -m stress.helion_program` (a kernel of Helion's examples, `--kernel`,
+Each reading is a fresh `python -m stress.programs.helion_program` (a kernel of Helion's examples, `--kernel`,
 tuned by Helion's RandomSearch over 8 configs through Helion's autotune cache, with Helion's default
 fork precompile); its `ready_s` is what the user waits for at the first call: the tune, the winner's
 compile and the run. Compiles are counted by the runs of Triton's assemblers (counting wrappers).
@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..procs import PROJECT, READY_WITHIN_S, line_within
-from ..triton_program import assembler_runs, counting_assemblers
-from .rows import row, rows_option, write_rows
+from ..programs.triton_program import assembler_runs, counting_assemblers
+from .suite.rows import row, rows_option, write_rows
 
-CONFIGS = 8  # stress.helion_program's RandomSearch count
-KERNELS = ("matmul", "softmax", "layer_norm")  # stress.helion_program's examples (KT_KERNEL)
+CONFIGS = 8  # stress.programs.helion_program's RandomSearch count
+KERNELS = ("matmul", "softmax", "layer_norm")  # stress.programs.helion_program's examples (KT_KERNEL)
 SEED = 1000  # a turn's seed for Helion's RandomSearch: SEED + the turn
 HELION_TIMEOUT_WARNING = "Timeout after "  # Helion's warning for a config whose compile it gave up on
 HELION_COMPILE_TIMEOUT_S = 60.0  # Helion's autotune_compile_timeout by default: what one such config adds
@@ -86,7 +86,7 @@ class Lane:
                 **({**KCACHE_ENV, "KCACHE_DIR": root} if root is not None else {})}
 
     def start(self, env: dict[str, str], gate: bool = False) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "stress.helion_program"], stdin=subprocess.PIPE,
+        return subprocess.Popen([sys.executable, "-m", "stress.programs.helion_program"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(PROJECT),
                                 env={**env, **({"KT_GATE": "1"} if gate else {})})
 
@@ -120,7 +120,7 @@ def finish(process: subprocess.Popen[str], log: Path | None = None) -> dict[str,
     if log is not None:
         log.write_text(err)
     if process.returncode != 0:
-        raise RuntimeError(f"stress.helion_program exited {process.returncode}: {err[-3000:]}")
+        raise RuntimeError(f"stress.programs.helion_program exited {process.returncode}: {err[-3000:]}")
     return json.loads(out.splitlines()[-1]) | {"timeouts": err.count(HELION_TIMEOUT_WARNING)}
 
 
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readings", type=Path, help="write every process's reading here (JSON)")
     rows_option(parser)
     args = parser.parse_args(argv)
-    from .needs import unavailable
+    from .suite.needs import unavailable
 
     missing = unavailable("helion")
     if missing is not None:

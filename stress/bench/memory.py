@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..procs import PROJECT, worker_env
-from .rows import percentile, row
+from .suite.rows import percentile, row
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -43,7 +43,7 @@ def child(work: Path, calls: int = 2000) -> None:
 
     import kcache
 
-    from ..kernels import CPU_TARGET, elementwise_add
+    from ..programs.kernels import CPU_TARGET, elementwise_add
 
     # TileLang logs a warning on every memory hit; keep it out of the timing.
     logging.getLogger("tilelang").setLevel(logging.ERROR)

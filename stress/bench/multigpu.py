@@ -1,6 +1,6 @@
 """`python -m stress.bench.multigpu`: one multi-GPU job for real (issue 40), in one run.
 
-torchrun starts one rank per GPU of stress.bench.torchrun_job (NCCL, a tune of the 16-config matmul, the
+torchrun starts one rank per GPU of stress.bench.jobs.torchrun_job (NCCL, a tune of the 16-config matmul, the
 kernel pool, each run on its own GPU and checked against torch, a checksum all-reduced):
 - cold: kcache on an empty root. Compiler runs counted by an nvcc wrapper across all ranks (and the
   compile service they share), the picks of every rank, the ranks that benchmarked.
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ..nvcc_counter import NvccCounter
-from .rows import row, rows_option, write_rows
-from .tune_notes import benchmarking_tuner
+from .suite.rows import row, rows_option, write_rows
+from .suite.tune_notes import benchmarking_tuner
 
 SCENARIOS = ("cold", "warm", "killed", "takeover", "tilelang")
 JOB_TIMEOUT_S = 600
@@ -50,7 +50,7 @@ def run_job(work: Path, name: str, gpus: int, mode: str, env: dict[str, str],
     out.mkdir()
     runtime = fresh_runtime("km-")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-               "-m", "stress.bench.torchrun_job", "--mode", mode, "--out", str(out)]
+               "-m", "stress.bench.jobs.torchrun_job", "--mode", mode, "--out", str(out)]
     full_env = {**os.environ, **NCCL_ENV, **env, **counter.env(), "XDG_RUNTIME_DIR": str(runtime)}
     started = time.monotonic()
     killed = None

@@ -46,7 +46,7 @@ def measure(work: Path, env: dict[str, str], repeats: int = REPEATS) -> dict[str
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     from ..procs import worker_env
-    from .rows import percentile, row
+    from .suite.rows import percentile, row
 
     samples = measure(work, worker_env(env))
     plain = percentile(samples["python"], 50)

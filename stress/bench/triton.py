@@ -1,21 +1,21 @@
 """`python -m stress.bench --only triton`: Triton's kernels with kcache's cache manager beside Triton's
-own (`FileCacheManager`), in one run, on the same kernels (stress.triton_program; compiled for sm_90,
+own (`FileCacheManager`), in one run, on the same kernels (stress.programs.triton_program; compiled for sm_90,
 no GPU needed):
 - hit: a fresh process, the kernel in the cache, times its `triton.compile` call (from the call
   until the kernel is usable, Triton's own key computation included, as the user waits for it);
   kcache and Triton take turns, `repeats` each. Goal: kcache's p50 at most Triton's plus 1 ms.
 - herd: `procs` fresh processes miss one kernel at once (a start barrier after their imports);
-  compiles counted by wrappers of Triton's assemblers (stress.triton_program). Goal: 1 compile, against Triton's one per
+  compiles counted by wrappers of Triton's assemblers (stress.programs.triton_program). Goal: 1 compile, against Triton's one per
   process.
 - cold (issue 56): a fresh process's compile of the kernel on empty caches, kcache's in a fork of the
   process (kcache.triton.isolation) against Triton's in the process, taking turns, `repeats` each
   (at most 5). Goal: kcache's median at most 1.05x Triton's.
-- precompile (issue 57): Helion's default precompile, compile only (stress.triton_precompile_program):
+- precompile (issue 57): Helion's default precompile, compile only (stress.programs.triton_precompile_program):
   a caller compiles one config, then 8 forks of it compile a config each, at once; the time until the
   last is reaped, kcache's manager against Triton's, taking turns (at most 5 each). No goal of its own
   (Helion's first tune has one): what kcache costs in those forks.
 - autotune (issue 56, GPU only): the compile phase of a 16-config `@triton.autotune` matmul in a fresh
-  process (stress.triton_tune_program: the first tune less the same tune with every config compiled),
+  process (stress.programs.triton_tune_program: the first tune less the same tune with every config compiled),
   kcache's configs at once in forks against Triton's one after another, 3 turns. Goal: at most 0.35x
   Triton's on a 16-core GPU machine.
 """
@@ -32,16 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from ..procs import PROJECT, worker_env
-from ..triton_precompile_program import CONFIGS as PRECOMPILE_CONFIGS
-from ..triton_program import assembler_runs, counting_assemblers
-from .rows import percentile, row
+from ..programs.triton_precompile_program import CONFIGS as PRECOMPILE_CONFIGS
+from ..programs.triton_program import assembler_runs, counting_assemblers
+from .suite.rows import percentile, row
 
 KCACHE = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 KERNEL = "matmul"
 
 
 def run_program(env: dict[str, str], gated: bool = False) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "stress.triton_program", KERNEL], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "stress.programs.triton_program", KERNEL], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
                             env={**env, "KT_TIMED": "1", "KT_GATE": "1" if gated else "0"})
 
@@ -49,7 +49,7 @@ def run_program(env: dict[str, str], gated: bool = False) -> subprocess.Popen[st
 def result(process: subprocess.Popen[str]) -> dict[str, Any]:
     out, _ = process.communicate(timeout=600)
     if process.returncode != 0:
-        raise RuntimeError(f"stress.triton_program exited {process.returncode}")
+        raise RuntimeError(f"stress.programs.triton_program exited {process.returncode}")
     return json.loads(out.splitlines()[-1])
 
 
@@ -114,18 +114,18 @@ def cold_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> li
 
 
 def precompile_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> list[dict[str, Any]]:
-    """Helion's precompile, compile only (stress.triton_precompile_program): 8 forks of a caller that
+    """Helion's precompile, compile only (stress.programs.triton_precompile_program): 8 forks of a caller that
     compiled once, each compiling a config at once, kcache's manager against Triton's, taking turns."""
     seconds: dict[str, list[float]] = {"kcache": [], "triton": []}
     for turn in range(repeats):
         for name, cache_env in caches.items():
             empty = str(work / f"precompile-{name}-{turn}")
-            done = subprocess.run([sys.executable, "-m", "stress.triton_precompile_program"], capture_output=True,
+            done = subprocess.run([sys.executable, "-m", "stress.programs.triton_precompile_program"], capture_output=True,
                                   text=True, cwd=str(PROJECT), timeout=600,
                                   env={**cache_env, "KCACHE_DIR": empty, "TRITON_CACHE_DIR": empty})
             found = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else {}
             if found.get("statuses") != [0] * len(PRECOMPILE_CONFIGS):
-                raise RuntimeError(f"stress.triton_precompile_program ({name}) failed: {done.stderr[-800:]}")
+                raise RuntimeError(f"stress.programs.triton_precompile_program ({name}) failed: {done.stderr[-800:]}")
             seconds[name].append(found["children_s"])
     kcache, triton = statistics.median(seconds["kcache"]), statistics.median(seconds["triton"])
     print(f"triton: 8 forks of the caller compiling at once (Helion's precompile), median of {repeats}: kcache "
@@ -146,11 +146,11 @@ def autotune_rows(work: Path, env: dict[str, str], turns: int = 3) -> list[dict[
         for name, extra in (("kcache", KCACHE), ("triton", {})):
             folder = work / f"tune-{name}-{turn}"
             run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
-            done = subprocess.run([sys.executable, "-m", "stress.triton_tune_program"], capture_output=True,
+            done = subprocess.run([sys.executable, "-m", "stress.programs.triton_tune_program"], capture_output=True,
                                   text=True, cwd=str(PROJECT), timeout=900,
                                   env={**run_env, **extra, "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
             if done.returncode != 0:
-                raise RuntimeError(f"stress.triton_tune_program ({name}) exited {done.returncode}: {done.stderr[-800:]}")
+                raise RuntimeError(f"stress.programs.triton_tune_program ({name}) exited {done.returncode}: {done.stderr[-800:]}")
             phases[name].append(json.loads(done.stdout.splitlines()[-1])["compile_phase_s"])
     kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
     print(f"triton: autotune compile phase (16 configs), median of {turns}: kcache {kcache:.3f} s, Triton "

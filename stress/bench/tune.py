@@ -24,7 +24,7 @@ from typing import Any
 from kcache.interruption import Interrupted, ignore_further_signals
 
 from ..command_scope import command_scope
-from .rows import row, rows_option, write_rows
+from .suite.rows import row, rows_option, write_rows
 
 
 def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -76,7 +76,7 @@ def tune_both(work: str, out: dict[str, object]) -> None:
     import kcache
 
     from ..gpu import gpu_target
-    from ..tune_kernels import CONFIGS, matmul
+    from ..programs.tune_kernels import CONFIGS, matmul
 
     target = gpu_target()
     a, b = (torch.randn(1024, 1024, device="cuda", dtype=torch.float16) for _ in range(2))

@@ -29,8 +29,8 @@ from typing import Any
 
 from ..nvcc_counter import NvccCounter
 from ..procs import Barrier
-from .rows import row, rows_option, write_rows
-from .tune_notes import benchmarking_tuner
+from .suite.rows import row, rows_option, write_rows
+from .suite.tune_notes import benchmarking_tuner
 
 SCENARIOS = ("alone", "herd", "killed", "cluster")
 
@@ -44,7 +44,7 @@ def run_herd(work: Path, name: str, roots: list[Path], env: dict[str, str],
     counter = NvccCounter(work / f"nvcc-{name}")
     runtime = fresh_runtime("kt-")
     try:
-        barrier = Barrier("stress.bench.tune_worker", len(roots), [], env={**env, **counter.env(),
+        barrier = Barrier("stress.bench.jobs.tune_worker", len(roots), [], env={**env, **counter.env(),
                                                                      "XDG_RUNTIME_DIR": str(runtime)},
                           per_worker=lambda i: ["--root", str(roots[i])])
         barrier.wait_ready()
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             killed["wall_over_alone"] = killed["wall_s"] / alone["wall_s"]
         rows.append(killed)
     if "cluster" in only:
-        from ..redis_server import redis_server
+        from ..servers.redis import redis_server
 
         with redis_server(work) as (url, _server):
             nodes = [work / "node-a", work / "node-b"]

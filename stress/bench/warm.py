@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from ..procs import PROJECT
-from .rows import percentile, row
+from .suite.rows import percentile, row
 
 MODES = ("kcache", "kcache-bundle", "tilelang")
 SECRET = "bench-warm-secret"
 
 
 def funcs(count: int) -> list[Any]:
-    from ..kernels import elementwise_add
+    from ..programs.kernels import elementwise_add
 
     return [elementwise_add(1024 * (index + 1), 256) for index in range(count)]
 
@@ -42,7 +42,7 @@ def child(mode: str, root: str, count: int, bundle: str) -> None:
 
     import kcache
 
-    from ..kernels import CPU_TARGET
+    from ..programs.kernels import CPU_TARGET
 
     built = funcs(count)
     started = time.perf_counter()
@@ -66,7 +66,7 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
     """Both caches hold every kernel: each filled by half the machine's cores (at least 2), kcache's by
     threads through its compile workers, TileLang's by processes."""
     share = max(2, (os.cpu_count() or 2) // 2)
-    code = ("import sys, tilelang; from stress.bench.warm import funcs; from stress.kernels import CPU_TARGET\n"
+    code = ("import sys, tilelang; from stress.bench.warm import funcs; from stress.programs.kernels import CPU_TARGET\n"
             "for f in funcs(int(sys.argv[1]))[int(sys.argv[2])::int(sys.argv[3])]:\n"
             "    tilelang.compile(f, out_idx=[2], target=CPU_TARGET, execution_backend='tvm_ffi')\n")
     tilelang_env = {**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")}
@@ -74,7 +74,7 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
                                 cwd=str(PROJECT)) for part in range(share)]
     import kcache
 
-    from ..kernels import CPU_TARGET
+    from ..programs.kernels import CPU_TARGET
 
     cache = kcache.KernelCache(work / "kcache")
     with ThreadPoolExecutor(share) as pool:

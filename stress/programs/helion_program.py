@@ -4,7 +4,7 @@ examples/layer_norm.py; searched by Helion's RandomSearch over 8 configs through
 (`autotuner_fn`, the path Helion's default autotuner takes; a fixed `configs=[...]` list bypasses that
 cache by Helion's design).
 
-    python -m stress.helion_program      (KT_GATE=1: wait for a line on stdin first;
+    python -m stress.programs.helion_program      (KT_GATE=1: wait for a line on stdin first;
                                           KT_ABORT=1: the first compile of all, in any process, aborts)
 
 Prints one JSON object: the seconds until the kernel's first result (its tune included), the config
@@ -96,7 +96,7 @@ def example(name: str, device: str = "cuda") -> tuple[Any, tuple[torch.Tensor, .
         expected = torch.nn.functional.layer_norm(x.float(), [1024], weight.float(), bias.float(), eps=1e-5)
         return layer_norm, (x, weight, bias), expected, {"atol": 1e-2, "rtol": 1e-2}
     if name != "matmul":
-        raise SystemExit(f"stress.helion_program: KT_KERNEL={name!r}: no such example (matmul, softmax, layer_norm)")
+        raise SystemExit(f"stress.programs.helion_program: KT_KERNEL={name!r}: no such example (matmul, softmax, layer_norm)")
     y = torch.randn((1024, 1024), device=device, dtype=torch.float16)
     return matmul, (x, y), x.float() @ y.float(), {"atol": 0.5, "rtol": 1e-2}
 

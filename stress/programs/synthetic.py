@@ -115,7 +115,7 @@ def compile_kernel(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_config
     return compiled
 
 
-COMPILE_PRELOAD = ("stress.synthetic",)
+COMPILE_PRELOAD = ("stress.programs.synthetic",)
 
 
 def compile_entry(func: SyntheticFunc, resolved: Any, out_idx: Any, pass_configs: Any, flags: Any, log_dir: Path, *,

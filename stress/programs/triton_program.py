@@ -1,7 +1,7 @@
 """A program that compiles Triton kernels for sm_90 (no GPU needed) as an operator library's tests
 would: an elementwise add, a softmax with row reductions and a blocked matmul with `tl.dot`.
 
-    python -m stress.triton_program NAME[,NAME...]   (KT_GATE=1: wait for a line on stdin first;
+    python -m stress.programs.triton_program NAME[,NAME...]   (KT_GATE=1: wait for a line on stdin first;
                                                      KT_TIMED=1: also each compile call's seconds;
                                                      KT_OPTIONS='{"num_warps": 8}': Triton's options)
 

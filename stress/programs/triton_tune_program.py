@@ -1,6 +1,6 @@
 """A 16-config `@triton.autotune` fp16 matmul on the GPU, as an operator library tunes one (issue 56).
 
-    python -m stress.triton_tune_program      (KT_ABORT=1: one config's compile aborts, in its `llir` stage)
+    python -m stress.programs.triton_tune_program      (KT_ABORT=1: one config's compile aborts, in its `llir` stage)
 
 Times, in a fresh process: the first call (the tune: every config compiled, then benchmarked) and a
 second tune of the same key with every config already compiled (the benchmarks alone). Their
@@ -30,7 +30,7 @@ CONFIGS[5] = triton.Config({"BM": 128, "BN": 64, "BK": 64}, num_warps=4, num_sta
 ABORTED = CONFIGS[5]
 
 
-# The blocked tl.dot matmul of stress.triton_program, tuned over CONFIGS as an operator library tunes it.
+# The blocked tl.dot matmul of stress.programs.triton_program, tuned over CONFIGS as an operator library tunes it.
 matmul_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(plain_matmul_kernel)
 
 

@@ -1,7 +1,7 @@
 """A real S3-protocol server process on a free loopback port (moto's S3 service), for the object-storage
 tier's tests, benchmark and stress runs.
 
-    python -m stress.s3_server [--port N] [--bucket NAME]   # prints "ready PORT", serves until killed
+    python -m stress.servers.s3 [--port N] [--bucket NAME]   # prints "ready PORT", serves until killed
 
 It serves moto's S3 application alone (no host-based dispatch among moto's other services), over
 HTTP/1.1 keep-alive with Nagle off, and creates the bucket before it says it is ready. Writes
@@ -64,10 +64,10 @@ def check_installed() -> None:
 def s3_server(bucket: str = BUCKET) -> Iterator[S3Server]:
     """Start the server in a process of its own; yield it; kill it afterwards."""
     check_installed()
-    process = subprocess.Popen([sys.executable, "-m", "stress.s3_server", "--port", "0", "--bucket", bucket],
+    process = subprocess.Popen([sys.executable, "-m", "stress.servers.s3", "--port", "0", "--bucket", bucket],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
-                                   os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                   os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),  # the checkout
                                    os.environ.get("PYTHONPATH")]))})
     assert process.stdout is not None
     output = []
@@ -118,7 +118,7 @@ def serve(port: int, bucket: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.s3_server", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m stress.servers.s3", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--bucket", default=BUCKET)
     args = parser.parse_args()

@@ -1,5 +1,5 @@
 """One machine of `python -m stress.bench.deploy` (a root, given by KCACHE_DIR, and this process): runs
-unmodified programs of stress/tilelang_programs one after the other, under `kcache.install()` or
+unmodified programs of stress/programs/tilelang_programs one after the other, under `kcache.install()` or
 TileLang alone (`--plain`), and reports when each one's kernel was ready, what kcache compiled, and
 where each program's outputs were saved. Run by the bench, never by hand.
 
@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..procs import worker_report
+from stress.procs import worker_report
+from stress.programs import TILELANG_PROGRAMS
 
-PROGRAMS = Path(__file__).resolve().parent / "tilelang_programs"
+PROGRAMS = TILELANG_PROGRAMS
 
 
 class KernelsReady:
@@ -49,8 +50,8 @@ class KernelsReady:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.deploy_machine")
-    parser.add_argument("--program", action="append", required=True, help="a module of stress/tilelang_programs")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.jobs.deploy_machine")
+    parser.add_argument("--program", action="append", required=True, help="a module of stress/programs/tilelang_programs")
     parser.add_argument("--outputs", required=True, help="the directory each program's outputs are saved in")
     parser.add_argument("--no-launch", action="store_true", help="build and load the kernels, never run them")
     parser.add_argument("--plain", action="store_true", help="TileLang alone: no kcache.install()")

@@ -23,7 +23,7 @@ def _tune_with_kcache(a: Any, b: Any, target: dict) -> tuple[dict, Any, int]:
     import autotuner
     import kcache
 
-    from ..tune_kernels import CONFIGS, matmul
+    from stress.programs.tune_kernels import CONFIGS, matmul
 
     kcache.install()
     measure = autotuner.cuda_event_profiler()
@@ -41,7 +41,7 @@ def _tune_with_kcache(a: Any, b: Any, target: dict) -> tuple[dict, Any, int]:
 def _tune_with_tilelang(a: Any, b: Any, target: dict) -> tuple[dict, Any, int]:
     from tilelang.autotuner.tuner import AutoTuner
 
-    from ..tune_kernels import CONFIGS, matmul
+    from stress.programs.tune_kernels import CONFIGS, matmul
 
     tuner = AutoTuner.from_kernel(kernel=matmul, configs=CONFIGS).set_compile_args(out_idx=[2], target=target)
     tuner.set_profile_args(ref_prog=lambda x, y: x @ y, supply_prog=lambda _params: [a, b])
@@ -50,7 +50,7 @@ def _tune_with_tilelang(a: Any, b: Any, target: dict) -> tuple[dict, Any, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.torchrun_job")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.jobs.torchrun_job")
     parser.add_argument("--mode", choices=("kcache", "tilelang"), required=True)
     parser.add_argument("--kernels", type=int, default=4)
     parser.add_argument("--out", required=True)
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import torch.distributed as dist
 
-    from ..gpu import gpu_target
-    from ..kernels import pool
-    from ..tune_kernels import N
+    from stress.gpu import gpu_target
+    from stress.programs.kernels import pool
+    from stress.programs.tune_kernels import N
 
     local_rank, rank = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"])
     torch.cuda.set_device(local_rank)

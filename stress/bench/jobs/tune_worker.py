@@ -9,11 +9,11 @@ import os
 import time
 from typing import Any
 
-from ..procs import worker_handshake, worker_report
+from stress.procs import worker_handshake, worker_report
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.tune_worker")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.jobs.tune_worker")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--root", required=True)
     args = parser.parse_args(argv)
@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     import autotuner
     import kcache
 
-    from ..gpu import gpu_target
-    from ..tune_kernels import CONFIGS, N, matmul
+    from stress.gpu import gpu_target
+    from stress.programs.tune_kernels import CONFIGS, N, matmul
 
     a, b = (torch.randn(N, N, device="cuda", dtype=torch.float16) for _ in range(2))
     a @ b  # the CUDA context and cuBLAS start before the barrier, as in a rank that already ran

@@ -163,7 +163,7 @@ def child(lane: str, kernel: str, root: str) -> None:
         cache = kcache.KernelCache(root)  # starts the service in the background
     import tilelang
 
-    from ..kernels import CPU_TARGET, matmul, pool
+    from stress.programs.kernels import CPU_TARGET, matmul, pool
 
     func = pool(1)[0].build() if kernel == "add" else matmul(1024, 1024, 1024, 128, 128, 32)
     if lane != "tilelang" and cache is None:
@@ -181,7 +181,7 @@ def child(lane: str, kernel: str, root: str) -> None:
 
 def _tools(work: Path, log: Path) -> dict[str, str]:
     """The wrappers' environment: a CUDA_HOME whose nvcc logs, and g++ first on PATH."""
-    from ..nvcc_counter import shadow_cuda_home
+    from stress.nvcc_counter import shadow_cuda_home
 
     home = shadow_cuda_home(work / "cuda-home", _TOOL.format(real="{real}", name="nvcc", log=log))
     gxx = shutil.which("g++")
@@ -199,7 +199,7 @@ def _sample(lane: str, kernel: str, work: Path, env: dict[str, str]) -> list[dic
     log.write_text("")
     extra = {"TILELANG_CACHE_DIR": str(root / "tilelang"),
              "KCACHE_COMPILE_ISOLATION": "inprocess" if lane.endswith("in-process") else "server"}
-    done = subprocess.run([sys.executable, "-m", "stress.bench.cold_profile", "--child", lane, kernel, str(root)],
+    done = subprocess.run([sys.executable, "-m", "stress.bench.profiles.cold", "--child", lane, kernel, str(root)],
                           env={**os.environ, **env, **extra}, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"sample {lane}/{kernel} failed: {done.stderr[-2000:]}")
@@ -226,7 +226,7 @@ def _phases(events: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.cold_profile")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.profiles.cold")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernel", choices=("add", "matmul"), default="add")
     parser.add_argument("--json", type=Path, default=None)
@@ -235,9 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(*args.child)
         return
-    from ..service_runtime import stop_services
-    from .cold import _service, _stop
-    from .rows import bytecode_as_installed
+    from stress.service_runtime import stop_services
+    from ..cold import _service, _stop
+    from ..suite.rows import bytecode_as_installed
 
     work = Path(tempfile.mkdtemp(prefix="kcache-phases-"))
     runtime = Path(tempfile.mkdtemp(prefix="kph-", dir="/tmp"))

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cold_profile import timed_steps
+from .cold import timed_steps
 
 LOG_ENV = "KCACHE_PHASES_LOG"
 
@@ -66,7 +66,7 @@ def _instrument_tilelang() -> None:
 
 
 def child(which: str, root: str) -> None:
-    from .cold_profile import flush_events, hold_events
+    from .cold import flush_events, hold_events
 
     hold_events()  # written at the end: logging a step costs the steps around it about 1 us
     try:
@@ -76,14 +76,14 @@ def child(which: str, root: str) -> None:
 
 
 def _sample_steps(which: str, root: str) -> None:
-    from .cold_profile import log_event
+    from .cold import log_event
 
     clock = time.time
     start = clock()
     import tilelang
 
     log_event("import tilelang", start, clock())
-    from ..kernels import CPU_TARGET, pool
+    from stress.programs.kernels import CPU_TARGET, pool
 
     func = pool(1)[0].build()
     if which == "tilelang":
@@ -114,7 +114,7 @@ def _floor(cache: Any, func: Any, target: dict[str, str]) -> None:
     """Only the steps a hit that keeps every check needs, each logged, then their sum as "call"."""
     from kcache.keys import derive_key
 
-    from .cold_profile import log_event
+    from .cold import log_event
 
     clock = time.time
     backend, store = cache._tilelang(), cache.store
@@ -143,7 +143,7 @@ def _floor(cache: Any, func: Any, target: dict[str, str]) -> None:
 def _sample(which: str, root: Path, env: dict[str, str]) -> dict[str, float]:
     log = Path(env[LOG_ENV])
     log.write_text("")
-    done = subprocess.run([sys.executable, "-m", "stress.bench.disk_profile", "--child", which, str(root)],
+    done = subprocess.run([sys.executable, "-m", "stress.bench.profiles.disk", "--child", which, str(root)],
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"{which} sample failed: {done.stderr[-2000:]}")
@@ -155,7 +155,7 @@ def _sample(which: str, root: Path, env: dict[str, str]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.disk_profile")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.profiles.disk")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--child", nargs=2, metavar=("WHICH", "ROOT"), help=argparse.SUPPRESS)
@@ -163,14 +163,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(*args.child)
         return
-    from .rows import bytecode_as_installed
+    from ..suite.rows import bytecode_as_installed
 
     work = Path(tempfile.mkdtemp(prefix="kcache-hit-phases-"))
     root = work / "kcache"
     env = {**bytecode_as_installed(), LOG_ENV: str(work / "events.jsonl"),
            "TILELANG_CACHE_DIR": str(work / "tilelang"), "KCACHE_COMPILE_ISOLATION": "inprocess"}
     for which in ("kcache", "tilelang"):  # the misses that fill both caches
-        subprocess.run([sys.executable, "-m", "stress.bench.disk_profile", "--child", which, str(root)],
+        subprocess.run([sys.executable, "-m", "stress.bench.profiles.disk", "--child", which, str(root)],
                        env={**os.environ, **env}, capture_output=True, timeout=600)
     samples: dict[str, list[dict[str, float]]] = {"kcache": [], "tilelang": [], "floor": []}
     for _ in range(args.repeats):

@@ -3,7 +3,7 @@
 
     python -m stress.bench --only helion --profile [--kernel matmul] [--turns 1] [--cprofile]
 
-Four fresh `stress.helion_program` processes a turn, as the bench runs them: plain (Helion alone, fresh
+Four fresh `stress.programs.helion_program` processes a turn, as the bench runs them: plain (Helion alone, fresh
 caches), first (kcache, fresh root), second (kcache, the first's root, Helion's own cache fresh) and
 plain-again (Helion alone on the plain one's warm caches: Helion's own floor for a second process).
 In each, and in Helion's precompile children (forked, so wrapped too), the calls named in TIMED are
@@ -29,8 +29,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT
-from .helion import KERNELS, SEED, Lane, finish
+from stress.procs import PROJECT
+from ..helion import KERNELS, SEED, Lane, finish
 
 TIMED = [
     "helion.runtime.kernel:BoundKernel.autotune", "helion.runtime.kernel:BoundKernel.compile_config",
@@ -57,7 +57,7 @@ def child() -> None:
             continue  # a lane without kcache, or another version: not timed
         wrapped = _timed(log, qualified, getattr(owner, name))
         setattr(owner, name, staticmethod(wrapped) if isinstance(owner.__dict__.get(name), staticmethod) else wrapped)
-    from stress import helion_program
+    from stress.programs import helion_program
 
     if not os.environ.get("KT_CPROFILE"):
         helion_program.main()
@@ -82,7 +82,7 @@ def _timed(log: str, name: str, original: Any) -> Any:
 
 def run(lane: Lane, env: dict[str, str], log: Path, cprofile: Path | None) -> dict[str, Any]:
     env = {**env, "KT_PROFILE_LOG": str(log), **({"KT_CPROFILE": str(cprofile)} if cprofile else {})}
-    process = subprocess.Popen([sys.executable, "-m", "stress.bench.helion_profile", "--child"],
+    process = subprocess.Popen([sys.executable, "-m", "stress.bench.profiles.helion", "--child"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                cwd=str(PROJECT), env=env)
     result = finish(process)
@@ -96,7 +96,7 @@ def run(lane: Lane, env: dict[str, str], log: Path, cprofile: Path | None) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.helion_profile")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.profiles.helion")
     parser.add_argument("--kernel", default="matmul", choices=KERNELS)
     parser.add_argument("--turns", type=int, default=1)
     parser.add_argument("--cprofile", action="store_true")

@@ -32,7 +32,7 @@ VARIANTS = {"opened first, service started by the herd": ("open-first", False),
 
 def child(root: str, mode: str) -> None:
     """One process of the herd (`--child`): the barrier protocol of stress.procs, then one get."""
-    from ..procs import worker_handshake, worker_report
+    from stress.procs import worker_handshake, worker_report
 
     clock = time.monotonic
     cache: Any = None
@@ -42,7 +42,7 @@ def child(root: str, mode: str) -> None:
         cache = kcache.KernelCache(root)
     import tilelang  # noqa: F401 - before the cache opens in the other mode, as a program would
 
-    from ..kernels import CPU_TARGET, pool
+    from stress.programs.kernels import CPU_TARGET, pool
 
     spec = pool(1)[0]
     func = spec.build()
@@ -63,10 +63,10 @@ def child(root: str, mode: str) -> None:
 def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) -> dict[str, Any]:
     from kcache.compile.service import connection as service_connection
 
-    from ..procs import Barrier
-    from ..service_runtime import fresh_runtime, stop_services
-    from .herd import start_warm_service
-    from .rows import run_workers
+    from stress.procs import Barrier
+    from stress.service_runtime import fresh_runtime, stop_services
+    from ..herd import start_warm_service
+    from ..suite.rows import run_workers
 
     runtime = fresh_runtime("kp-")
     root = tempfile.mkdtemp(prefix="kp-root-", dir="/tmp")
@@ -81,7 +81,7 @@ def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) ->
                         "compile_s": r.result["stats"]["compile_seconds"], "fingerprint": None} for r in workers]
             release = max(r["end"] for r in results) - wall
         else:
-            barrier = Barrier("stress.bench.herd_profile", procs, ["--child", root, mode], env=env)
+            barrier = Barrier("stress.bench.profiles.herd", procs, ["--child", root, mode], env=env)
             barrier.wait_ready()
             release = barrier.release()
             results = [r.result for r in barrier.collect()]
@@ -113,7 +113,7 @@ def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.herd_profile")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.profiles.herd")
     parser.add_argument("--procs", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     extra_env: dict[str, str] = {}
     if args.as_bench:
-        from .rows import bytecode_as_installed
+        from ..suite.rows import bytecode_as_installed
 
         extra_env = bytecode_as_installed()
     herds: list[dict[str, Any]] = []

@@ -36,7 +36,7 @@ def child(kernel: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from stress.triton_program import KERNELS
+    from stress.programs.triton_program import KERNELS
 
     started = time.perf_counter()
     if os.environ.get("TRITON_CACHE_MANAGER"):
@@ -67,7 +67,7 @@ def child(kernel: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.triton_profile")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.profiles.triton")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--kernel", default="matmul")
     parser.add_argument("--against", type=Path, help="another version's tree (kcache/ and stress/): taking turns")
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(args.child)
         return
-    from .rows import bytecode_as_installed
+    from ..suite.rows import bytecode_as_installed
 
-    trees = {"this tree": Path(__file__).resolve().parents[2]}  # the checkout: stress/bench/ is two below it
+    trees = {"this tree": Path(__file__).resolve().parents[3]}  # the checkout: stress/bench/profiles/ is three below it
     if args.against is not None:
         trees["--against"] = args.against.resolve()
     # Every tree's kcache from bytecode, as after a pip install (the GPU image sets PYTHONDONTWRITEBYTECODE:
@@ -126,7 +126,7 @@ def _hit(tree: Path, kernel: str, env: dict[str, str]) -> dict[str, Any]:
                           env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
     if done.returncode != 0 or not lines:
-        raise SystemExit(f"stress.bench.triton_profile: a process of {tree} failed: {done.stderr[-2000:]}")
+        raise SystemExit(f"stress.bench.profiles.triton: a process of {tree} failed: {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(lines[-1][len("result "):])
     return result
 

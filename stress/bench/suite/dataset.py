@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT
+from stress.procs import PROJECT
 from .goals import judge
 from .scenarios import scenario_of
 

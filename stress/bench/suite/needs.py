@@ -8,7 +8,7 @@ CUDA_HINT = "install the CUDA toolkit, or set CUDA_HOME to one"
 
 def _nvcc_counter_missing() -> str | None:
     """Why NvccCounter (herd, remote) cannot count compiles here, or None."""
-    from ..nvcc_counter import real_cuda_home
+    from stress.nvcc_counter import real_cuda_home
 
     try:
         real_cuda_home()
@@ -32,7 +32,7 @@ def _remote_missing() -> str | None:
     """Why the remote scenario cannot run here, or None."""
     import importlib.util
 
-    from ..redis_server import RedisServerMissing, find_redis_server
+    from stress.servers.redis import RedisServerMissing, find_redis_server
 
     try:
         find_redis_server()
@@ -47,7 +47,7 @@ def _helion_missing() -> str | None:
     """Why Helion's autotune cannot run here, or None."""
     import importlib.util
 
-    from ..gpu import gpu_missing
+    from stress.gpu import gpu_missing
 
     if importlib.util.find_spec("helion") is None:
         return "Helion is not installed: pip install helion"

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT, Barrier
+from stress.procs import PROJECT, Barrier
 
 BACKENDS = ("kcache", "tilelang")
 

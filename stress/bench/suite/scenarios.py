@@ -28,16 +28,16 @@ class Scenario:
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("herd", "herd", profile="herd_profile"),
-    Scenario("disk", "disk", profile="disk_profile"),
+    Scenario("herd", "herd", profile="profiles.herd"),
+    Scenario("disk", "disk", profile="profiles.disk"),
     Scenario("memory", "memory"),
     Scenario("compile", "compile"),
     Scenario("cli", "cli"),
     Scenario("run", "run_cost"),
     Scenario("remote", "remote"),
-    Scenario("cold", "cold", profile="cold_profile"),
+    Scenario("cold", "cold", profile="profiles.cold"),
     Scenario("many", "many"),
-    Scenario("triton", "triton", profile="triton_profile"),
+    Scenario("triton", "triton", profile="profiles.triton"),
     Scenario("warm", "warm"),
     Scenario("tune", "tune", own_run=True),
     Scenario("tune-once", "tune_once", own_run=True),
@@ -45,7 +45,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("deploy", "deploy", own_run=True),
     Scenario("bundle", "bundle", own_run=True),
     Scenario("multigpu", "multigpu", own_run=True),
-    Scenario("helion", "helion", own_run=True, profile="helion_profile"),
+    Scenario("helion", "helion", own_run=True, profile="profiles.helion"),
 )
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 IN_RUN = tuple(scenario.name for scenario in SCENARIOS if not scenario.own_run)
