@@ -34,11 +34,6 @@ def _newest_run(readings: list[Reading], scenario: str, metric: str) -> list[Rea
             and r["source"] == newest["source"]]
 
 
-def _newest(readings: list[Reading], scenario: str, metric: str) -> Reading | None:
-    run = _newest_run(readings, scenario, metric)
-    return run[0] if run else None
-
-
 def cold(readings: list[Reading], axes: Any) -> list[Reading]:
     run = _newest_run(readings, "cold", r"first compile")
     lanes = sorted({r["metric"].split(": first compile, ")[1].split(" (")[0] for r in run})
@@ -147,9 +142,10 @@ def hits(readings: list[Reading], axes: Any) -> list[Reading]:
     used, labels, ours, tilelang = [], [], [], []
     for scenario, metric, label in HITS:
         measured = [r for r in readings if r["baseline"] is not None]  # beside a baseline, where one was taken
-        r = _newest(measured, scenario, metric) or _newest(readings, scenario, metric)
-        if r is None:
+        run = _newest_run(measured, scenario, metric) or _newest_run(readings, scenario, metric)
+        if not run:
             continue
+        r = run[0]
         scale = 1e-3 if r["unit"] == "us" else 1.0
         used.append(r)
         labels.append(f"{label}\n{r['device']}, {r['date'][:10]}")
