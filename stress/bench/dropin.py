@@ -27,7 +27,7 @@ from typing import Any
 from ..gpu import tilelang_target_env
 from ..procs import worker_env
 from ..programs import TILELANG_PROGRAMS
-from .suite.rows import row, rows_option, write_rows
+from .suite.rows import percentile, row, rows_option, write_rows
 
 PROGRAM = TILELANG_PROGRAMS
 ARGS = (1024, 1024, 1024, 128, 128, 32)
@@ -53,11 +53,6 @@ def first_call_seconds(with_kcache: bool, env: dict[str, str]) -> float:
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"the timed child failed: {done.stderr[-3000:]}")
     return float(line.split(" ", 1)[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def seen_call_seconds(matmul, calls: int = 20_000) -> float:
@@ -110,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, with_kcache in (("tilelang", False), ("kcache", True)):
         first_call_seconds(with_kcache, env)  # page cache, memoized toolchain fingerprint
         samples = [first_call_seconds(with_kcache, env) for _ in range(6)]
-        out[f"{name}_first_call_ms_p50"] = percentile(samples, 0.5) * 1e3
-        out[f"{name}_first_call_ms_p90"] = percentile(samples, 0.9) * 1e3
+        out[f"{name}_first_call_ms_p50"] = percentile(samples, 50) * 1e3
+        out[f"{name}_first_call_ms_p90"] = percentile(samples, 90) * 1e3
     out["ratio_seen_call"] = out["kcache_seen_call_us"] / out["tilelang_seen_call_us"]
     out["ratio_first_call_p50"] = out["kcache_first_call_ms_p50"] / out["tilelang_first_call_ms_p50"]
     print("result " + json.dumps(out), flush=True)

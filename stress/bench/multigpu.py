@@ -31,7 +31,7 @@ from typing import Any
 
 from ..nvcc_counter import NvccCounter
 from .suite.rows import row, rows_option, write_rows
-from .suite.tune_notes import benchmarking_tuner
+from .suite.tune_notes import kill_the_tuner
 
 SCENARIOS = ("cold", "warm", "killed", "takeover", "tilelang")
 JOB_TIMEOUT_S = 600
@@ -90,14 +90,9 @@ def run_job(work: Path, name: str, gpus: int, mode: str, env: dict[str, str],
 def _kill_the_tuner(root: Path, job: subprocess.Popen) -> dict[str, Any]:
     """SIGKILL the rank whose note in `<root>/.locks/tune-*.lock` says it is benchmarking."""
     started = time.monotonic()
-    while time.monotonic() - started < JOB_TIMEOUT_S and job.poll() is None:
-        note = benchmarking_tuner(root)
-        if note is not None:
-            os.kill(int(note["pid"]), signal.SIGKILL)
-            return {"pid": int(note["pid"]), "benchmarked_before_kill": note["done"], "of": note["total"],
-                    "after_s": time.monotonic() - started}
-        time.sleep(0.05)  # the bench's monitor polls the note; the ranks do not wait on it
-    raise RuntimeError("no rank reached the tune's benchmark phase")
+    killed = kill_the_tuner(root, lambda: job.poll() is None, within_s=JOB_TIMEOUT_S)
+    after_s = killed.pop("killed_at") - started
+    return {**killed, "after_s": after_s}
 
 
 def bench_rows(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
 import tempfile
 import time
@@ -30,7 +28,7 @@ from typing import Any
 from ..nvcc_counter import NvccCounter
 from ..procs import Barrier
 from .suite.rows import row, rows_option, write_rows
-from .suite.tune_notes import benchmarking_tuner
+from .suite.tune_notes import kill_the_tuner
 
 SCENARIOS = ("alone", "herd", "killed", "cluster")
 
@@ -72,17 +70,10 @@ def run_herd(work: Path, name: str, roots: list[Path], env: dict[str, str],
 
 def _kill_the_tuner(root: Path, barrier: Barrier, released: float) -> dict[str, Any]:
     """SIGKILL the process whose note in `<root>/.locks/tune-*.lock` says it is benchmarking."""
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        note = benchmarking_tuner(root)
-        if note is not None:
-            pid = int(note["pid"])
-            index = next(i for i, p in enumerate(barrier.procs) if p.pid == pid)
-            os.kill(pid, signal.SIGKILL)
-            return {"index": index, "pid": pid, "benchmarked_before_kill": note["done"],
-                    "of": note["total"], "after_s": time.monotonic() - released}
-        time.sleep(0.05)  # the bench's monitor polls the note; the workers do not wait on it
-    raise RuntimeError("no process reached the benchmark phase within 900 s")
+    killed = kill_the_tuner(root, lambda: True, within_s=900)
+    after_s = killed.pop("killed_at") - released
+    index = next(i for i, p in enumerate(barrier.procs) if p.pid == killed["pid"])
+    return {"index": index, **killed, "after_s": after_s}
 
 
 def bench_rows(herds: list[dict[str, Any]]) -> list[dict[str, Any]]:
