@@ -15,6 +15,7 @@ from kcache.setting_values import (  # Settings' defaults and the readers of its
     DEFAULT_LOCK_TIMEOUT_S,
     DEFAULT_MAX_SIZE,
     DEFAULT_REMOTE_LEASE_S,
+    DEFAULT_SERVER_IDLE_S,
     DEFAULT_STAGING_TTL_S,
     DEFAULT_TUNE_WAIT_S,
     ISOLATION_MODES,
@@ -73,7 +74,7 @@ class Settings:
     # H100 (docs/benchmarks.md): no slower than the pool in any measured case, and far cheaper in most.
     compile_isolation: str = "server"
     # The compile service exits after this long without a job.
-    server_idle_s: float = 600.0
+    server_idle_s: float = DEFAULT_SERVER_IDLE_S
     # At most this many compiles at once in the pool (None: the usable CPU count).
     compile_workers: int | None = None
     # One compile's time limit in the pool (None: no limit).
@@ -112,7 +113,7 @@ class Settings:
             compile_isolation=env_choice("KCACHE_COMPILE_ISOLATION", ISOLATION_MODES),
             compile_workers=env_count("KCACHE_COMPILE_WORKERS"),
             compile_timeout_s=env_seconds("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S) or None,
-            server_idle_s=env_seconds("KCACHE_SERVER_IDLE", 600.0) or 600.0,
+            server_idle_s=env_seconds("KCACHE_SERVER_IDLE", DEFAULT_SERVER_IDLE_S) or DEFAULT_SERVER_IDLE_S,
             compile_memory_bytes=compile_memory_budget(),
             max_size_bytes=env_parsed("KCACHE_MAX_SIZE", parse_size, DEFAULT_MAX_SIZE),
             max_age_s=env_parsed("KCACHE_MAX_AGE", parse_age, None),

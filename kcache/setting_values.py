@@ -20,6 +20,7 @@ DEFAULT_STAGING_TTL_S = 3600.0
 DEFAULT_GC_INTERVAL_S = 600.0
 # Below the lock timeout, so that a stuck compile fails its own caller before its waiters give up.
 DEFAULT_COMPILE_TIMEOUT_S = 600.0
+DEFAULT_SERVER_IDLE_S = 600.0
 ISOLATION_MODES = ("server", "pool", "inprocess")  # the first is the default
 DROPIN_ENV = "KCACHE_TILELANG"  # `import kcache` installs the drop-in into TileLang (kcache.dropin.installer; at TileLang's import: kcache.dropin.on_import)
 JIT_GUARD_MODES = ("off", "warn", "error")  # KCACHE_JIT_GUARD (kcache.cache.deployment); off by default
@@ -189,7 +190,7 @@ def on_unwritable_setting() -> str:
     return env_choice("KCACHE_ON_UNWRITABLE", UNWRITABLE_POLICIES)
 
 
-TRITON_ISOLATION_LANES = ("fork", "off")
+TRITON_ISOLATION_LANES = ("worker", "off")
 
 
 def triton_isolation_setting() -> str:

@@ -34,7 +34,7 @@ def logged(stderr: str, compiler: str) -> list[str]:
     return [line.split()[2] for line in stderr.splitlines() if line.startswith(f"kcache: {compiler} ")]
 
 
-@pytest.mark.parametrize("lane", ["fork", "off"])
+@pytest.mark.parametrize("lane", ["worker", "off"])
 def test_a_triton_miss_then_hit_is_counted_and_logged(tmp_path: Path, ptxas: Path, lane: str) -> None:  # noqa: F811
     root = tmp_path / "root"
     env = program_env(ptxas, root, KCACHE_LOG="debug", KCACHE_TRITON_ISOLATION=lane, **MANAGER)

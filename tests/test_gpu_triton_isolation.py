@@ -1,8 +1,8 @@
-"""On a GPU: Triton's compiles in a fork of the caller (issue 56), where an autotuner really benchmarks.
+"""On a GPU: Triton's isolated compiles (issues 56 and 67), where an autotuner really benchmarks.
 
 - `@triton.autotune` over 16 matmul configs, one of whose compiles aborts (Triton's stage hook): plain
   Triton dies; under kcache the tune completes, its pick is correct against torch, the abort fired in
-  another process, and the configs compiled at once (Triton's assembler runs overlapping in time).
+  another process (a worker of the compile service), and the configs compiled at once (Triton's assembler runs overlapping in time).
 - Inductor (`torch.compile`) with every kernel's compile aborting: Inductor's error, wrapping kcache's
   TritonCompilerCrashed, and the process lives; plain Triton dies.
 """
@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
 
-from stress.programs.triton_program import ASSEMBLERS  # noqa: E402
+from stress.programs.triton_program import most_at_once, timed_assemblers  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402
 
@@ -29,32 +29,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible; run these on the GPU machine"),
 ]
 MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
-
-
-def timed_assemblers(folder: Path) -> dict[str, str]:
-    """Wrappers of Triton's assemblers that log each run's start and end (`start|end PID NANOSECONDS`)."""
-    import triton
-
-    env = {}
-    for variable, name in ASSEMBLERS.items():
-        real = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
-        wrapper = folder / name
-        wrapper.write_text(f"#!/bin/sh\necho start $$ $(date +%s%N) >> {folder / 'runs'}\n\"{real}\" \"$@\"\n"
-                           f"code=$?\necho end $$ $(date +%s%N) >> {folder / 'runs'}\nexit $code\n")
-        wrapper.chmod(0o755)
-        env[variable] = str(wrapper)
-    return env
-
-
-def most_at_once(runs: Path) -> int:
-    """The most assembler runs that were under way at one time."""
-    events = sorted((int(time), 1 if kind == "start" else -1) for kind, _, time in
-                    (line.split() for line in runs.read_text().splitlines()))
-    running = peak = 0
-    for _, change in events:
-        running += change
-        peak = max(peak, running)
-    return peak
 
 
 def tune(tmp_path: Path, name: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -75,12 +49,12 @@ def test_an_autotune_whose_config_aborts_completes_correct_with_its_configs_comp
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     fired = [int(pid) for pid in (tmp_path / "kcache-fired").read_text().split()]
-    assert fired and result["pid"] not in fired  # the abort fired, in a fork, once (remembered after)
+    assert fired and result["pid"] not in fired  # the abort fired, in a worker, once (remembered after)
     assert result["correct"] and result["best"] != result["aborted_config"], result
-    skipped = [line for line in done.stderr.splitlines() if "crashed (SIGABRT)" in line]
+    skipped = [line for line in done.stderr.splitlines() if "worker crashed (SIGABRT)" in line]
     assert skipped and "num_stages=5" in skipped[0] and "skips this config" in skipped[0], done.stderr[-3000:]
-    assert most_at_once(tmp_path / "kcache-ptxas" / "runs") >= 2, "the configs compiled one after another"
-    assert most_at_once(tmp_path / "plain-ptxas" / "runs") == 1  # plain Triton's: one at a time
+    assert most_at_once(tmp_path / "kcache-ptxas") >= 2, "the configs compiled one after another"
+    assert most_at_once(tmp_path / "plain-ptxas") == 1  # plain Triton's: one at a time
 
 
 INDUCTOR = """

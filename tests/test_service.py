@@ -195,7 +195,8 @@ def test_a_stale_socket_file_of_a_dead_server_is_replaced(runtime: Path) -> None
 
 def service_files(name: str) -> list[str]:
     """The files of the service `name` in its private runtime directory."""
-    return sorted(entry for entry in os.listdir(address.lock_path(name).parent) if entry.startswith(f"compile-{name}."))
+    return sorted(entry for entry in os.listdir(address.lock_path(name).parent)
+                  if entry.startswith((f"compile-{name}.", "compile-slot-")))
 
 
 def test_the_service_exits_when_idle(runtime: Path) -> None:
@@ -215,7 +216,7 @@ def test_a_stopped_service_removes_its_lock_and_slot_files_and_keeps_its_log(run
     server, name = pool.server_pid, pool.name
     running = service_files(name)
     assert {f"compile-{name}.lock", f"compile-{name}.sock", f"compile-{name}.start.lock"} <= set(running), running
-    assert any(".slot-" in entry for entry in running), running  # the job ran in a slot
+    assert any(entry.startswith("compile-slot-") for entry in running), running  # the job ran in a slot
     assert service_connection.request(name, ("stop",)) == server and server is not None and wait_for_exit(server, 30)
     assert service_files(name) == [f"compile-{name}.log"]
     assert pool.run(pool_jobs.double, 1) == 2 and pool.server_pid != server  # a new service starts as before

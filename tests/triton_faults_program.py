@@ -1,7 +1,11 @@
 """A program that compiles one Triton kernel in four configs (num_warps 1, 2, 4, 8), as an autotuner
 would, with a fault injected into the config num_warps=4's `llir` stage through Triton's own stage
-hook (`knobs.runtime.add_stages_inspection_hook`): KT_FAULT = abort | segv | hang | python | none.
-Each firing appends this process's pid to KT_FIRED, so a test can tell where the fault ran. Then it
+hook (`knobs.runtime.add_stages_inspection_hook`): KT_FAULT = abort | segv | hang | python | hold | none.
+Each firing appends this process's pid to KT_FIRED, so a test can tell where the fault ran. `hold`
+writes the pid of the process it runs in to the FIFO KT_READY, then waits for a line on the FIFO
+KT_HOLD: a test can signal a compile while it runs. KT_HANDLER=PATH: a SIGTERM handler of the
+program's own appends the pid it runs in to PATH and raises SystemExit(143), as a training script's
+checkpoint-and-requeue handler does. KT_THREADS=0: no ticker thread (a single-threaded program). Then it
 compiles a second kernel (softmax), and prints one JSON object: for each config the sha256 of its
 cubin, or the exception's type and message; "later": the softmax's cubin; "pid": this process's;
 "draw": the program's next draw from `random`, seeded before the compiles (as Helion seeds its search).
@@ -17,6 +21,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -58,6 +63,11 @@ def inject(fault: str) -> None:
                 time.sleep(3600)
             if fault == "python":
                 raise ValueError("an injected Python error in the llir stage")
+            if fault == "hold":
+                with open(os.environ["KT_READY"], "w") as ready:
+                    ready.write(f"{os.getpid()}\n")
+                with open(os.environ["KT_HOLD"]) as hold:
+                    hold.readline()
             return llir(src, metadata)
 
         stages["llir"] = faulty
@@ -69,8 +79,16 @@ def cubin(kernel: object) -> str:
     return hashlib.sha256(kernel.asm["cubin"]).hexdigest()
 
 
+def on_sigterm(signum: int, frame: object) -> None:
+    with open(os.environ["KT_HANDLER"], "a") as handled:
+        handled.write(f"{os.getpid()}\n")
+    raise SystemExit(143)
+
+
 def main() -> None:
     inject(os.environ.get("KT_FAULT", "none"))
+    if os.environ.get("KT_HANDLER"):
+        signal.signal(signal.SIGTERM, on_sigterm)
     if os.environ.get("KT_GATE"):
         print("ready", flush=True)
         sys.stdin.readline()
@@ -82,7 +100,8 @@ def main() -> None:
             ticks[0] += 1
 
     ticker = threading.Thread(target=tick, name="ticker", daemon=True)
-    ticker.start()
+    if os.environ.get("KT_THREADS") != "0":
+        ticker.start()
     results: dict[str, object] = {}
     random.seed(1000)  # the program's own state: a compile, isolated or not, must leave it as it was
     signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
@@ -97,9 +116,10 @@ def main() -> None:
     later = triton.compile(ASTSource(softmax_kernel, {"out": "*fp32", "inp": "*fp32", "n_cols": "i32",
                                                       "BLOCK": "constexpr"}, {"BLOCK": 1024}), target=TARGET,
                             options={"num_warps": 8})  # not the faulty config's
-    alive = ticker.is_alive()  # the caller's other thread lived through the fork's crash
+    alive = ticker.is_alive() or os.environ.get("KT_THREADS") == "0"  # the other thread lived through the crash
     stop.set()
-    ticker.join()
+    if ticker.is_alive():
+        ticker.join()
     print(json.dumps({"configs": results, "later": cubin(later), "pid": os.getpid(), "ticks": ticks[0],
                       "draw": random.random(),
                       "ticker_alive": alive}))

@@ -7,6 +7,8 @@ entry and result a root holds, of every compiler.
   version, Helion's picks and the autotune results none that kcache reads: they stay.
 - `clear --all-versions`: every TileLang entry, Triton entry (kernels, single files, crashes), Helion
   pick and autotune result.
+- `clear --crashes [KEY ...]`: the Triton crashes remembered and nothing else (those whose key, as
+  `kcache ls` shows it, starts with one of KEY): a config to retry, the kernels kept.
 Versions come from the packages' metadata: nothing is imported.
 """
 
@@ -30,6 +32,9 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
                     "Triton's kernels of this Triton, and the Triton crashes remembered")
     clear.add_argument("--all-versions", action="store_true",
                        help="every entry of every compiler (TileLang, Triton, Helion) and every autotune result")
+    clear.add_argument("--crashes", nargs="*", metavar="KEY", default=None,
+                       help="only the Triton crashes remembered (those whose key, as `kcache ls` shows it, starts "
+                            "with a KEY given), so that their configs compile again; nothing else is removed")
 
 
 def installed(distribution: str) -> str | None:
@@ -52,6 +57,8 @@ def triton_version_of(entry: Path) -> str | None:
 
 
 def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, int]:
+    if args.crashes is not None:
+        return _clear_crashes(settings.root, args.crashes)
     root, everything = settings.root, args.all_versions
     tilelang, triton = installed("tilelang"), installed("triton")
     removed = sum(evict_entry(root, entry.path) for entry in scan_entries(root)
@@ -74,3 +81,12 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
                     f"{count_of(helion, 'Helion pick', 'Helion picks')} ({scope})"), 0
 
 
+
+
+def _clear_crashes(root: Path, keys: list[str]) -> tuple[Any, str, int]:
+    """Forget the Triton crashes remembered (those of `keys`' prefixes, where given): their configs
+    compile again; every kernel stays."""
+    removed = sum(evict_entry(root, entry.path) for entry in scan_entries(root, layout.TRITON)
+                  if is_triton_crash(entry.path) and (not keys or any(entry.key.startswith(key) for key in keys)))
+    return ({"removed_triton_crashes": removed},
+            f"forgot {count_of(removed, 'Triton crash', 'Triton crashes')} remembered: those configs compile again", 0)

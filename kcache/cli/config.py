@@ -68,7 +68,7 @@ DEFAULTS: dict[str, tuple[str, Callable[[], Any] | None]] = {
     "KCACHE_COMPILE_WORKERS": ("usable CPU count", lambda: values.env_count("KCACHE_COMPILE_WORKERS")),
     "KCACHE_COMPILE_TIMEOUT": ("10min", _seconds("KCACHE_COMPILE_TIMEOUT", values.DEFAULT_COMPILE_TIMEOUT_S)),
     "KCACHE_DEBUG": ("0", _flag("KCACHE_DEBUG")),
-    "KCACHE_TRITON_ISOLATION": ("fork", values.triton_isolation_setting),
+    "KCACHE_TRITON_ISOLATION": ("worker", values.triton_isolation_setting),
     "KCACHE_LOG": ("warning", values.log_setting),
 }
 

@@ -76,7 +76,11 @@ def _triton_row(entry: EntryUsage) -> dict[str, Any]:
             target = f"{aimed.get('backend', '?')} sm_{aimed.get('arch', '?')}"
     elif files == [CRASH_FILE]:  # a compile that crashed, remembered (kcache.triton.crashes)
         crash = json_file(entry.path / CRASH_FILE)
-        kernel = str(crash.get("kernel", "?")) if isinstance(crash, dict) else "?"
+        crash = crash if isinstance(crash, dict) else {}
+        # "add_kernel (Triton) [BLOCK=1024, num_warps=4]": the kernel, then its config with how it died
+        kernel, _, config_part = str(crash.get("kernel", "?")).partition(" [")
+        died = f"{crash.get('signal') or 'exit ' + str(crash.get('exit_code'))} on {crash.get('created', '?')}"
+        meta = {**meta, "config": f"{config_part.rstrip(']')}; crashed: {died}" if config_part else f"crashed: {died}"}
     elif isinstance(files, list) and files:
         kernel = str(files[0])
     kind = "triton" if isinstance(group, str) else "triton crash" if files == [CRASH_FILE] else "triton file"

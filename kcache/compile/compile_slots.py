@@ -1,10 +1,13 @@
-"""The machine-wide bound on compiles of one compile service: `count` slot files, each flock'd by
-whoever runs a compile in it.
+"""The machine-wide bound on this user's compiles: `count` slot files, each flock'd by whoever runs a
+compile in it.
 
 Two kinds of compile share the bound (`KCACHE_COMPILE_WORKERS`, default the usable cores): a job
 the service runs in one of its workers (its scheduler holds a slot for the job's whole run), and a
-compile a client runs in a fork of itself while the service is not warm yet (`caller_fork`). A
-slot is a file `compile-<service>.slot-<i>` in the service's private directory; the kernel drops a
+compile a client runs in a fork of itself while the service is not warm yet (`caller_fork`). Every
+service of the user shares them (TileLang's and Triton's, whose templates import other compilers,
+and the services of other environments): a slot is a file `compile-slot-<i>` in the user's private
+runtime directory, named by no service, so that all of them together run at most as many compiles
+as there are cores; the kernel drops a
 flock when its holder dies, SIGKILL included, so a killed compiler never keeps a slot. The service
 removes the slot files nobody holds as it exits.
 """
@@ -43,7 +46,8 @@ class CompileSlot:
 
 
 class CompileSlots:
-    """The slots of the service `name`: at most `count` compiles at once, machine-wide for this user."""
+    """The user's compile slots, as the service `name` sees them: at most `count` compiles at once,
+    machine-wide for this user, whichever service or fork runs them."""
 
     def __init__(self, name: str, count: int) -> None:
         self.name = name
@@ -74,5 +78,5 @@ class CompileSlots:
                 slot.release()
 
     def path(self, index: int) -> str:
-        return str(runtime_directory() / f"compile-{self.name}.slot-{index}")
+        return str(runtime_directory() / f"compile-slot-{index}")
 

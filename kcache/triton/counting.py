@@ -14,22 +14,22 @@ log = logging.getLogger("kcache")
 
 class Lookup:
     """One `get_group`: a hit where it found the group without compiling it (a wait for another
-    process's compile included), else a miss; a fork's compile makes it a miss and a compile."""
+    process's compile included), else a miss; a compile in a worker makes it a miss and a compile."""
 
-    __slots__ = ("found", "how", "compiled_in_fork")
+    __slots__ = ("found", "how", "compiled_isolated")
 
     def __init__(self) -> None:
         self.found: dict[str, str] | None = None
         self.how = "disk"
-        self.compiled_in_fork = False
+        self.compiled_isolated = False
 
     def count(self, root: Path | None, filename: str, key: str) -> None:
-        if self.found is not None and not self.compiled_in_fork:
+        if self.found is not None and not self.compiled_isolated:
             counted(root, "hit", filename, key, f" ({self.how})")
             return
-        counted(root, "miss", filename, key, ": compiling" if self.found is None else ": compiled in a fork")
-        if self.compiled_in_fork:
-            counted(root, "compile", filename, key, " (in a fork)")
+        counted(root, "miss", filename, key, ": compiling" if self.found is None else ": compiled in a worker")
+        if self.compiled_isolated:
+            counted(root, "compile", filename, key, " (in a worker)")
 
 
 def counted(root: Path | None, event: str, filename: str, key: str, detail: str = "") -> None:

@@ -6,7 +6,14 @@ keyed like the compile: `entry_key(Triton's key, CRASH_FILE)`. Triton's key hold
 the hash of its compiler and of ptxas, the source and the options, so a new toolchain forgets the
 crash; so does `kcache clear`. The record is bounded JSON, read through the store (trust, manifest,
 sha256) and never executed; a record that fails any check is no record (the compile runs).
-A timeout is not remembered: a loaded machine may be what made it slow.
+
+Only a compiler's own crash is remembered: the signals a compiler raises itself (SIGABRT from an LLVM
+assertion, SIGSEGV, SIGBUS, SIGILL, SIGFPE). A worker killed from outside (SIGKILL from the OOM killer
+or an admin, SIGTERM, SIGINT), an exit, or a timeout says nothing of the kernel: a loaded machine
+may be what made it slow or killed it. A record stays on this machine's root: it is never uploaded to
+the remote tiers (nor read from them), so one node's crash, or its broken toolchain, never stops a
+fleet's compiles; each node learns its own. `kcache clear --crashes` forgets every record of a root,
+and `kcache ls` lists each with its signal and date.
 """
 
 from __future__ import annotations
@@ -42,10 +49,27 @@ def remembered(groups: GroupStore) -> dict[str, Any] | None:
     return record
 
 
-def remember(groups: GroupStore, crash: CompilerCrashed) -> None:
-    """Save `crash` under this compile's key (where the root can be written; else nothing)."""
+# The signals a compiler raises itself: what kills it says something of the kernel.
+COMPILER_SIGNALS = frozenset({"SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
+
+
+def how_it_died(crash: CompilerCrashed) -> str:
+    """`crashed (SIGABRT)`, `was killed (SIGKILL) from outside`, `exited with status 3`."""
+    if crash.signal_name in COMPILER_SIGNALS:
+        return f"crashed ({crash.signal_name})"
+    if crash.signal_name:
+        return f"was killed ({crash.signal_name}) from outside the compiler"
+    return f"exited with status {crash.exit_code}"
+
+
+def remember(groups: GroupStore, crash: CompilerCrashed) -> bool:
+    """Save `crash` under this compile's key, where it is a compiler's own crash and the root can be
+    written (else nothing); whether it was saved."""
+    if crash.signal_name not in COMPILER_SIGNALS:
+        return False
     record = {"kernel": crash.kernel_name, "signal": crash.signal_name, "exit_code": crash.exit_code,
               "tail": crash.stderr_tail[-8000:],
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    groups.publish(entry_key(groups.triton_key, CRASH_FILE), None,
-                   {CRASH_FILE: json.dumps(record, sort_keys=True).encode()})
+    saved = groups.publish(entry_key(groups.triton_key, CRASH_FILE), None,
+                           {CRASH_FILE: json.dumps(record, sort_keys=True).encode()}, upload=False)
+    return saved is not None

@@ -1,31 +1,33 @@
-"""Triton's compiles in a fork of the caller: a compiler's abort kills the fork, never the program.
+"""Triton's compiles isolated from the caller: a compiler's abort kills a worker, never the program.
 
 The hook is the cache manager's `get_group`, the one call every Triton compile makes before it
 compiles, whichever way it was reached (`triton.compile`, a JIT launch or warmup, `@triton.autotune`,
-Inductor, Helion) and whatever reference to `compile` the program holds; patching `triton.compile`
-would miss the references taken before kcache was installed. On a miss, `get_group` forks. The fork
-calls Triton's `compile` again with the arguments of the call that asked (the frame of
-`triton.compiler.compiler.compile`, checked by identity): the same source object, target, options
-and environment, nothing serialized. In the fork the manager works as without isolation (the key's
-lock, a wait for another process's compile, the compile, the publish) and the fork exits through
-`os._exit` once `compile` returns, with the group's files as its answer. The caller then reads the
-published group, verified, as a hit, and Triton's `compile` goes on down its hit path.
+Inductor, Helion) and whatever reference to `compile` the program holds. On a miss, once the caller
+holds the key's lock (and the cluster's lease, kcache.triton.manager), the compile is split in two:
+- the front half, in the caller (kcache.triton.frontend): the user's kernel to Triton's IR, which runs
+  the user's Python and needs the caller's objects;
+- the back half, in a clean worker of the compile service (kcache.triton.stages): Triton's passes and
+  ptxas, where a compiler crashes. The worker is a fresh fork of a template that imported Triton
+  before any thread existed: it inherits none of the caller's threads, locks, runtimes (an S3
+  client's) or signal handlers. Until the service is warm, the back half runs in a fork of the caller
+  where that is provably safe (no other Python thread: `caller_fork.unsafe_reason`), as TileLang's
+  compiles do; else it waits for the service.
+The caller publishes the group, uploads it, and reads it back as a hit; Triton's `compile` goes on
+down its hit path.
 
-- An abort, a segfault or an exit of the fork: `TritonCompilerCrashed` (a `kcache.CompilerCrashed`,
-  and a Triton `PTXASError`, which `@triton.autotune` skips as it skips a config out of resources),
-  with the signal and the fork's last output (LLVM's assertion); the crash is remembered
-  (kcache.triton.crashes). A hang past KCACHE_COMPILE_TIMEOUT: `TritonCompileTimeout`, the fork and
-  its process group killed.
-- A Python error in the fork (a `CompilationError`, say): the caller compiles in-process, down the
-  path it would have taken without isolation, and so raises exactly what plain Triton raises; the
-  fork showed that this compile does not crash.
-- KCACHE_TRITON_ISOLATION=off, Triton's override and dump modes, or a caller other than Triton's
-  `compile`: no fork, the compile runs in the caller as before.
-Before its first fork the caller imports what a compile imports at its first use (Triton's code
-generator, kcache's miss path), where plain Triton imports it: the forks inherit it (docs/design/triton.md).
-The fork runs only the compile: Triton's own code and the hooks Triton calls during a compile
-(`knobs.runtime.add_stages_inspection_hook`, a compilation listener); it touches no CUDA (the target is
-resolved in the caller), and its effects on objects stay in the fork.
+Where the back half cannot leave the caller (`frontend.needs_caller`: a stages hook of the program's,
+say), it runs in a fork of the caller when no other thread runs, else in the caller itself, with one
+warning: a fork of a threaded program can hang on a lock another thread held (docs/design/triton.md).
+
+- A compiler's own crash (SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE): `TritonCompilerCrashed` (a
+  `kcache.CompilerCrashed`, and a Triton `PTXASError`, which `@triton.autotune` skips as a config it
+  cannot build), remembered (kcache.triton.crashes). Any other death (SIGKILL, SIGTERM: an OOM killer
+  or an admin) raises the same, but is not remembered. Past KCACHE_COMPILE_TIMEOUT:
+  `TritonCompileTimeout`, not remembered.
+- A Python error in the back half: the caller compiles in-process, down the path it would have taken
+  without isolation, and so raises exactly what plain Triton raises.
+- KCACHE_TRITON_ISOLATION=off, Triton's override and dump modes, one of Helion's precompile children
+  (a process of its own already), or a caller other than Triton's `compile`: no isolation.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 from types import FrameType
 from typing import Any
 
@@ -42,27 +45,28 @@ from kcache.triton.compile_record import config_of
 
 log = logging.getLogger("kcache")
 
-_in_fork = False  # True in a fork that compiles: its manager compiles in place
-_groups: dict[str, dict[str, bytes]] = {}  # in a fork: the groups its compile put, by entry key
-
+# What the compile service's template imports for Triton's jobs (and warms up: stages.warm_up_template).
+TRITON_PRELOAD = ("triton", "kcache.triton.stages")
 
 # Where Helion's precompile children start (helion.autotuner.precompile_future, Helion 1.5.0 and 1.5.1).
 HELION_CHILD_FILE = os.path.join("helion", "autotuner", "precompile_future.py")
 HELION_CHILD_ENTRIES = frozenset({"_run_kernel_in_subprocess_fork", "_run_kernel_in_subprocess_spawn"})
 
+_warned: set[str] = set()
+
 
 def lane() -> str:
-    """KCACHE_TRITON_ISOLATION's lane, `fork` by default (a bad value fails with one line); in the
-    fork itself, and in one of Helion's precompile children, `off`: it compiles in place."""
-    if _in_fork or _in_helions_child():
+    """KCACHE_TRITON_ISOLATION's lane, `worker` by default (a bad value fails with one line); in one of
+    Helion's precompile children, `off`: it compiles in place."""
+    if _in_helions_child():
         return "off"
     return values.triton_isolation_setting()
 
 
 def _in_helions_child() -> bool:
     """Whether this compile runs in one of Helion's precompile children: a process of its own already,
-    whose crash Helion reports as that config's failure and skips. A second fork there would cost a
-    fork per candidate and protect nothing more (docs/design/triton.md, "Isolation")."""
+    whose crash Helion reports as that config's failure and skips. Isolating it again would cost a
+    worker's round trip per candidate and protect nothing more (docs/design/triton.md, "Isolation")."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
@@ -70,16 +74,6 @@ def _in_helions_child() -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def in_fork() -> bool:
-    return _in_fork
-
-
-def note_group(key: str, files: dict[str, bytes]) -> None:
-    """In a fork: the group its compile put under `key`, the fork's answer."""
-    if _in_fork:
-        _groups[key] = files
 
 
 def describe(frame: FrameType, kernel: str) -> str:
@@ -90,63 +84,116 @@ def describe(frame: FrameType, kernel: str) -> str:
 
 
 # What a compile imports at its first use: Triton's code generator (with its Gluon and libdevice
-# modules: about 35 ms on the CPU machine; `ASTSource.make_ir`, Triton 3.5 and 3.6), and kcache's own
-# miss path, which runs in the fork (the key's lock, the publish: about 8 ms).
+# modules; `ASTSource.make_ir`, Triton 3.5 and 3.6), and kcache's own miss path. Imported in the
+# process that compiles, where plain Triton imports them: the forks it makes itself (Helion's
+# precompile children, one per config) then inherit them rather than import them again.
 COMPILE_IMPORTS = ("triton.compiler.code_generator", "kcache.triton.held", "kcache.triton.key_fields",
                    "kcache.triton.private", "kcache.store.arrivals", "kcache.store.entries", "kcache.store.locks",
                    "kcache.cache.deployment", "kcache.cache.miss_explain")
 
 
 def import_before_forking() -> None:
-    """Import COMPILE_IMPORTS here, where plain Triton would import them (in the process that compiles),
-    so that every fork inherits them: this compile's, later ones, and the forks this process makes
-    itself (Helion's precompile children, one per config). Otherwise each fork imports them again."""
+    """Import COMPILE_IMPORTS here. Through `importlib.import_module` each time, never skipped for being
+    in sys.modules: a module another thread is still importing is there half made, and the import
+    waits for that thread to finish it (a fork made meanwhile would inherit its module lock, held by a
+    thread that does not exist in the fork)."""
     for module in COMPILE_IMPORTS:
-        if module not in sys.modules:
-            try:
-                importlib.import_module(module)
-            except ImportError:  # another Triton's layout: the fork imports what its compile needs
-                if not module.startswith("triton."):
-                    raise
+        try:
+            importlib.import_module(module)
+        except ImportError:  # another Triton's layout: the compile imports what it needs
+            if not module.startswith("triton."):
+                raise
 
 
-def compile_in_fork(frame: FrameType, name: str) -> tuple[str, Any]:
-    """Run the compile of `frame` in a fork of this process: ("ok", {entry key: group files}) or
-    ("error", "Type: message") for a Python error there. Raises CompilerCrashed or CompileTimeout."""
-    from kcache.compile.fork.caller_fork import run_in_fork  # a miss's
+def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
+    """The group's files of the compile of `frame`, its back half run away from this process; None
+    where this process compiles it itself (a Python error in either half, which Triton's own compile
+    then raises here; a program whose stages hook cannot leave it, and which runs other threads).
+    Raises CompilerCrashed or CompileTimeout."""
+    from kcache.errors import CompileAborted
+    from kcache.triton import frontend
+    from kcache.triton.stages import run_stages
 
     import_before_forking()
-    arguments = frame.f_locals
-    options = arguments["options"]
-    job = (sys.modules["triton.compiler.compiler"].compile, arguments["src"], arguments["target"],
-           dict(getattr(options, "__dict__", options)), arguments.get("env_vars"))
+    reason = frontend.needs_caller()
+    if reason is not None and not _forkable(reason):
+        return None
+    started = time.thread_time()  # this thread's CPU: the front halves of a tune's threads share the GIL
+    try:
+        job = frontend.stages_job(frame)
+    except Exception as err:  # noqa: BLE001 - Triton's compile meets it again here, and raises it
+        log.debug("kcache: the front half of Triton's %s failed (%s): compiling it in this process", name, err)
+        return None
+    log.debug("kcache: the front half of Triton's %s took %.1f ms of CPU", name, 1000 * (time.thread_time() - started))
     timeout = values.env_seconds("KCACHE_COMPILE_TIMEOUT", values.DEFAULT_COMPILE_TIMEOUT_S) or None
-    return run_in_fork(_compile_here, job, name, timeout, relay=_relay)
+    try:
+        if reason is not None:
+            from kcache.compile.fork.caller_fork import run_in_fork
+
+            files = run_in_fork(run_stages, (job,), name, timeout, relay=_relay)
+        else:
+            files = _compile_pool().run(run_stages, job, name=name, timeout_s=timeout)
+    except CompileAborted as err:
+        log.warning("kcache: Triton's compile of %s was stopped (%s): compiling it in this process", name, err)
+        return None
+    except Exception as err:  # noqa: BLE001 - a Python error: Triton's own compile raises it here
+        from kcache.errors import CompilerCrashed, CompileTimeout
+
+        if isinstance(err, (CompilerCrashed, CompileTimeout)):
+            raise
+        log.debug("kcache: Triton's compile of %s failed in its worker (%s: %s): compiling it here", name,
+                  type(err).__name__, err)
+        return None
+    source_name, source = frontend.source_file(job)
+    return {source_name: source, **files}
+
+
+def _forkable(reason: str) -> bool:
+    """Whether a compile that must stay with the caller's code (`reason`) may run in a fork of it: only
+    where no other thread runs; else it runs in this process, with one warning."""
+    from kcache.compile.fork.caller_fork import unsafe_reason
+
+    unsafe = unsafe_reason(TRITON_PRELOAD[:1])
+    if unsafe is None:
+        return True
+    if reason not in _warned:
+        _warned.add(reason)
+        log.warning("kcache: Triton's compiles run in this process, unisolated: %s, and %s (a fork of this "
+                    "process could hang on that thread's locks). A crash of the compiler ends the program",
+                    reason, unsafe)
+    return False
+
+
+def _compile_pool() -> Any:
+    """The compile service of this environment for Triton's jobs (KCACHE_COMPILE_ISOLATION=server, the
+    default), else the process's own pool: its workers import TRITON_PRELOAD. The settings are read as
+    `kcache.config.Settings` reads them, without it, and nothing of TileLang's miss path is loaded: a
+    cold process's first compile waits for these imports (about 50 ms through the cache's miss path)."""
+    mode = values.env_choice("KCACHE_COMPILE_ISOLATION", values.ISOLATION_MODES)
+    workers = values.env_count("KCACHE_COMPILE_WORKERS")
+    timeout = values.env_seconds("KCACHE_COMPILE_TIMEOUT", values.DEFAULT_COMPILE_TIMEOUT_S) or None
+    if mode == "server":
+        from kcache.compile.service.shared_pools import shared_service_pool
+
+        idle = values.env_seconds("KCACHE_SERVER_IDLE", values.DEFAULT_SERVER_IDLE_S) or values.DEFAULT_SERVER_IDLE_S
+        return shared_service_pool(workers, timeout, TRITON_PRELOAD, idle)
+    from kcache.compile.pool.shared_pools import shared_pool
+
+    return shared_pool(workers, timeout, TRITON_PRELOAD)
 
 
 def _relay(text: str) -> None:
-    """What the fork printed (Triton's warnings, kcache's log), on this process's stderr."""
+    """What a fork of this process printed (Triton's warnings), on this process's stderr."""
     if text.strip():
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
         sys.stderr.flush()
 
 
 def compiler_said(tail: str) -> str:
-    """The line of a crashed fork's output that says why (LLVM's assertion, say): the last one before
+    """The line of a crashed worker's output that says why (LLVM's assertion, say): the last one before
     Python's own report of the fatal signal, else the last one."""
     lines = [line for line in tail.splitlines() if line.strip()]
     for index, line in enumerate(lines):
         if line.startswith("Fatal Python error"):
             return lines[index - 1].strip() if index else line
     return lines[-1].strip() if lines else "(no output)"
-
-
-def _compile_here(compile_fn: Any, src: Any, target: Any, options: dict, env_vars: Any) -> tuple[str, Any]:
-    """In the fork: Triton's compile, its manager compiling in place; what it put comes back."""
-    global _in_fork
-    _in_fork = True
-    try:
-        compile_fn(src, target=target, options=options, _env_vars=env_vars)
-    except Exception as err:  # noqa: BLE001 - the caller compiles again, in-process, and raises it itself
-        return "error", f"{type(err).__name__}: {str(err)[:2000]}"
-    return "ok", dict(_groups)

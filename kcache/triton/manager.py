@@ -76,22 +76,23 @@ class CacheManager(TritonCacheManager):
         lookup = Lookup()  # how this lookup was served: counted and logged as it ends, whichever way
         try:
             found = lookup.found = self._groups.find(self._groups.key, filename)
+            frame = None
             if found is None:
                 from kcache.triton import isolation, parallel_tune  # a miss's
                 from kcache.triton.compile_record import compile_frame
 
-                frame = compile_frame() if isolation.lane() == "fork" else None  # Triton's compile asking
+                frame = compile_frame() if isolation.lane() == "worker" else None  # Triton's compile asking
+                if frame is not None:
+                    self._raise_remembered_crash(frame, filename)
                 if frame is not None and parallel_tune.compile_tune_ahead(frame):  # a tune's configs, at once
                     found = lookup.found = self._groups.find(self._groups.key, filename)
                     lookup.how = "disk, its tune's configs compiled ahead"
-                if frame is not None and found is None:
-                    found = lookup.found = self._compile_in_fork(frame, filename, lookup)
             if found is None and self._groups.where.write is not None:
                 found = lookup.found = self._wait_or_hold(filename, lookup)
             recording = _recorder()  # KCACHE_RECORD: the keys a deployment needs, Triton's too
-            if recording is not None and not _in_fork():
+            if recording is not None:
                 recording.note(self._groups.key, kernel_name(filename), "triton")
-            if found is None:  # Triton compiles it now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
+            if found is None:  # a compile now: KCACHE_JIT_GUARD's warning, or UnexpectedCompile
                 from kcache.cache import deployment
 
                 try:
@@ -100,10 +101,11 @@ class CacheManager(TritonCacheManager):
                 except BaseException:
                     self._held.release_lock()
                     raise
+            if found is None and frame is not None:  # compiled away from this process, then read as a hit
+                found = lookup.found = self._compile_isolated(frame, filename, lookup)
             return found
         finally:
-            if not _in_fork():  # a fork's compile is counted by the process that forked it
-                lookup.count(self._counted_in, filename, self._groups.key)
+            lookup.count(self._counted_in, filename, self._groups.key)
 
     def get_file(self, filename: str) -> str | None:
         if self._triton_own is not None:
@@ -144,8 +146,6 @@ class CacheManager(TritonCacheManager):
         try:
             files = {name: self._held.read_private(name) if str(self._staged.get(name)) == path
                      else Path(path).read_bytes() for name, path in group.items()}
-            if _in_fork():
-                sys.modules["kcache.triton.isolation"].note_group(self._groups.key, files)  # the fork's answer
             from kcache.triton.compile_record import record_of_caller  # a miss's, as put_group
 
             record = record_of_caller()
@@ -153,8 +153,7 @@ class CacheManager(TritonCacheManager):
         finally:
             self._held.release_lock()
         self._log_compile(filename, files, record)
-        if not _in_fork():  # Triton compiled this group here (a fork's compile is counted by its caller)
-            counted(self._counted_in, "compile", filename, self._groups.key)
+        counted(self._counted_in, "compile", filename, self._groups.key)  # Triton compiled this group here
         return None if published is None else str(published / filename)
 
     def _log_compile(self, filename: str, files: dict[str, bytes], record: dict[str, Any] | None) -> None:
@@ -169,49 +168,57 @@ class CacheManager(TritonCacheManager):
 
     # ------------------------------------------------------------------ isolation
 
-    def _compile_in_fork(self, frame: FrameType, filename: str, lookup: Lookup) -> dict[str, str] | None:
-        """The compile that asked, run in a fork (kcache.triton.isolation): the group it put, as a hit;
-        None where this process compiles it itself (a Python error there, which this process's own
-        compile then raises; no fork to be had). Raises TritonCompilerCrashed or TritonCompileTimeout."""
-        from kcache.compile.fork.caller_fork import ForkUnavailable  # a miss's
+    def _raise_remembered_crash(self, frame: FrameType, filename: str) -> None:
+        """A compile of this key crashed the compiler before (kcache.triton.crashes): raised at once."""
         from kcache.triton import crashes, isolation
+        from kcache.triton.errors import TritonCompilerCrashed
+
+        record = crashes.remembered(self._groups)
+        if record is not None:
+            name = isolation.describe(frame, kernel_name(filename))
+            log.warning("kcache: skipping Triton's compile of %s: its compiler crashed (%s) on %s; "
+                        "`kcache clear --crashes` forgets remembered crashes", name,
+                        record["signal"] or f"exit {record['exit_code']}", record["created"])
+            raise TritonCompilerCrashed(name, record["signal"], record["exit_code"], record["tail"], record["created"])
+
+    def _compile_isolated(self, frame: FrameType, filename: str, lookup: Lookup) -> dict[str, str] | None:
+        """The compile that asked, its back half in a worker (kcache.triton.isolation), published here
+        (under the key's lock and lease this process holds) and returned as a hit; None where this
+        process compiles it itself. Raises TritonCompilerCrashed or TritonCompileTimeout."""
+        from kcache.triton import crashes, isolation
+        from kcache.triton.compile_record import record_of
         from kcache.triton.errors import TritonCompilerCrashed, TritonCompileTimeout
 
         name = isolation.describe(frame, kernel_name(filename))
-        record = crashes.remembered(self._groups)
-        if record is not None:
-            log.warning("kcache: skipping Triton's compile of %s: it crashed (%s) on %s; `kcache clear` forgets it",
-                        name, record["signal"] or f"exit {record['exit_code']}", record["created"])
-            raise TritonCompilerCrashed(name, record["signal"], record["exit_code"], record["tail"], record["created"])
         try:
-            outcome, answer = isolation.compile_in_fork(frame, name)
+            files = isolation.compile_isolated(frame, name)
         except CompileTimeout as err:
-            log.warning("kcache: Triton's compile of %s outlived KCACHE_COMPILE_TIMEOUT (%g s): its fork was killed, "
-                        "this process lives", name, err.timeout)
+            self._held.release_lock()
+            log.warning("kcache: Triton's compile of %s outlived KCACHE_COMPILE_TIMEOUT (%g s): its worker was "
+                        "killed, this process lives", name, err.timeout)
             raise TritonCompileTimeout(name, err.timeout) from None
         except CompilerCrashed as err:
             crash = TritonCompilerCrashed(name, err.signal_name, err.exit_code, err.stderr_tail)
-            crashes.remember(self._groups, crash)
-            log.warning("kcache: Triton's compile of %s crashed (%s) in its fork; this process lives, and an "
-                        "autotuner skips this config. Its last output: %s", name,
-                        err.signal_name or f"exit {err.exit_code}", isolation.compiler_said(err.stderr_tail))
+            remembered = crashes.remember(self._groups, crash)
+            self._held.release_lock()
+            log.warning("kcache: Triton's compile of %s: its worker %s; this process lives, and an autotuner "
+                        "skips this config%s. Its last output: %s", name, crashes.how_it_died(err),
+                        "; remembered (`kcache clear --crashes` forgets it)" if remembered else "",
+                        isolation.compiler_said(err.stderr_tail))
             raise crash from None
-        except ForkUnavailable as err:
-            log.warning("kcache: no fork to compile Triton's %s in (%s): compiling it in this process", name, err)
+        if files is None:
             return None
-        if outcome != "ok":
-            log.debug("kcache: Triton's compile of %s failed in its fork (%s): compiling it here", name, answer)
-            return None
-        found = self._groups.find(self._groups.key, filename)
-        # The fork compiled it, or waited for another process's compile (then this lookup is a hit).
-        lookup.compiled_in_fork = self._groups.key in answer
-        lookup.how = "disk, another process's compile"
-        if found is None and self._groups.key in answer:  # nothing published (a read-only root, a full disk)
-            files = answer[self._groups.key]
-            found = {file: str(self._held.write_private(file, data, self._groups.where)) for file, data in files.items()}
-        if found is None:
-            log.warning("kcache: the fork that compiled Triton's %s put no group of this key: compiling it here", name)
-        return found
+        record = record_of(frame)
+        try:
+            published = self._groups.publish(self._groups.key, filename, files, record)
+        finally:
+            self._held.release_lock()
+        self._log_compile(filename, files, record)
+        lookup.compiled_isolated = True
+        if published is not None:  # just verified: ours, or a race's winner checked by `publish`
+            return {file: str(published / file) for file in files}
+        # Nothing published (a read-only root, a full disk): private copies
+        return {file: str(self._held.write_private(file, data, self._groups.where)) for file, data in files.items()}
 
     # ------------------------------------------------------------------ the key's lock
 
@@ -278,13 +285,6 @@ def _private_copy(entry: str, name: str, data: bytes) -> str:
     from kcache.triton.private import private_copy
 
     return private_copy(entry, name, data)
-
-
-def _in_fork() -> bool:
-    """Whether this process is a fork that compiles (kcache.triton.isolation), without loading that
-    module on a hit: a process that never missed has no fork."""
-    isolation = sys.modules.get("kcache.triton.isolation")
-    return isolation is not None and isolation.in_fork()
 
 
 def _listed(roots: tuple[Path, ...]) -> str:

@@ -5,56 +5,114 @@ A compile's files go into a private directory (PrivateDirectory), made by descri
 root's `triton/.staging` (gc removes it once its process is gone) or in the temporary directory, and
 read back through that descriptor when the group is published.
 
-Lone files: the paths kcache hands Triton are private copies of bytes kcache checked.
+Lone files: the paths kcache hands Triton are private copies of bytes kcache checked, written afresh
+for each load, in memory.
 
 Triton `dlopen`s its driver's and its launchers' shared objects (and reads its autotuner's timings)
 from the path its cache manager's `get_file` or `put` returns, after the manager returned it. A path
-into the cache would be read again, later, through directories that others may share, and after a
-lost race it would name another writer's entry. So a lone file is handed over as a copy, written
-here from the bytes that were verified (a hit: trust from the root down, size and sha256) or that
-Triton just built (`put`), into a directory of this process's own: made with an unpredictable name
-(0700) on a filesystem that allows exec (KCACHE_EXEC_DIR, else the runtime directory, the temporary
-directory, /dev/shm: kcache.store.exec_copy's candidates), removed when the process exits. A
-`noexec` cache root needs nothing more: its shared objects are never loaded in place.
-
-One directory per entry: Triton gives every kernel's launcher the same file name. A copy is written
-once per process and entry; `dlopen` keys what it loaded by path, and each path names one entry's bytes.
+into the cache, or into any directory another user can write (a group's KCACHE_EXEC_DIR without the
+sticky bit), would be resolved again then, and could name another user's file by that time. So each
+load gets a copy of its own: an anonymous memory file (`memfd_create`), written from the bytes just
+verified (a hit: trust from the root down, size and sha256) or just built (`put`), then sealed against
+any change; nothing is reused by path. Its path is `/proc/self/fd/<D>/<n>-<name>`: D is this process's
+descriptor of a directory of its own (0700, made once in the user's private runtime directory, checked
+on that descriptor), so the path resolves through no directory by name, and a rename of that directory
+or of any parent changes nothing; `<n>-<name>` in it is a symbolic link to `/proc/self/fd/<memfd>`
+(Triton's module loader picks the loader by the name's `.so` ending, which a memfd's own path lacks).
+The memory file is not subject to a `noexec` mount: a hardened machine whose /tmp, /dev/shm and
+runtime directory forbid exec needs nothing set. Where the kernel refuses executable memory files
+(`vm.memfd_noexec`), the copy is a file (0500) in that directory, which must then allow exec
+(KCACHE_EXEC_DIR names another directory for it). The copies go when the process exits.
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
+import fcntl
 import os
 import shutil
 import tempfile
 import threading
+from collections import deque
 from pathlib import Path
 
 from kcache.errors import NoExecError
 from kcache.store import dirfd, layout
-from kcache.store.exec_copy import exec_dir_candidates, noexec_mount
+from kcache.store.exec_copy import exec_dir_candidates
 from kcache.triton.roots import NAMESPACE, TritonRoots
 
 MAX_FILE_BYTES = 1 << 30
-_directory: Path | None = None
-_lock = threading.Lock()
-# A thread of the parent may hold it at a fork (a Triton compile forks from any thread): made anew.
-os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock()))
+# Memory files still open: a load resolves its link at once, after which the mapping (or the text
+# read) holds what it needs; the oldest are closed past this many, so that a process loading thousands
+# of launchers (Inductor's) keeps a bounded number of descriptors.
+OPEN_COPIES = 64
+_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_MFD_EXEC = getattr(os, "MFD_EXEC", 0x0010)  # Linux 6.3+; older kernels refuse the flag (EINVAL)
+
+
+class _Copies:
+    """This process's directory of copies, held by descriptor, and the memory files behind its links."""
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
+        self.fd = -1
+        self.count = 0
+        self.open_memfds: deque[int] = deque()
+        self.memory_refused = False  # the kernel refused executable memory files: plain files from now on
+
+
+_copies = _Copies()
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_lock = threading.Lock()
+# A thread of the parent may hold it at a fork (Helion's precompile children fork from any thread): made anew.
+os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock()))
 
 
 def private_copy(entry: str, name: str, data: bytes) -> str:
-    """The path of a private copy of `data`, the file `name` of the entry `entry` (its hex key)."""
+    """The path of a fresh private copy of `data`, the file `name` of the entry `entry` (its hex key)."""
     with _lock:
-        directory = _private_directory(name) / entry
-        copy = directory / name
-        if copy.exists():  # this process wrote it: Triton asks for a launcher again
-            return str(copy)
-        directory.mkdir(mode=0o700, exist_ok=True)
-        partial = directory / f".{name}.partial"
-        _write_all(os.open(partial, _FLAGS, 0o500), data)
-        os.replace(partial, copy)
-    return str(copy)
+        directory_fd = _directory_fd(name)
+        _copies.count += 1
+        link = f"{_copies.count}-{entry[:16]}-{name}"
+        if not _copies.memory_refused:
+            try:
+                memfd = _sealed_memory_file(name, data)
+            except OSError:
+                _copies.memory_refused = True
+            else:
+                os.symlink(f"/proc/self/fd/{memfd}", link, dir_fd=directory_fd)
+                _keep_open(memfd)
+                return f"/proc/self/fd/{directory_fd}/{link}"
+        _write_all(os.open(link, _FLAGS, 0o500, dir_fd=directory_fd), data)
+        return f"/proc/self/fd/{directory_fd}/{link}"
+
+
+def _sealed_memory_file(name: str, data: bytes) -> int:
+    """A memory file holding `data`, sealed: nothing can change it after this returns."""
+    try:
+        fd = os.memfd_create(f"kcache-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING | _MFD_EXEC)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        fd = os.memfd_create(f"kcache-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        if os.fstat(fd).st_size != len(data):
+            raise OSError(f"the memory copy of {name} holds {os.fstat(fd).st_size} bytes, not {len(data)}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _keep_open(memfd: int) -> None:
+    _copies.open_memfds.append(memfd)
+    while len(_copies.open_memfds) > OPEN_COPIES:
+        os.close(_copies.open_memfds.popleft())
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -67,19 +125,43 @@ def _write_all(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
-def _private_directory(name: str) -> Path:
-    """This process's directory of copies, made at its first lone file (the caller holds _lock)."""
-    global _directory
-    if _directory is None:
-        for base in exec_dir_candidates():
-            if noexec_mount(base) is None:
-                _directory = Path(tempfile.mkdtemp(prefix="kcache-triton-", dir=base))
-                atexit.register(shutil.rmtree, _directory, True)
-                break
-        else:
-            raise NoExecError(f"Triton's {name}", None, "no directory that allows exec to copy it to (set "
-                              "KCACHE_EXEC_DIR to one)")
-    return _directory
+def _directory_fd(name: str) -> int:
+    """The descriptor of this process's directory of copies, made at its first lone file in the user's
+    private runtime directory (else the first of the exec candidates that is ours), checked on the
+    descriptor: a directory of this user's, open to nobody else. The caller holds _lock."""
+    if _copies.fd >= 0:
+        return _copies.fd
+    refusals = []
+    for base in _bases():
+        try:
+            path = Path(tempfile.mkdtemp(prefix="kcache-triton-", dir=base))
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            refusals.append(f"{base}: {err.strerror or err}")
+            continue
+        status = os.fstat(fd)
+        if status.st_uid != os.geteuid() or status.st_mode & 0o077:
+            os.close(fd)
+            refusals.append(f"{path}: not this user's own directory")
+            continue
+        _copies.directory, _copies.fd = path, fd
+        atexit.register(shutil.rmtree, path, True)
+        return fd
+    raise NoExecError(f"Triton's {name}", None, "no private directory to hold its copy ("
+                      + "; ".join(refusals) + "): set XDG_RUNTIME_DIR or KCACHE_EXEC_DIR to a directory of yours")
+
+
+def _bases() -> list[Path]:
+    """Where the directory of copies may be made: the user's private runtime directory (no exec needed
+    there: the copies are memory files), then KCACHE_EXEC_DIR and the others that exec_copy names."""
+    from kcache.compile.runtime_dir import runtime_directory
+
+    bases: list[Path] = []
+    try:
+        bases.append(runtime_directory())
+    except OSError:  # NoServiceDirectory: none of the user's own
+        pass
+    return bases + [base for base in exec_dir_candidates() if base not in bases]
 
 
 class PrivateDirectory:

@@ -212,11 +212,12 @@ class GroupStore:
         return KeyLock(self.where.write / NAMESPACE / layout.LOCKS / f"{key}.lock", key)
 
     def publish(self, key: str, group: str | None, files: dict[str, bytes],
-                record: dict[str, Any] | None = None) -> Path | None:
+                record: dict[str, Any] | None = None, *, upload: bool = True) -> Path | None:
         """Publish `files` as the entry `key` (whole, or not at all); the entry's directory, or None
         where nothing can be written (read-only, a full disk: one warning, the kernel still runs) or
         where another writer's entry holds the key and does not verify as this key's (a planted one).
-        `record`: what the compile was asked for (kcache.triton.compile_record), kept beside the key."""
+        `record`: what the compile was asked for (kcache.triton.compile_record), kept beside the key.
+        `upload`: to the remote tiers too (a crash record stays local: kcache.triton.crashes)."""
         if self.where.write is None:
             return None
         meta = {"key": key, "triton_key": self.triton_key, "group": group, "files": sorted(files),
@@ -234,7 +235,8 @@ class GroupStore:
         if outcome is PublishOutcome.LOST_RACE:
             log.debug("kcache: another process published the Triton entry %s first", key[:16])
             return store.entry_path(key) if self._verifies(key, group, files) else None
-        self.upload(key)
+        if upload:
+            self.upload(key)
         return store.entry_path(key)
 
     def _verifies(self, key: str, group: str | None, files: dict[str, bytes]) -> bool:

@@ -16,14 +16,22 @@ no GPU needed):
   (Helion's first tune has one): what kcache costs in those forks.
 - autotune (issue 56, GPU only): the compile phase of a 16-config `@triton.autotune` matmul in a fresh
   process (stress.programs.triton_tune_program: the first tune less the same tune with every config compiled),
-  kcache's configs at once in forks against Triton's one after another, 3 turns. Goal: at most 0.35x
-  Triton's on a 16-core GPU machine.
+  kcache's configs at once (their back halves in the compile service's workers) against Triton's one
+  after another, 3 turns. Goal: at most 0.35x Triton's on a 16-core GPU machine.
+- tunes at once (issue 67, GPU only): 8 fresh processes, one machine's cache, each starting a different
+  16-config tune at the same moment (stress.programs.triton_tune_program, KT_VARIANT: each its own register
+  cap, so no two share a key); the compile phases together (from the start until the last process's
+  compile phase ended: its tune's end less its own benchmarks), and the most assemblies (ptxas) that
+  ran at once. Goals: at most 0.55x plain Triton's (0.5x is the limit: plain Triton keeps 8 cores busy,
+  kcache 16), with at most as many compiles at once as the machine has usable cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -33,7 +41,7 @@ from typing import Any
 
 from ..procs import PROJECT, worker_env
 from ..programs.triton_precompile_program import CONFIGS as PRECOMPILE_CONFIGS
-from ..programs.triton_program import assembler_runs, counting_assemblers
+from ..programs.triton_program import assembler_runs, counting_assemblers, most_at_once, timed_assemblers
 from .suite.rows import percentile, row
 
 KCACHE = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
@@ -95,7 +103,7 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[d
     rows.append(row(f"triton herd ({procs} procs)", "wall s", hits["herd-kcache"][1], hits["herd-triton"][1], "s",
                     "triton FileCacheManager"))
     return (rows + cold_rows(work, caches, min(repeats, 5)) + precompile_rows(work, caches, min(repeats, 5))
-            + autotune_rows(work, env))
+            + autotune_rows(work, env) + tunes_at_once_rows(work, env))
 
 
 def cold_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> list[dict[str, Any]]:
@@ -153,10 +161,77 @@ def autotune_rows(work: Path, env: dict[str, str], turns: int = 3) -> list[dict[
                 raise RuntimeError(f"stress.programs.triton_tune_program ({name}) exited {done.returncode}: {done.stderr[-800:]}")
             phases[name].append(json.loads(done.stdout.splitlines()[-1])["compile_phase_s"])
     kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
+    fronts = front_halves_s(work, env)
     print(f"triton: autotune compile phase (16 configs), median of {turns}: kcache {kcache:.3f} s, Triton "
-          f"{triton:.3f} s, {kcache / triton:.3f}x (goal: at most 0.35x on 16 cores)", flush=True)
+          f"{triton:.3f} s, {kcache / triton:.3f}x (goal: at most 0.35x on 16 cores); the front halves alone, "
+          f"one after another in the caller: {fronts:.3f} s, {fronts / triton:.3f}x", flush=True)
     return [row("triton autotune (16 configs, fresh process)", "autotune compile phase median s", kcache, triton,
+                "s", "triton in-process compiles"),
+            row("triton autotune (16 configs, fresh process)", "front halves in the caller s", fronts, triton,
                 "s", "triton in-process compiles")]
+
+
+def front_halves_s(work: Path, env: dict[str, str]) -> float:
+    """The CPU time of a tune's front halves (each config's kernel to Triton's IR, in the caller, as
+    kcache.triton.isolation logs it): a floor under kcache's compile phase, since they share the GIL."""
+    folder = work / "tune-fronts"
+    run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
+    done = subprocess.run([sys.executable, "-m", "stress.programs.triton_tune_program"], capture_output=True, text=True,
+                          cwd=str(PROJECT), timeout=900, env={**run_env, **KCACHE, "KCACHE_LOG": "debug",
+                                                               "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
+    if done.returncode != 0:
+        raise RuntimeError(f"stress.programs.triton_tune_program (front halves) exited {done.returncode}: {done.stderr[-800:]}")
+    taken = re.findall(r"front half of Triton's .* took ([0-9.]+) ms of CPU", done.stderr)
+    return sum(float(ms) for ms in taken) / 1000
+
+
+def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: int = 2) -> list[dict[str, Any]]:
+    """`procs` processes each starting a 16-config tune of its own at once, kcache's and Triton's in turns;
+    none without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("triton: tunes at once not measured: Triton's autotuner needs a GPU to benchmark", flush=True)
+        return []
+    phases: dict[str, list[float]] = {"kcache": [], "triton": []}
+    at_once: dict[str, list[int]] = {"kcache": [], "triton": []}
+    for turn in range(turns):
+        for name, extra in (("kcache", KCACHE), ("triton", {})):
+            folder = work / f"tunes-{name}-{turn}"
+            folder.mkdir(parents=True)
+            run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
+            run_env.update(extra)
+            run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
+                           TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1")
+            processes = [subprocess.Popen([sys.executable, "-m", "stress.programs.triton_tune_program"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
+                                          env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
+            for process in processes:  # each has made its tensors: the tunes start together
+                assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+            started = time.time()
+            for process in processes:
+                assert process.stdin is not None
+                process.stdin.write("go\n")
+                process.stdin.flush()
+            outputs = [process.communicate(timeout=900)[0] for process in processes]
+            if any(process.returncode != 0 for process in processes):
+                raise RuntimeError(f"stress.programs.triton_tune_program ({name}, {procs} at once) failed")
+            results = [json.loads(out.splitlines()[-1]) for out in outputs]
+            if not all(found["correct"] for found in results):
+                raise RuntimeError(f"stress.programs.triton_tune_program ({name}, {procs} at once): a wrong result")
+            phases[name].append(max(found["tune_ended"] - found["bench_s"] for found in results) - started)
+            at_once[name].append(most_at_once(folder))
+    kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
+    cores = len(os.sched_getaffinity(0))
+    print(f"triton: {procs} different 16-config tunes at once, compile phases together, median of {turns}: kcache "
+          f"{kcache:.3f} s, Triton {triton:.3f} s, {kcache / triton:.3f}x (goal: at most 0.55x); most assemblies at "
+          f"once: kcache {max(at_once['kcache'])}, Triton {max(at_once['triton'])} (goal: at most {cores}, the usable "
+          f"cores)", flush=True)
+    return [row(f"triton {procs} tunes at once (16 configs each)", "compile phases together median s", kcache, triton,
+                "s", "triton in-process compiles"),
+            row(f"triton {procs} tunes at once (16 configs each)", f"most assemblies at once (usable cores: {cores})",
+                max(at_once["kcache"]),
+                max(at_once["triton"]), "runs", "triton in-process compiles")]
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

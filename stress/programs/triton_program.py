@@ -87,6 +87,33 @@ def counting_assemblers(folder: Path, triton_dir: Path | None = None) -> dict[st
     return env
 
 
+def timed_assemblers(folder: Path) -> dict[str, str]:
+    """Like counting_assemblers, each wrapper also appending `+ NS` as an assembly starts and `- NS` as it
+    ends (nanoseconds since the epoch) to `folder/spans`: how many ran at once (`most_at_once`)."""
+    env = counting_assemblers(folder)
+    for variable, wrapper in env.items():
+        text = Path(wrapper).read_text()
+        real = text.rsplit("exec ", 1)[1].split(" ", 1)[0]
+        spans = folder / "spans"
+        Path(wrapper).write_text(
+            f"#!/bin/sh\ncase \"$*\" in *--version*) exec {real} \"$@\" ;; esac\necho $$ >> {folder / 'runs'}\n"
+            f"echo \"+ $(date +%s%N)\" >> {spans}\n{real} \"$@\"\nstatus=$?\necho \"- $(date +%s%N)\" >> {spans}\n"
+            "exit $status\n")
+    return env
+
+
+def most_at_once(folder: Path) -> int:
+    """The most assemblies that ran at once, from `folder/spans` (timed_assemblers)."""
+    spans = folder / "spans"
+    events = sorted((int(stamp), 1 if sign == "+" else -1) for sign, stamp in
+                    (line.split() for line in spans.read_text().splitlines() if line.strip())) if spans.exists() else []
+    running = most = 0
+    for _stamp, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
 def assembler_runs(folder: Path) -> int:
     runs = folder / "runs"
     return len(runs.read_text().splitlines()) if runs.exists() else 0

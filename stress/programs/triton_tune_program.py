@@ -1,6 +1,9 @@
 """A 16-config `@triton.autotune` fp16 matmul on the GPU, as an operator library tunes one (issue 56).
 
-    python -m stress.programs.triton_tune_program      (KT_ABORT=1: one config's compile aborts, in its `llir` stage)
+    python -m stress.programs.triton_tune_program      (KT_ABORT=1: one config's compile aborts, in its `llir` stage;
+                                               KT_VARIANT=N: a tune of its own, every config's `maxnreg`
+                                               232 - 8 N, so that N processes tune N sets of keys;
+                                               KT_GATE=1: print "ready" and wait for a line first)
 
 Times, in a fresh process: the first call (the tune: every config compiled, then benchmarked) and a
 second tune of the same key with every config already compiled (the benchmarks alone). Their
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import torch
@@ -28,6 +32,9 @@ CONFIGS = [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=warps, num_st
            for bk, warps, stages in ((32, 4, 3), (64, 4, 3), (32, 8, 4), (64, 8, 4))]
 CONFIGS[5] = triton.Config({"BM": 128, "BN": 64, "BK": 64}, num_warps=4, num_stages=5)
 ABORTED = CONFIGS[5]
+if os.environ.get("KT_VARIANT"):  # another tune: the same configs, each with a register cap of its own
+    CONFIGS = [triton.Config(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages,
+                             maxnreg=232 - 8 * int(os.environ["KT_VARIANT"])) for config in CONFIGS]
 
 
 # The blocked tl.dot matmul of stress.programs.triton_program, tuned over CONFIGS as an operator library tunes it.
@@ -65,7 +72,10 @@ def main() -> None:
     a = torch.randn((M, K), device="cuda", dtype=torch.float16)
     b = torch.randn((K, N), device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
-    started = time.perf_counter()
+    if os.environ.get("KT_GATE") == "1":
+        print("ready", flush=True)
+        sys.stdin.readline()
+    started, started_at = time.perf_counter(), time.time()
     c = matmul(a, b)
     torch.cuda.synchronize()
     tune_s = time.perf_counter() - started
@@ -77,6 +87,7 @@ def main() -> None:
     bench_s = time.perf_counter() - started
     expected = a @ b
     print(json.dumps({"tune_s": tune_s, "bench_s": bench_s, "compile_phase_s": tune_s - bench_s,
+                      "tune_started": started_at, "tune_ended": started_at + tune_s,
                       "best": str(best), "aborted_config": str(ABORTED), "pid": os.getpid(),
                       "correct": bool(torch.allclose(c.float(), expected.float(), atol=1e-1, rtol=1e-2))}))
 

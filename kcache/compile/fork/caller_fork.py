@@ -33,6 +33,7 @@ from __future__ import annotations
 import faulthandler
 import gc
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -109,6 +110,7 @@ class CallerForkWorker(WorkerProcess):
         code = 1
         try:  # the fork: it never returns into the caller's code
             gc.freeze()  # a collection would touch (and copy) every object of the caller
+            _no_handlers_of_the_caller()
             for fd in ours:  # the job pipe's write end here would keep it from ever seeing EOF
                 os.close(fd)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -125,6 +127,19 @@ class CallerForkWorker(WorkerProcess):
         except BaseException:  # noqa: BLE001 - whatever happens, the child must not run its caller's code
             pass
         os._exit(code)
+
+
+def _no_handlers_of_the_caller() -> None:
+    """The fork's signals to their defaults: a handler of the program (a scheduler's SIGTERM saving a
+    checkpoint, a Ctrl-C's KeyboardInterrupt) runs in the program only, never in a fork that compiles.
+    A signal meant for the fork ends it with its own status (the caller's wait then reports how)."""
+    for signum in signal.valid_signals():
+        try:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL and SIGSTOP, or a number the platform lacks
+            continue
 
 
 def without_caller_frames(text: str) -> str:

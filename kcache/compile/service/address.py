@@ -16,7 +16,7 @@ pool compiles), never a connection to their socket.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib.machinery
 import json
 import os
 import shutil
@@ -50,8 +50,12 @@ def tilelang_default_paths() -> dict[str, str]:
     first has not. Both mean the same environment, so a value equal to TileLang's own default names
     the service as an unset one does: otherwise the two orders start two services (measured: a herd
     that imports TileLang first never used the service warmed up before it). Where this misreads a
-    layout, the cost is a second service, never a wrong compile: the values are then compared as set."""
-    spec = importlib.util.find_spec("tilelang")
+    layout, the cost is a second service, never a wrong compile: the values are then compared as set.
+    Looked up on sys.path by the path finder alone, not through sys.meta_path: an import hook there
+    (kcache's own, under `kcache run`, opens TileLang's cache when `tilelang` is looked up) would take
+    this look-up for TileLang's import, from a process that compiles only Triton."""
+    module = sys.modules.get("tilelang")
+    spec = module.__spec__ if module is not None else importlib.machinery.PathFinder.find_spec("tilelang")
     if spec is None or not spec.submodule_search_locations:
         return {}
     root = os.path.abspath(next(iter(spec.submodule_search_locations)))

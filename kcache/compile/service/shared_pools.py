@@ -14,7 +14,9 @@ from kcache.compile.service.client import ServicePool
 from kcache.setting_values import caller_fork_setting
 
 _shared: dict[tuple[object, ...], ServicePool] = {}
-_shared_lock = threading.Lock()
+# Reentrant: making a pool may open another (an import hook of the program's can open a cache, whose
+# warm-up asks for its own pool), and a plain lock would wait for itself.
+_shared_lock = threading.RLock()
 
 
 def shared_service_pool(workers: int | None, timeout_s: float | None, preload: Iterable[str],
@@ -22,16 +24,21 @@ def shared_service_pool(workers: int | None, timeout_s: float | None, preload: I
     """The process's ServicePool for these settings; its fallback is the process's shared pool. A pool
     reads KCACHE_CALLER_FORK and XDG_RUNTIME_DIR once, when it is made, so both are part of its key: a
     compile after either changed goes through a pool of the new values, never one made under the old."""
-    from kcache.compile.pool.shared_pools import shared_pool
-
     preload = tuple(preload)
     key = (workers, timeout_s, preload, idle_s, caller_fork_setting(), os.environ.get("XDG_RUNTIME_DIR"), os.getpid())
     with _shared_lock:
         found = _shared.get(key)
         if found is None:
             found = _shared[key] = ServicePool(workers, timeout_s, preload, idle_s,
-                                               lambda: shared_pool(workers, timeout_s, preload))
+                                               lambda: _own_pool(workers, timeout_s, preload))
         return found
+
+
+def _own_pool(workers: int | None, timeout_s: float | None, preload: tuple[str, ...]) -> object:
+    """The process's own pool, a client's fallback: loaded only when the service is not there."""
+    from kcache.compile.pool.shared_pools import shared_pool
+
+    return shared_pool(workers, timeout_s, preload)
 
 
 def close_shared_service_pools() -> None:

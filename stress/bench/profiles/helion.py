@@ -40,7 +40,7 @@ TIMED = [
     "triton.runtime.cache:FileCacheManager.get_group", "triton.runtime.cache:FileCacheManager.put",
     "kcache.triton.manager:CacheManager.__init__", "kcache.triton.manager:CacheManager.get_group",
     "kcache.triton.manager:CacheManager.put", "kcache.triton.manager:CacheManager.put_group",
-    "kcache.triton.manager:CacheManager._compile_in_fork", "kcache.helion.backend:Backend.get",
+    "kcache.triton.manager:CacheManager._compile_isolated", "kcache.helion.backend:Backend.get",
     "kcache.helion.backend:Backend.put",
 ]
 

@@ -66,6 +66,8 @@ GOALS: tuple[Goal, ...] = (
     Goal("triton", r"^compiles$", "1 compile", _one_compile),
     Goal("triton", r"^cold compile", "<= 1.05x Triton's in-process compile", _ratio_at_most(1.05)),
     Goal("triton", r"^autotune compile phase", "<= 0.35x Triton's (16 cores)", _ratio_at_most(0.35)),
+    Goal("triton", r"^compile phases together", "<= 0.55x Triton's (16 cores)", _ratio_at_most(0.55)),
+    Goal("triton", r"^most assemblies at once", "<= the usable cores", _within_usable_cores),
     Goal("warm", r"^on disk", "<= 0.4x TileLang's", _ratio_at_most(0.4)),
     Goal("tune", r"cold tune", "no slower than TileLang's AutoTuner", _ratio_at_most(1.0)),
     Goal("dropin", r"", "no slower than TileLang's", _ratio_at_most(1.0)),
