@@ -148,6 +148,19 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
     return {source_name: source, **files}
 
 
+def warm_workers(count: int) -> None:
+    """Ask the compile service for `count` warm workers, without waiting (a tune's configs are about to
+    arrive); nothing where Triton's compiles are not isolated or the service cannot be reached."""
+    if lane() != "worker":
+        return
+    try:
+        pool = _compile_pool()
+        if hasattr(pool, "submit_to_service"):  # a ServicePool: the process's own pool warms as it goes
+            pool.warm(count)
+    except Exception as err:  # noqa: BLE001 - a warm-up is an optimization; its failure costs nothing
+        log.debug("kcache: could not warm %d compile workers: %s", count, err)
+
+
 def _forkable(reason: str) -> bool:
     """Whether a compile that must stay with the caller's code (`reason`) may run in a fork of it: only
     where no other thread runs; else it runs in this process, with one warning."""

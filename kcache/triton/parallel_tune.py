@@ -6,7 +6,8 @@ tune's compiles begin: `get_group` finds, up its caller's stack, Triton's `Autot
 config being benchmarked, the run's arguments) and `Autotuner.run` (the tune's pruned configs), both
 checked by identity of their code. It then compiles every pruned config ahead, through Triton's own
 `JITFunction.warmup` under Triton's `AsyncCompileMode`, on a thread pool as wide as the usable cores,
-each compile a fork of this process (kcache.triton.isolation), and goes on: the config asked for and
+each compile's back half in a worker of the compile service (kcache.triton.isolation, which is asked
+for as many warm workers as there are configs first), and goes on: the config asked for and
 every later one are hits. Once per tune (per tuner and tuning key). A config that fails ahead is left
 to its benchmark, which meets the same error (a crash remembered, a Python error) and skips it as
 Triton would. No tune on the stack (a plain launch, Inductor, a warmup): nothing is done here.
@@ -84,6 +85,9 @@ def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list) -> None:
 
     workers = max(1, min(len(configs), len(os.sched_getaffinity(0))))
     log.debug("kcache: compiling the %d configs of %s at once (%d at a time)", len(configs), tuner.fn, workers)
+    from kcache.triton.isolation import warm_workers
+
+    warm_workers(len(configs))  # the service forks its workers while the front halves run here
     with ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
         with _async_compile.AsyncCompileMode(pool, ignore_errors=True):
             for config in configs:

@@ -20,9 +20,10 @@ no GPU needed):
   after another, 3 turns. Goal: at most 0.35x Triton's on a 16-core GPU machine.
 - tunes at once (issue 67, GPU only): 8 fresh processes, one machine's cache, each starting a different
   16-config tune at the same moment (stress.programs.triton_tune_program, KT_VARIANT: each its own register
-  cap, so no two share a key); the compile phases together (from the start until the last process's
-  compile phase ended: its tune's end less its own benchmarks), and the most assemblies (ptxas) that
-  ran at once. Goals: at most 0.55x plain Triton's (0.5x is the limit: plain Triton keeps 8 cores busy,
+  cap, so no two share a key); the compile phases together: the time until the last tune ended, less
+  the time until the last of the same tunes, started together again with every config compiled,
+  ended (their benchmarks alone, sharing the GPU as before); and the most assemblies (ptxas) that ran
+  at once. Goals: at most 0.55x plain Triton's (0.5x is the limit: plain Triton keeps 8 cores busy,
   kcache 16), with at most as many compiles at once as the machine has usable cores.
 """
 
@@ -202,24 +203,18 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
             run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
             run_env.update(extra)
             run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
-                           TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1")
+                           TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="2")
             processes = [subprocess.Popen([sys.executable, "-m", "stress.programs.triton_tune_program"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
                                           env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
-            for process in processes:  # each has made its tensors: the tunes start together
-                assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-            started = time.time()
-            for process in processes:
-                assert process.stdin is not None
-                process.stdin.write("go\n")
-                process.stdin.flush()
+            tuned = together(processes, "ready", "tuned")  # the tunes: compiles and benchmarks
+            benched = together(processes, None, None)  # the same tunes again, every config compiled
             outputs = [process.communicate(timeout=900)[0] for process in processes]
             if any(process.returncode != 0 for process in processes):
                 raise RuntimeError(f"stress.programs.triton_tune_program ({name}, {procs} at once) failed")
-            results = [json.loads(out.splitlines()[-1]) for out in outputs]
-            if not all(found["correct"] for found in results):
+            if not all(json.loads(out.splitlines()[-1])["correct"] for out in outputs):
                 raise RuntimeError(f"stress.programs.triton_tune_program ({name}, {procs} at once): a wrong result")
-            phases[name].append(max(found["tune_ended"] - found["bench_s"] for found in results) - started)
+            phases[name].append(tuned - benched)
             at_once[name].append(most_at_once(folder))
     kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
     cores = len(os.sched_getaffinity(0))
@@ -232,6 +227,27 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
             row(f"triton {procs} tunes at once (16 configs each)", f"most assemblies at once (usable cores: {cores})",
                 max(at_once["kcache"]),
                 max(at_once["triton"]), "runs", "triton in-process compiles")]
+
+
+def together(processes: list[subprocess.Popen[str]], ready: str | None, done: str | None) -> float:
+    """Seconds from letting every process (each has printed `ready`, or None: what it printed last was
+    read already) go at once until the last printed `done` (None: until the last exited)."""
+    for process in processes if ready is not None else ():  # each is at its gate
+        assert process.stdout is not None and process.stdout.readline().strip() == ready
+    started = time.perf_counter()
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    for process in processes:
+        assert process.stdout is not None
+        if done is None:
+            process.wait(timeout=900)
+        else:
+            line = process.stdout.readline().strip()
+            if line != done:
+                raise RuntimeError(f"stress.programs.triton_tune_program printed {line!r}, not {done!r}")
+    return time.perf_counter() - started
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

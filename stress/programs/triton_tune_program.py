@@ -3,7 +3,10 @@
     python -m stress.programs.triton_tune_program      (KT_ABORT=1: one config's compile aborts, in its `llir` stage;
                                                KT_VARIANT=N: a tune of its own, every config's `maxnreg`
                                                232 - 8 N, so that N processes tune N sets of keys;
-                                               KT_GATE=1: print "ready" and wait for a line first)
+                                               KT_GATE=1: print "ready" and wait for a line first;
+                                               KT_GATE=2: also print "tuned" after the first tune and wait
+                                               for a line before the second, so that processes tuning
+                                               together also benchmark together)
 
 Times, in a fresh process: the first call (the tune: every config compiled, then benchmarked) and a
 second tune of the same key with every config already compiled (the benchmarks alone). Their
@@ -72,7 +75,7 @@ def main() -> None:
     a = torch.randn((M, K), device="cuda", dtype=torch.float16)
     b = torch.randn((K, N), device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
-    if os.environ.get("KT_GATE") == "1":
+    if os.environ.get("KT_GATE") in ("1", "2"):
         print("ready", flush=True)
         sys.stdin.readline()
     started, started_at = time.perf_counter(), time.time()
@@ -80,6 +83,9 @@ def main() -> None:
     torch.cuda.synchronize()
     tune_s = time.perf_counter() - started
     best = matmul_kernel.best_config
+    if os.environ.get("KT_GATE") == "2":
+        print("tuned", flush=True)
+        sys.stdin.readline()
     matmul_kernel.cache.clear()  # the same tune again: every config compiled, in Triton's memory
     started = time.perf_counter()
     matmul(a, b)

@@ -116,10 +116,11 @@ class FairScheduler:
         if self.memory_budget is None or not self._running:
             return True
         workers = self.pool.worker_pids()
+        if len(self._running) < len(workers):
+            return True  # an idle worker takes it: no new memory (and no reading of every worker's: a
+            # dispatch reads /proc per worker, slow where /proc is emulated, as under gVisor)
         sizes = self._rss_of(workers)
         self.largest_worker_rss = max([self.largest_worker_rss, *sizes])
-        if len(self._running) < len(workers):
-            return True  # an idle worker takes it: no new memory
         if sum(sizes) + self.largest_worker_rss <= self.memory_budget:
             return True
         self.held_back += 1
