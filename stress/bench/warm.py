@@ -13,7 +13,6 @@ The three take turns, `repeats` fresh processes each. Goal: kcache at most 0.4x 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..procs import PROJECT
-from .suite.rows import percentile, row
+from .suite.rows import child_result, percentile, print_result, row
 
 MODES = ("kcache", "kcache-bundle", "tilelang")
 SECRET = "bench-warm-secret"
@@ -59,7 +58,7 @@ def child(mode: str, root: str, count: int, bundle: str) -> None:
             cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
         if cache.stats()["compiles"]:
             raise RuntimeError(f"{mode}: {cache.stats()['compiles']} compiles in a warm start")
-    print("result " + json.dumps({"seconds": time.perf_counter() - started}), flush=True)
+    print_result({"seconds": time.perf_counter() - started})
 
 
 def _populate(work: Path, count: int, env: dict[str, str]) -> None:
@@ -89,13 +88,10 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
 def _sample(mode: str, work: Path, count: int, env: dict[str, str]) -> float:
     root = work / ("kcache" if mode == "kcache" else "imported")
     shutil.rmtree(work / "imported", ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "stress.bench.warm", mode, str(root), str(count),
-                           str(work / "warm.bundle")], capture_output=True, text=True, timeout=1800, cwd=str(PROJECT),
-                          env={**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")})
-    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"warm start {mode} failed: {done.stderr[-2000:]}")
-    return float(json.loads(lines[-1][7:])["seconds"])
+    command = [sys.executable, "-m", "stress.bench.warm", mode, str(root), str(count), str(work / "warm.bundle")]
+    found = child_result(command, f"warm start {mode}", timeout=1800, cwd=str(PROJECT),
+                         env={**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")})
+    return float(found["seconds"])
 
 
 def measure(work: Path, count: int, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ import argparse
 import compileall
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,22 @@ def rows_option(parser: argparse.ArgumentParser) -> None:
 def write_rows(path: Path | None, rows: list[dict[str, Any]]) -> None:
     if path is not None:
         path.write_text(json.dumps(rows, indent=1))
+
+
+def print_result(value: Any) -> None:
+    """What a scenario's fresh process reports to the bench: one `result JSON` line (`child_result`)."""
+    print("result " + json.dumps(value), flush=True)
+
+
+def child_result(command: list[str], what: str, **run: Any) -> Any:
+    """Run one fresh process of a scenario (`subprocess.run`'s `run` arguments) and read its last
+    `result` line; a failure, or no such line, raises naming `what`, with the end of its output."""
+    done = subprocess.run(command, capture_output=True, text=True, **run)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{what} failed (exit status {done.returncode}): {done.stderr[-2000:]}\n"
+                           f"its output: {done.stdout[-2000:]}")
+    return json.loads(lines[-1][len("result "):])
 
 
 def format_value(value: float | None) -> str:
