@@ -33,11 +33,11 @@ def pytest_configure(config: pytest.Config) -> None:
 # of theirs that are marked `tilelang` or use a fixture that needs the machine. Timed on the 2-core machine
 # (docs/operations.md, "The tests"). Everything else runs in the full suite, the README's test command.
 QUICK_MODULES = frozenset({
-    "test_arch_safety", "test_arrivals", "test_autotune_store", "test_bench_cli", "test_bench_plots",
-    "test_bench_record", "test_bundles", "test_cli", "test_deployment", "test_eviction", "test_import_hooks",
-    "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance", "test_packed_blob",
-    "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust", "test_user_errors",
-    "test_why_miss", "test_pool_close", "test_service_scheduler", "test_tune_trials",
+    "test_arch_safety", "test_arrivals", "test_autotune_store", "test_bench_cli", "test_bench_library",
+    "test_bench_plots", "test_bench_record", "test_bundles", "test_cli", "test_deployment", "test_eviction",
+    "test_import_hooks", "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance",
+    "test_packed_blob", "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust",
+    "test_user_errors", "test_why_miss", "test_pool_close", "test_service_scheduler", "test_tune_trials",
 })
 NEEDS_THE_MACHINE = frozenset({"unprivileged_env", "world_dir", "redis_url", "remote"})
 

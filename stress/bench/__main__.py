@@ -4,8 +4,8 @@ The baseline is TileLang's own cache unless a row says otherwise.
 
 The scenarios are registered in stress.bench.suite.scenarios, one module each under stress/bench/: herd, disk,
 memory, compile, cli, remote, cold, many, triton and warm are measured in the bench's run (all of them
-by default); tune, tune-once, dropin, deploy, bundle, multigpu and helion have runs of their own, started when
-named with --only (arguments the bench does not know go to them). A scenario whose tools are missing
+by default); tune, tune-once, dropin, deploy, bundle, multigpu, helion and triton-library have runs of their
+own, started when named with --only (arguments the bench does not know go to them). A scenario whose tools are missing
 here (redis-server for remote, a CUDA toolkit for the ones that compile) is skipped with one line saying
 why and what to install.
 
@@ -73,6 +73,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--many-configs", type=int, default=16, help="configs each process compiles (many scenario)")
     p.add_argument("--warm-kernels", type=int, default=200, help="kernels on disk (warm scenario)")
     p.add_argument("--warm-repeats", type=int, default=3, help="fresh processes per mode (warm scenario)")
+    p.add_argument("--triton-rows", action="append", choices=("hit", "cold", "precompile", "autotune", "tunes"),
+                   help="only these rows of the triton scenario (default: all; autotune and tunes need a GPU)")
     p.add_argument("--json", help="write the rows to this file")
     return p.parse_known_args(argv)
 

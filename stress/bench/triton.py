@@ -20,10 +20,10 @@ no GPU needed):
   after another, 3 turns. Goal: at most 0.35x Triton's on a 16-core GPU machine.
 - tunes at once (issue 67, GPU only): 8 fresh processes, one machine's cache, each starting a different
   16-config tune at the same moment (stress.programs.triton_tune_program, KT_VARIANT: each its own register
-  cap, so no two share a key); the compile phases together: the time until the last tune ended, less
-  the time until the last of the same tunes, started together again with every config compiled,
-  ended (their benchmarks alone, sharing the GPU as before); and the most assemblies (ptxas) that ran
-  at once. Goals: at most 0.55x plain Triton's (0.5x is the limit: plain Triton keeps 8 cores busy,
+  cap, so no two share a key); the compile phases together: the longest of the processes' times spent
+  compiling (within Triton's `compile` calls, as its compilation listener reports them, overlapping
+  calls counted once: plain Triton's one after another between its benchmarks, kcache's at once
+  ahead of them); and the most assemblies (ptxas) that ran at once. Goals: at most 0.55x plain Triton's (0.5x is the limit: plain Triton keeps 8 cores busy,
   kcache 16), with at most as many compiles at once as the machine has usable cores.
 """
 
@@ -62,11 +62,24 @@ def result(process: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(out.splitlines()[-1])
 
 
-def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[dict[str, Any]]:
+ROWS = ("hit", "cold", "precompile", "autotune", "tunes")  # `--triton-rows`: a part of them
+
+
+def measure(work: Path, repeats: int, procs: int, env: dict[str, str], only: tuple[str, ...] = ROWS) -> list[dict[str, Any]]:
     work.mkdir(parents=True, exist_ok=True)
     base = {**env, **counting_assemblers(work)}
     caches = {"kcache": {**base, **KCACHE, "KCACHE_DIR": str(work / "kcache-root")},
               "triton": {**base, "TRITON_CACHE_DIR": str(work / "triton-cache")}}
+    rows = hit_and_herd_rows(work, caches, repeats, procs) if "hit" in only else []
+    rows += cold_rows(work, caches, min(repeats, 5)) if "cold" in only else []
+    rows += precompile_rows(work, caches, min(repeats, 5)) if "precompile" in only else []
+    rows += autotune_rows(work, env) if "autotune" in only else []
+    return rows + (tunes_at_once_rows(work, env) if "tunes" in only else [])
+
+
+def hit_and_herd_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int,
+                      procs: int) -> list[dict[str, Any]]:
+    """A fresh process's hit, kcache's and Triton's in turns; then a herd of `procs` on an empty cache."""
     for cache_env in caches.values():  # fill both caches
         result(run_program(cache_env))
     hits: dict[str, list[float]] = {"kcache": [], "triton": []}
@@ -103,8 +116,7 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str]) -> list[d
                     "runs", "triton FileCacheManager"))
     rows.append(row(f"triton herd ({procs} procs)", "wall s", hits["herd-kcache"][1], hits["herd-triton"][1], "s",
                     "triton FileCacheManager"))
-    return (rows + cold_rows(work, caches, min(repeats, 5)) + precompile_rows(work, caches, min(repeats, 5))
-            + autotune_rows(work, env) + tunes_at_once_rows(work, env))
+    return rows
 
 
 def cold_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> list[dict[str, Any]]:
@@ -179,7 +191,9 @@ def front_halves_s(work: Path, env: dict[str, str]) -> float:
     run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
     done = subprocess.run([sys.executable, "-m", "stress.programs.triton_tune_program"], capture_output=True, text=True,
                           cwd=str(PROJECT), timeout=900, env={**run_env, **KCACHE, "KCACHE_LOG": "debug",
-                                                               "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
+                                                               "KT_LOG_TIMES": "1", "KCACHE_DIR": str(folder),
+                                                               "TRITON_CACHE_DIR": str(folder)})
+    (work / "tune-fronts.log").write_text(done.stderr)  # each line's time: where a tune's compile phase goes
     if done.returncode != 0:
         raise RuntimeError(f"stress.programs.triton_tune_program (front halves) exited {done.returncode}: {done.stderr[-800:]}")
     taken = re.findall(r"front half of Triton's .* took ([0-9.]+) ms of CPU", done.stderr)
@@ -203,18 +217,18 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
             run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
             run_env.update(extra)
             run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
-                           TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="2")
+                           TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1")
             processes = [subprocess.Popen([sys.executable, "-m", "stress.programs.triton_tune_program"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
                                           env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
-            tuned = together(processes, "ready", "tuned")  # the tunes: compiles and benchmarks
-            benched = together(processes, None, None)  # the same tunes again, every config compiled
+            release_together(processes)
             outputs = [process.communicate(timeout=900)[0] for process in processes]
             if any(process.returncode != 0 for process in processes):
                 raise RuntimeError(f"stress.programs.triton_tune_program ({name}, {procs} at once) failed")
-            if not all(json.loads(out.splitlines()[-1])["correct"] for out in outputs):
+            results = [json.loads(out.splitlines()[-1]) for out in outputs]
+            if not all(found["correct"] for found in results):
                 raise RuntimeError(f"stress.programs.triton_tune_program ({name}, {procs} at once): a wrong result")
-            phases[name].append(tuned - benched)
+            phases[name].append(max(found["compiling_s"] for found in results))
             at_once[name].append(most_at_once(folder))
     kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
     cores = len(os.sched_getaffinity(0))
@@ -229,26 +243,15 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
                 max(at_once["triton"]), "runs", "triton in-process compiles")]
 
 
-def together(processes: list[subprocess.Popen[str]], ready: str | None, done: str | None) -> float:
-    """Seconds from letting every process (each has printed `ready`, or None: what it printed last was
-    read already) go at once until the last printed `done` (None: until the last exited)."""
-    for process in processes if ready is not None else ():  # each is at its gate
-        assert process.stdout is not None and process.stdout.readline().strip() == ready
-    started = time.perf_counter()
+def release_together(processes: list[subprocess.Popen[str]]) -> None:
+    """Let every process go at once, each at its gate (it printed "ready")."""
+    for process in processes:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     for process in processes:
         assert process.stdin is not None
         process.stdin.write("go\n")
         process.stdin.flush()
-    for process in processes:
-        assert process.stdout is not None
-        if done is None:
-            process.wait(timeout=900)
-        else:
-            line = process.stdout.readline().strip()
-            if line != done:
-                raise RuntimeError(f"stress.programs.triton_tune_program printed {line!r}, not {done!r}")
-    return time.perf_counter() - started
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    return measure(work / "triton", options.repeats, options.procs, env)
+    return measure(work / "triton", options.repeats, options.procs, env, tuple(options.triton_rows or ROWS))

@@ -82,6 +82,11 @@ GOALS: tuple[Goal, ...] = (
     Goal("helion", r"second process, compiles", "0 compiles", lambda r: r["kcache"] == 0),
     Goal("helion", r"herd of \d+, compiles", "one tune: at most one plain tune's compiles", _ratio_at_most(1.0)),
     Goal("helion", r"distinct picks", "every pick equal", lambda r: r["kcache"] == 1),
+    Goal("triton-library", r"^cold", "<= 0.6x plain Triton's cold run", _ratio_at_most(0.6)),
+    Goal("triton-library", r"^warm", "<= 1.05x plain Triton on its own warm cache", _ratio_at_most(1.05)),
+    Goal("triton-library", r"^second machine .*wall", "<= 0.3x plain Triton's cold run", _ratio_at_most(0.3)),
+    Goal("triton-library", r"verdict differs", "0: every test's verdict the same in every run",
+         lambda r: r["kcache"] == 0),
 )
 
 

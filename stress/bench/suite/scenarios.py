@@ -46,6 +46,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("bundle", "bundle", own_run=True),
     Scenario("multigpu", "multigpu", own_run=True),
     Scenario("helion", "helion", own_run=True, profile="profiles.helion"),
+    Scenario("triton-library", "triton_library", own_run=True),
 )
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 IN_RUN = tuple(scenario.name for scenario in SCENARIOS if not scenario.own_run)
@@ -53,7 +54,9 @@ IN_RUN = tuple(scenario.name for scenario in SCENARIOS if not scenario.own_run)
 
 def scenario_of(label: str) -> str:
     """The register's name for a row's scenario label ("cold (fresh process)" -> "cold")."""
-    prefixes = {"disk hit": "disk", "memory hit": "memory", "warm start": "warm", "triton": "triton"}
+    # "triton-library (...)" before "triton": the first prefix that matches names the scenario.
+    prefixes = {"disk hit": "disk", "memory hit": "memory", "warm start": "warm", "triton-library": "triton-library",
+                "triton": "triton"}
     for prefix, name in prefixes.items():
         if label.startswith(prefix):
             return name

@@ -1,0 +1,127 @@
+"""`python -m stress.bench --only triton-library`'s runs on the CPU, with a small library of its own in
+place of the real one: real pytest processes, plain Triton's and kcache's (`kcache run -m pytest`), whose
+test compiles a real Triton kernel for sm_90 (no GPU needed), through every lane: cold, the first and
+second machine over the project's S3 test server, warm. The verdicts match, the second machine compiles
+nothing; a test whose verdict depends on the lane is found and fails the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stress.bench.triton_library import Lanes, Library, bench_rows, lane_base_env, measure, report
+
+KERNEL_TEST = '''
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out + offsets, tl.load(x + offsets, mask=mask) + tl.load(y + offsets, mask=mask), mask=mask)
+
+
+def test_compiles():
+    signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    compiled = triton.compile(ASTSource(add_kernel, signature, {"BLOCK": 1024}), target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"]
+'''
+OTHER_TESTS = '''
+import os
+
+import pytest
+
+
+def test_passes():
+    pass
+
+
+def test_fails():
+    assert 1 + 1 == 3
+
+
+@pytest.mark.skip(reason="not here")
+def test_skipped():
+    pass
+'''
+UNDER_KCACHE_ONLY = '''
+import os
+
+
+def test_without_kcache():
+    assert os.environ.get("TRITON_CACHE_MANAGER") is None
+'''
+
+
+def library(folder: Path, modules: dict[str, str]) -> Library:
+    (folder / "tests" / "ops").mkdir(parents=True)
+    (folder / "tests" / "conftest.py").write_text("")
+    for name, text in modules.items():
+        (folder / "tests" / "ops" / name).write_text(text)
+    return Library(folder, "tests/ops", None, "kcache-test-library", "1.0")
+
+
+def lanes(tmp_path: Path) -> Lanes:
+    (tmp_path / "work" / "logs").mkdir(parents=True)
+    return Lanes(tmp_path / "work", tmp_path / "work" / "logs", lane_base_env({}), timeout_s=300)
+
+
+def test_three_ways_with_identical_verdicts_and_the_second_machine_compiling_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from stress.servers.s3 import S3ServerMissing, check_installed
+
+    try:
+        check_installed()
+    except S3ServerMissing as missing:
+        pytest.skip(str(missing))
+    found = library(tmp_path / "library", {"test_kernel.py": KERNEL_TEST, "test_other.py": OTHER_TESTS})
+    ran = lanes(tmp_path)
+    measure(found, ran, turns=1, warm_runs=1, s3=True)
+    assert [run.lane for run in ran.runs] == ["plain cold", "kcache cold", "first machine", "second machine",
+                                              "plain warm", "kcache warm"]
+    expected = {"tests.ops.test_kernel::test_compiles": "passed", "tests.ops.test_other::test_passes": "passed",
+                "tests.ops.test_other::test_fails": "failed", "tests.ops.test_other::test_skipped": "skipped"}
+    for run in ran.runs:
+        assert run.verdicts == expected, run.lane
+        assert run.wall_s > 0
+    triton = {run.lane: run.stats["lookups"]["triton"] for run in ran.runs if run.stats}
+    assert triton["kcache cold"]["compiles"] == 1 and triton["first machine"]["compiles"] == 1
+    assert (triton["second machine"]["compiles"], triton["second machine"]["hits"]) == (0, 1)  # from S3
+    assert (triton["kcache warm"]["compiles"], triton["kcache warm"]["hits"]) == (1, 1)  # the cold run's compile
+    rows = bench_rows(found, ran.runs)
+    assert [r["metric"] for r in rows] == [
+        "cold, wall median s", "warm, wall median s",
+        "second machine (empty root, the first's entries in S3), wall median s",
+        "first machine (empty root, uploading to S3), wall median s",
+        "Triton compiles, second machine (most of a turn)", "tests whose verdict differs between runs (6 runs)"]
+    assert rows[-1]["kcache"] == 0 and rows[-2]["kcache"] == 0
+    assert report(found, ran.runs, rows) == 0
+    out = capsys.readouterr().out
+    assert "verdicts identical in all 6 runs: 4 tests: 1 failed, 2 passed, 1 skipped" in out
+    logs = sorted(path.name for path in ran.logs.iterdir())
+    assert len(logs) == 8 and logs[2] == "03-plain-cold-turn1.log"  # two warm-ups first, then each run's
+
+
+def test_a_verdict_that_depends_on_the_lane_fails_the_report(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    found = library(tmp_path / "library", {"test_lane.py": UNDER_KCACHE_ONLY})
+    ran = lanes(tmp_path)
+    measure(found, ran, turns=1, warm_runs=1, s3=False)
+    assert {run.lane: run.verdicts["tests.ops.test_lane::test_without_kcache"] for run in ran.runs} == {
+        "plain cold": "passed", "kcache cold": "failed", "plain warm": "passed", "kcache warm": "failed"}
+    rows = bench_rows(found, ran.runs)
+    assert rows[-1]["metric"] == "tests whose verdict differs between runs (4 runs)" and rows[-1]["kcache"] == 1
+    assert report(found, ran.runs, rows) == 1
+    assert "VERDICTS DIFFER: 1 tests" in capsys.readouterr().err
+
+
+def test_a_pytest_that_ran_no_tests_is_no_run(tmp_path: Path) -> None:
+    found = library(tmp_path / "library", {"test_lane.py": UNDER_KCACHE_ONLY})
+    found.tests = "tests/ops/test_missing.py"  # pytest's usage error: exit status 4
+    with pytest.raises(RuntimeError, match="warm-up: pytest exited 4"):
+        measure(found, lanes(tmp_path), turns=1, warm_runs=0, s3=False)
