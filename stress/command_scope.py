@@ -1,5 +1,5 @@
 """One long command of the harness (`python -m stress`, `python -m stress.bench`, `python -m
-stress.bench.tune`), and everything it starts, stopped however it ends.
+stress.bench.standalone.tune`), and everything it starts, stopped however it ends.
 
 Within `command_scope()`:
 - SIGINT and SIGTERM raise kcache.interruption.Interrupted in the main thread: every `with` and

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench.triton_library import Lanes, Library, bench_rows, lane_base_env, measure, report
+from stress.bench.standalone.triton_library import Lanes, Library, bench_rows, lane_base_env, measure, report
 
 KERNEL_TEST = '''
 import triton

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench import deploy, dropin, helion, multigpu, tune, tune_once
 from stress.bench.__main__ import main
+from stress.bench.standalone import deploy, dropin, helion, multigpu, tune, tune_once
 from stress.bench.suite.dataset import FIELDS, reading, this_commit, this_machine
 
 

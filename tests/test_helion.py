@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
-from stress.bench.helion import KERNELS  # noqa: E402
+from stress.bench.standalone.helion import KERNELS  # noqa: E402
 from stress.procs import READY_WITHIN_S, line_within  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402

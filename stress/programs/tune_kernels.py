@@ -1,4 +1,4 @@
-"""The matmul tuned by `python -m stress.bench.tune` and tests/test_gpu_tune.py, and its 16 configs."""
+"""The matmul tuned by `python -m stress.bench.standalone.tune` and tests/test_gpu_tune.py, and its 16 configs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One machine of `python -m stress.bench.deploy` (a root, given by KCACHE_DIR, and this process): runs
+"""One machine of `python -m stress.bench.standalone.deploy` (a root, given by KCACHE_DIR, and this process): runs
 unmodified programs of stress/programs/tilelang_programs one after the other, under `kcache.install()` or
 TileLang alone (`--plain`), and reports when each one's kernel was ready, what kcache compiled, and
 where each program's outputs were saved. Run by the bench, never by hand.

@@ -1,4 +1,4 @@
-"""One rank of `python -m stress.bench.multigpu` (issue 40), started by torchrun: a training job's start.
+"""One rank of `python -m stress.bench.standalone.multigpu` (issue 40), started by torchrun: a training job's start.
 
 It initializes NCCL on its own GPU (LOCAL_RANK), tunes the 16-config matmul and compiles the kernel
 pool, runs each kernel on its GPU against torch, and all-reduces a checksum of the outputs, which must

@@ -1,4 +1,4 @@
-"""One process of `python -m stress.bench.tune_once`: imports, waits at the barrier, tunes the 16-config
+"""One process of `python -m stress.bench.standalone.tune_once`: imports, waits at the barrier, tunes the 16-config
 matmul through `autotuner.tune` on its root, and reports its pick, whether it benchmarked, and when it
 finished. Run by the bench, never by hand."""
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from stress.procs import PROJECT
-from ..helion import KERNELS, SEED, Lane, finish
+from ..standalone.helion import KERNELS, SEED, Lane, finish
 
 TIMED = [
     "helion.runtime.kernel:BoundKernel.autotune", "helion.runtime.kernel:BoundKernel.compile_config",

@@ -1,4 +1,4 @@
-"""`python -m stress.bench.bundle`: how fast a bundle imports (issue 18's goal: 1 GB/s of entries, or
+"""`python -m stress.bench.standalone.bundle`: how fast a bundle imports (issue 18's goal: 1 GB/s of entries, or
 the disk's limit), beside a plain copy of the same bytes as the disk's reference.
 
 Entries come from stress's synthetic compiler at `--entry-kb` each (a TileLang GEMM's entry is a few
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .suite.rows import row, rows_option, write_rows
+from ..suite.rows import row, rows_option, write_rows
 
 
 def rate_rows(entries: int, entry_kb: int, rates: dict[str, float]) -> list[dict[str, Any]]:
@@ -35,7 +35,7 @@ def rate_rows(entries: int, entry_kb: int, rates: dict[str, float]) -> list[dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.bundle")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.bundle")
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--entry-kb", type=int, default=512)
     parser.add_argument("--dir", help="where to work (default: the temporary directory)")
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from kcache import KernelCache, Settings
     from kcache.bundle.importer import export_bundle, import_bundle
 
-    from ..programs import synthetic
+    from stress.programs import synthetic
 
     scale = args.entry_kb * 1024 / sum(synthetic.SIZES.values())
     synthetic.SIZES = {name: int(size * scale) for name, size in synthetic.SIZES.items()}
@@ -91,6 +91,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..command_scope import run_command
+    from stress.command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench.bundle", main))
+    sys.exit(run_command("python -m stress.bench.standalone.bundle", main))

@@ -1,4 +1,4 @@
-"""`python -m stress.bench.deploy`: issue 18's two-machine goal, simulated on one GPU machine with two
+"""`python -m stress.bench.standalone.deploy`: issue 18's two-machine goal, simulated on one GPU machine with two
 roots and fresh processes.
 
 - A (build machine): an empty root, KCACHE_RECORD, `kcache.install()`, the unmodified programs of
@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..gpu import gpu_missing, tilelang_target_env
-from ..nvcc_counter import NvccCounter
-from ..procs import PROJECT, run_for_result, worker_env
-from ..service_runtime import fresh_runtime, stop_services
-from .suite.rows import row, rows_option, write_rows
+from stress.gpu import gpu_missing, tilelang_target_env
+from stress.nvcc_counter import NvccCounter
+from stress.procs import PROJECT, run_for_result, worker_env
+from stress.service_runtime import fresh_runtime, stop_services
+from ..suite.rows import row, rows_option, write_rows
 
 PROGRAMS = ("gemm", "elementwise", "attention")
 BUNDLE_SECRET = "bench-deploy"
@@ -177,7 +177,7 @@ def print_table(result: dict[str, Any], device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.deploy")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.deploy")
     parser.add_argument("--no-launch", action="store_true",
                         help="no GPU here: build and load the kernels, run none (outputs are not compared)")
     parser.add_argument("--json", help="write the result here")
@@ -227,6 +227,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..command_scope import run_command
+    from stress.command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench.deploy", main))
+    sys.exit(run_command("python -m stress.bench.standalone.deploy", main))

@@ -1,4 +1,4 @@
-"""`python -m stress.bench.dropin`: TileLang code under `kcache.install()` against TileLang's own cache,
+"""`python -m stress.bench.standalone.dropin`: TileLang code under `kcache.install()` against TileLang's own cache,
 measured in the same run, on the GEMM of stress/programs/tilelang_programs/gemm.py.
 
 - seen call: `matmul(...)` again in the same process (TileLang's per-call memo above kcache): median
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..gpu import tilelang_target_env
-from ..procs import worker_env
-from ..programs import TILELANG_PROGRAMS
-from .suite.rows import percentile, row, rows_option, write_rows
+from stress.gpu import tilelang_target_env
+from stress.procs import worker_env
+from stress.programs import TILELANG_PROGRAMS
+from ..suite.rows import percentile, row, rows_option, write_rows
 
 PROGRAM = TILELANG_PROGRAMS
 ARGS = (1024, 1024, 1024, 128, 128, 32)
@@ -74,7 +74,7 @@ def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.dropin")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.dropin")
     rows_option(parser)
     rows: Path | None = parser.parse_args(argv).rows
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-dropin-"))
@@ -115,6 +115,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..command_scope import run_command
+    from stress.command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench.dropin", main))
+    sys.exit(run_command("python -m stress.bench.standalone.dropin", main))

@@ -1,4 +1,4 @@
-"""`python -m stress.bench.helion`: Helion's autotune with and without kcache (issue 57), on the GPU.
+"""`python -m stress.bench.standalone.helion`: Helion's autotune with and without kcache (issue 57), on the GPU.
 
 Each reading is a fresh `python -m stress.programs.helion_program` (a kernel of Helion's examples, `--kernel`,
 tuned by Helion's RandomSearch over 8 configs through Helion's autotune cache, with Helion's default
@@ -47,9 +47,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..procs import PROJECT, READY_WITHIN_S, line_within
-from ..programs.triton_program import assembler_runs, counting_assemblers
-from .suite.rows import row, rows_option, write_rows
+from stress.procs import PROJECT, READY_WITHIN_S, line_within
+from stress.programs.triton_program import assembler_runs, counting_assemblers
+from ..suite.rows import row, rows_option, write_rows
 
 CONFIGS = 8  # stress.programs.helion_program's RandomSearch count
 KERNELS = ("matmul", "softmax", "layer_norm")  # stress.programs.helion_program's examples (KT_KERNEL)
@@ -205,7 +205,7 @@ def bench_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.helion")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.helion")
     parser.add_argument("--kernel", action="append", choices=KERNELS)
     parser.add_argument("--turns", type=int, default=3, help="readings of each lane, taking turns (medians)")
     parser.add_argument("--procs", type=int, default=8)
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readings", type=Path, help="write every process's reading here (JSON)")
     rows_option(parser)
     args = parser.parse_args(argv)
-    from .suite.needs import unavailable
+    from ..suite.needs import unavailable
 
     missing = unavailable("helion")
     if missing is not None:
@@ -246,6 +246,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..command_scope import run_command
+    from stress.command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench.helion", main))
+    sys.exit(run_command("python -m stress.bench.standalone.helion", main))

@@ -1,4 +1,4 @@
-"""`python -m stress.bench.multigpu`: one multi-GPU job for real (issue 40), in one run.
+"""`python -m stress.bench.standalone.multigpu`: one multi-GPU job for real (issue 40), in one run.
 
 torchrun starts one rank per GPU of stress.bench.jobs.torchrun_job (NCCL, a tune of the 16-config matmul, the
 kernel pool, each run on its own GPU and checked against torch, a checksum all-reduced):
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..nvcc_counter import NvccCounter
-from .suite.rows import row, rows_option, write_rows
-from .suite.tune_notes import kill_the_tuner
+from stress.nvcc_counter import NvccCounter
+from ..suite.rows import row, rows_option, write_rows
+from ..suite.tune_notes import kill_the_tuner
 
 SCENARIOS = ("cold", "warm", "killed", "takeover", "tilelang")
 JOB_TIMEOUT_S = 600
@@ -43,7 +43,7 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 def run_job(work: Path, name: str, gpus: int, mode: str, env: dict[str, str],
             kill_root: Path | None = None) -> dict[str, Any]:
     """One torchrun job of `gpus` ranks; with `kill_root`, SIGKILL the rank that tunes on it."""
-    from ..service_runtime import fresh_runtime, stop_services
+    from stress.service_runtime import fresh_runtime, stop_services
 
     counter = NvccCounter(work / f"nvcc-{name}")
     out = work / f"out-{name}"
@@ -112,7 +112,7 @@ def bench_rows(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.multigpu")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.multigpu")
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", help="write the rows here")
     rows_option(parser)
@@ -164,6 +164,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..command_scope import run_command
+    from stress.command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench.multigpu", main))
+    sys.exit(run_command("python -m stress.bench.standalone.multigpu", main))

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT, worker_env
-from ..service_runtime import fresh_runtime, stop_services
-from .suite.dataset import this_machine
+from stress.procs import PROJECT, worker_env
+from stress.service_runtime import fresh_runtime, stop_services
+from ..suite.dataset import this_machine
 from .library_verdicts import differing, summary, verdicts
-from .suite.rows import bytecode_as_installed, row, rows_option, write_rows
+from ..suite.rows import bytecode_as_installed, row, rows_option, write_rows
 
 LIBRARY = PROJECT / ".gpu" / "library" / "fla"
 DIST = "fla-core"
@@ -154,7 +154,7 @@ class Lanes:
 def measure(library: Library, lanes: Lanes, turns: int, warm_runs: int, s3: bool,
             within_s: float | None = None) -> None:
     """The turns, each run recorded in `lanes.runs`."""
-    from ..servers.s3 import s3_server
+    from stress.servers.s3 import s3_server
 
     secret = secrets.token_hex(16)  # as a fleet's nodes share one: entries are signed and checked
     lanes.warm_up(library)
@@ -231,7 +231,7 @@ def report(library: Library, runs: list[Run], rows: list[dict[str, Any]]) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.triton_library", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.triton_library", description=__doc__.splitlines()[0])
     parser.add_argument("--library", type=Path, default=LIBRARY, help="the folder of the library's tests "
                         f"(default {LIBRARY.relative_to(PROJECT)}: bash .ci/gpu-library.sh puts them there)")
     parser.add_argument("--tests", default=TESTS, help=f"the test module, in that folder (default {TESTS})")
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-s3", action="store_true", help="leave out the first and second machine")
     rows_option(parser)
     args = parser.parse_args(argv)
-    from ..gpu import gpu_missing
+    from stress.gpu import gpu_missing
 
     try:
         version = importlib.metadata.version(args.dist)
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     s3 = not args.no_s3
     if s3:
-        from ..servers.s3 import S3ServerMissing, check_installed
+        from stress.servers.s3 import S3ServerMissing, check_installed
 
         try:
             check_installed()
@@ -293,6 +293,6 @@ def lane_base_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    from ..command_scope import run_command
+    from stress.command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench.triton_library", main))
+    sys.exit(run_command("python -m stress.bench.standalone.triton_library", main))

@@ -1,4 +1,4 @@
-"""`python -m stress.bench.tune`: one matmul tuned over 16 configs by kcache's tuner and by TileLang's
+"""`python -m stress.bench.standalone.tune`: one matmul tuned over 16 configs by kcache's tuner and by TileLang's
 AutoTuner, in the same run, on the GPU (the autotuner issue's goal: kcache no slower, while isolated).
 
 Both start cold: kcache on an empty root (its compile workers not yet started), TileLang with its
@@ -23,8 +23,8 @@ from typing import Any
 
 from kcache.interruption import Interrupted, ignore_further_signals
 
-from ..command_scope import command_scope
-from .suite.rows import row, rows_option, write_rows
+from stress.command_scope import command_scope
+from ..suite.rows import row, rows_option, write_rows
 
 
 def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -37,10 +37,10 @@ def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.tune")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.tune")
     rows_option(parser)
     rows: Path | None = parser.parse_args(argv).rows
-    from ..gpu import gpu_missing
+    from stress.gpu import gpu_missing
 
     missing = gpu_missing()
     if missing is not None:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as stop:
         ignore_further_signals()
         finished = [name for name in ("kcache", "kcache_warm_pool", "tilelang") if f"{name}_s" in out]
-        print(f"stress.bench.tune: interrupted by {stop.name}: tunes finished: {', '.join(finished) or 'none'}; "
+        print(f"stress.bench.standalone.tune: interrupted by {stop.name}: tunes finished: {', '.join(finished) or 'none'}; "
               f"their roots in {work} removed", file=sys.stderr)
         return stop.exit_status
     finally:
@@ -75,8 +75,8 @@ def tune_both(work: str, out: dict[str, object]) -> None:
     import autotuner
     import kcache
 
-    from ..gpu import gpu_target
-    from ..programs.tune_kernels import CONFIGS, matmul
+    from stress.gpu import gpu_target
+    from stress.programs.tune_kernels import CONFIGS, matmul
 
     target = gpu_target()
     a, b = (torch.randn(1024, 1024, device="cuda", dtype=torch.float16) for _ in range(2))

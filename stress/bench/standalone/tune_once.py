@@ -1,4 +1,4 @@
-"""`python -m stress.bench.tune_once`: the tune-once goals (issue 16) on the GPU, in one run.
+"""`python -m stress.bench.standalone.tune_once`: the tune-once goals (issue 16) on the GPU, in one run.
 
 - alone: one fresh process tunes the 16-config matmul on an empty root (the baseline: what one rank
   pays for tuning by itself).
@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..nvcc_counter import NvccCounter
-from ..procs import Barrier
-from .suite.rows import row, rows_option, write_rows
-from .suite.tune_notes import kill_the_tuner
+from stress.nvcc_counter import NvccCounter
+from stress.procs import Barrier
+from ..suite.rows import row, rows_option, write_rows
+from ..suite.tune_notes import kill_the_tuner
 
 SCENARIOS = ("alone", "herd", "killed", "cluster")
 
@@ -37,7 +37,7 @@ def run_herd(work: Path, name: str, roots: list[Path], env: dict[str, str],
              kill_in_benchmark: bool = False) -> dict[str, Any]:
     """Start one tune_worker per root in `roots`, release them together, collect; optionally kill the
     tuner once its note says it is benchmarking (and has timed at least one config)."""
-    from ..service_runtime import fresh_runtime, stop_services
+    from stress.service_runtime import fresh_runtime, stop_services
 
     counter = NvccCounter(work / f"nvcc-{name}")
     runtime = fresh_runtime("kt-")
@@ -93,13 +93,13 @@ def bench_rows(herds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.tune_once")
+    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.tune_once")
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", help="write the rows here")
     rows_option(parser)
     args = parser.parse_args(argv)
-    from ..gpu import gpu_missing
+    from stress.gpu import gpu_missing
 
     missing = gpu_missing()
     if missing is not None:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             killed["wall_over_alone"] = killed["wall_s"] / alone["wall_s"]
         rows.append(killed)
     if "cluster" in only:
-        from ..servers.redis import redis_server
+        from stress.servers.redis import redis_server
 
         with redis_server(work) as (url, _server):
             nodes = [work / "node-a", work / "node-b"]
@@ -151,6 +151,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..command_scope import run_command
+    from stress.command_scope import run_command
 
-    sys.exit(run_command("python -m stress.bench.tune_once", main))
+    sys.exit(run_command("python -m stress.bench.standalone.tune_once", main))

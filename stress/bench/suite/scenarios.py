@@ -15,7 +15,7 @@ from types import ModuleType
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    module: str  # under stress.bench
+    module: str  # under stress.bench (one with a run of its own: under stress.bench.standalone)
     profile: str | None = None  # the module under stress.bench whose main(argv) profiles it
     own_run: bool = False  # measured by `python -m stress.bench.<module>`, not in the bench's run
 
@@ -39,14 +39,14 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("many", "many"),
     Scenario("triton", "triton", profile="profiles.triton"),
     Scenario("warm", "warm"),
-    Scenario("tune", "tune", own_run=True),
-    Scenario("tune-once", "tune_once", own_run=True),
-    Scenario("dropin", "dropin", own_run=True),
-    Scenario("deploy", "deploy", own_run=True),
-    Scenario("bundle", "bundle", own_run=True),
-    Scenario("multigpu", "multigpu", own_run=True),
-    Scenario("helion", "helion", own_run=True, profile="profiles.helion"),
-    Scenario("triton-library", "triton_library", own_run=True),
+    Scenario("tune", "standalone.tune", own_run=True),
+    Scenario("tune-once", "standalone.tune_once", own_run=True),
+    Scenario("dropin", "standalone.dropin", own_run=True),
+    Scenario("deploy", "standalone.deploy", own_run=True),
+    Scenario("bundle", "standalone.bundle", own_run=True),
+    Scenario("multigpu", "standalone.multigpu", own_run=True),
+    Scenario("helion", "standalone.helion", own_run=True, profile="profiles.helion"),
+    Scenario("triton-library", "standalone.triton_library", own_run=True),
 )
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 IN_RUN = tuple(scenario.name for scenario in SCENARIOS if not scenario.own_run)

@@ -1,5 +1,5 @@
 """The note of a tune in its benchmark phase, read from its lock file: how the benches find the process
-to kill mid-tune (stress.bench.tune_once, stress.bench.multigpu)."""
+to kill mid-tune (stress.bench.standalone.tune_once, stress.bench.standalone.multigpu)."""
 
 from __future__ import annotations
 
