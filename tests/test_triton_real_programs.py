@@ -21,11 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
 
 from .faults import needs_root  # noqa: E402
 from .helpers import PROJECT  # noqa: E402
+from .redis_server import redis_server  # noqa: E402
 from .s3_server import s3_server  # noqa: E402
 from .test_triton import MANAGER, compile_in_fresh_process, program_env, ptxas, runs  # noqa: E402, F401 - a fixture
 from .test_triton_isolation import OK_CONFIGS, fired, printed  # noqa: E402
@@ -282,3 +284,27 @@ def test_a_private_copy_is_its_own_bytes_though_its_directory_is_swapped(tmp_pat
     assert again != path and Path(again).read_bytes() == b"the verified bytes"  # afresh for each load
     for fd in (private._copies.fd, *private._copies.open_memfds):
         os.close(fd)
+
+
+def test_a_remembered_crash_stays_on_its_machine(tmp_path: Path, ptxas: Path, runtime: Path) -> None:  # noqa: F811
+    """Node A's compiler aborts on config 4 and remembers it; its good configs reach the shared Redis.
+    Node B, a fresh root on the same Redis, gets those from the tier and compiles config 4 itself: a
+    crash record is never uploaded (nor read from a tier), so no node's record stops another's compile."""
+    with redis_server(tmp_path) as (url, _server):
+        def node(name: str) -> dict:
+            env = program_env(ptxas, tmp_path / name, KT_FAULT="abort", KT_FIRED=str(tmp_path / f"fired-{name}"),
+                              KCACHE_REMOTE=url, KCACHE_REMOTE_SECRET="s3cret", **BOUNDED, **MANAGER)
+            return printed(subprocess.run([sys.executable, str(FAULTS)], capture_output=True, text=True,
+                                          cwd=str(PROJECT), env=env, timeout=300))
+
+        first = node("node-a")
+        assembled = runs(ptxas)
+        stored = [key.decode() for key in redis.Redis.from_url(url).keys("*")]
+        second = node("node-b")
+    entries = [path.parent.name for path in (tmp_path / "node-a" / "triton").glob("*/kcache-triton.json")]
+    crashes = [path.parent.name for path in (tmp_path / "node-a" / "triton").glob("*/kcache-crash.json")]
+    assert len(crashes) == 1 and any(key in name for key in entries for name in stored)  # the tier's names hold keys
+    assert not any(crashes[0] in name for name in stored), stored  # but not the crash's
+    assert first["configs"]["4"]["type"] == second["configs"]["4"]["type"] == "TritonCompilerCrashed"
+    assert "remembered" not in second["configs"]["4"]["message"]  # B's own crash, not A's record
+    assert len(fired(tmp_path / "fired-node-b")) == 1 and runs(ptxas) == assembled  # the rest came from Redis

@@ -41,6 +41,7 @@ class StagesJob:
     knobs: dict[str, dict[str, Any]]  # the knobs the caller set in memory, by group
     store_only_binary: bool
     stages_hook: Any = None  # knobs.runtime.add_stages_inspection_hook of the caller
+    last_stage: str | None = None  # where to stop (the template's warm-up: before ptxas); None: every stage
 
 
 def run_stages(job: StagesJob) -> dict[str, bytes]:
@@ -63,7 +64,8 @@ def run_stages(job: StagesJob) -> dict[str, bytes]:
     backend.add_stages(stages, job.options, job.language)
     metadata = job.metadata
     files: dict[str, bytes] = {}
-    for ext, compile_ir in list(stages.items())[list(stages).index(job.ext):]:
+    names = list(stages)
+    for ext, compile_ir in list(stages.items())[names.index(job.ext):names.index(job.last_stage or names[-1]) + 1]:
         next_module = compile_ir(module, metadata)
         if (ir_override := metadata.get("ir_override")) and ir_override.endswith(f".{ext}"):
             next_module = parse(ir_override, ext, context)  # Triton's own per-config override
@@ -94,12 +96,32 @@ def _take_callers_settings(job: StagesJob) -> None:
 
 
 def warm_up_template() -> None:
-    """Load Triton's dialects and its NVIDIA backend in the template, before it forks: each worker then
-    starts with them loaded, as a process after its first compile."""
+    """One small compile through every stage but the assembler's, in the template before it forks (no
+    GPU needed): each worker then starts past what a process's first compile initializes (Triton's
+    dialects and its NVIDIA backend, LLVM's targets, the PTX version for ptxas's), as a process after
+    its first compile. Not ptxas itself: the template runs no program of the user's environment
+    (TRITON_PTXAS_PATH may name a wrapper that counts or logs its runs). It leaves the template with its
+    one thread (tests/test_triton_stages.py), and the environment as it was."""
+    import triton
+    import triton.language as tl
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
+    from triton.compiler.compiler import ASTSource, make_backend
 
+    @triton.jit
+    def warm_up_kernel(out, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        tl.store(out + offsets, offsets.to(tl.float32) * 2.0)
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    source = ASTSource(warm_up_kernel, {"out": "*fp32", "BLOCK": "constexpr"}, {"BLOCK": 128})
     context = ir.context()
     ir.load_dialects(context)
-    make_backend(GPUTarget("cuda", 90, 32)).load_dialects(context)
+    backend.load_dialects(context)
+    module = source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                            context)
+    run_stages(StagesJob(source=str(module), ext=source.ext, language=source.language, file_name="warm_up_kernel",
+                         target=target, options=options, metadata={"hash": "warm-up", "target": target},
+                         environ=dict(os.environ), knobs={}, store_only_binary=True, last_stage="ptx"))
