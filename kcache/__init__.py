@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from kcache.config import Settings
     from kcache.dropin import install, is_installed, uninstall
     from kcache.setting_values import default_root
-    from kcache.tools.bundle import export_bundle, import_bundle
-    from kcache.tools.bundle_entries import BundleError
-    from kcache.tools.doctor import doctor
+    from kcache.bundle.importer import export_bundle, import_bundle
+    from kcache.bundle.entries import BundleError
+    from kcache.cli.doctor import doctor
 
 __version__ = "0.1.0"
 
@@ -63,13 +63,13 @@ _PUBLIC = {
     "install": "kcache.dropin",
     "is_installed": "kcache.dropin",
     "uninstall": "kcache.dropin",
-    "doctor": "kcache.tools.doctor",
+    "doctor": "kcache.cli.doctor",
     "record": "kcache.cache.deployment",
     "guard": "kcache.cache.deployment",
     "UnexpectedCompile": "kcache.cache.deployment",
-    "export_bundle": "kcache.tools.bundle",
-    "import_bundle": "kcache.tools.bundle",
-    "BundleError": "kcache.tools.bundle_entries",
+    "export_bundle": "kcache.bundle.importer",
+    "import_bundle": "kcache.bundle.importer",
+    "BundleError": "kcache.bundle.entries",
 }
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""`python -m kcache`: the cache's command line (kcache.tools.launch, kcache.tools.cli)."""
+"""`python -m kcache`: the cache's command line (kcache.cli.launch, kcache.cli.main)."""
 
 import os
 import sys
@@ -21,6 +21,6 @@ def _forget_the_working_directory() -> None:
 
 _forget_the_working_directory()
 
-from kcache.tools.launch import main  # noqa: E402 - after the working directory is off the path
+from kcache.cli.launch import main  # noqa: E402 - after the working directory is off the path
 
 sys.exit(main())

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kcache.tools.interruption import Interrupted, ignore_further_signals
+from kcache.interruption import Interrupted, ignore_further_signals
 
 from .command_scope import command_scope
 from .procs import WorkerFailedToStart
@@ -116,7 +116,7 @@ def missing_requirement(args: argparse.Namespace) -> str | None:
         return str(TileLangMissing("or `python -m stress --synthetic`: a fake compiler, the same load on kcache "
                                    "without TileLang"))
     if args.remote == LOCAL_S3:
-        from .s3_server import S3ServerMissing, check_installed
+        from .servers.s3 import S3ServerMissing, check_installed
 
         try:
             check_installed()
@@ -139,12 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         with command_scope() as scope:
             assert scope.runtime is not None
             if args.remote == LOCAL_S3:
-                from .s3_server import s3_server
+                from .servers.s3 import s3_server
 
                 with s3_server() as bucket:
                     os.environ.update(bucket.env)  # the workers inherit the endpoint and credentials
                     os.environ["KCACHE_REMOTE"] = bucket.url(f"stress-{args.seed}")
-                    print(f"stress: remote tier {os.environ['KCACHE_REMOTE']} at {bucket.endpoint} (stress.s3_server)")
+                    print(f"stress: remote tier {os.environ['KCACHE_REMOTE']} at {bucket.endpoint} (stress.servers.s3)")
                     summary = _run(args, root, run_dir, scope.runtime)
             else:
                 summary = _run(args, root, run_dir, scope.runtime)

@@ -1,8 +1,8 @@
 """One long command of the harness (`python -m stress`, `python -m stress.bench`, `python -m
-stress.bench.tune`), and everything it starts, stopped however it ends.
+stress.bench.standalone.tune`), and everything it starts, stopped however it ends.
 
 Within `command_scope()`:
-- SIGINT and SIGTERM raise kcache.tools.interruption.Interrupted in the main thread: every `with` and
+- SIGINT and SIGTERM raise kcache.interruption.Interrupted in the main thread: every `with` and
   `finally` on the way out runs (the command then prints its one line);
 - with `own_runtime`, the command's compile services live in a runtime directory of its own
   (XDG_RUNTIME_DIR, inherited by every child), never in the user's, where `kcache server stop` would
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kcache.compile.pool.live_pools import close_all_pools
 from kcache.compile.service.shared_pools import close_shared_service_pools
-from kcache.tools.interruption import Interrupted, ignore_further_signals, interruptible, signals_deferred
+from kcache.interruption import Interrupted, ignore_further_signals, interruptible, signals_deferred
 
 from .own_processes import stop_descendants
 from .service_runtime import fresh_runtime, stop_services

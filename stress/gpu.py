@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from .kernels import CPU_TARGET as NO_GPU_TARGET  # what a machine with no GPU compiles for (sm_90a)
+from .programs.kernels import CPU_TARGET as NO_GPU_TARGET  # what a machine with no GPU compiles for (sm_90a)
 
 
 def gpu_missing() -> str | None:

@@ -47,7 +47,7 @@ def summarize(args: Any, root: Path, run_dir: Path, records: list[dict[str, Any]
 
     # The final integrity check: every published entry verifies, or was corrupted by chaos.
     if args.synthetic:
-        from . import synthetic as backend_module
+        from .programs import synthetic as backend_module
     else:
         backend_module = None
     # It compiles nothing, so no compile service: opened before `import tilelang`, a cache in server

@@ -3,7 +3,7 @@ check (stress.invariants).
 
 However the run ends, it stops what it started before it returns or raises: the chaos thread first (it
 restarts the workers it kills), then the workers (each with its process group), then the run's compile
-services. Interrupted (SIGINT, SIGTERM: kcache.tools.interruption) leaves it carrying what the run had
+services. Interrupted (SIGINT, SIGTERM: kcache.interruption) leaves it carrying what the run had
 done: the command prints that in its one line.
 """
 
@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from kcache.tools.interruption import Interrupted, signals_deferred
+from kcache.interruption import Interrupted, signals_deferred
 
 from .chaos import Chaos
 from .invariants import LOCK_TIMEOUT_S, summarize
@@ -71,7 +71,7 @@ def own_kernel_names(args: Any) -> set[str]:
     """The names in meta.json of the kernels this run uses (what chaos may corrupt)."""
     if args.synthetic:
         return {f"k{i}" for i in range(args.kernels)}
-    from .kernels import pool  # imports no TileLang
+    from .programs.kernels import pool  # imports no TileLang
 
     return {spec.symbol for spec in pool(args.kernels)}
 

@@ -33,7 +33,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", help="append one JSON line per operation here")
     p.add_argument("--backend", choices=["kcache", "tilelang"], default="kcache")
-    p.add_argument("--synthetic", action="store_true", help="fake compiler (stress.synthetic), no TileLang")
+    p.add_argument("--synthetic", action="store_true", help="fake compiler (stress.programs.synthetic), no TileLang")
     p.add_argument("--check-gpu", action="store_true", help="run each kernel against its torch reference")
     p.add_argument("--open-first", action="store_true",
                    help="open the cache before importing TileLang, as a program that calls kcache.install() first")
@@ -57,7 +57,7 @@ class Worker:
 
             early_cache = kcache.KernelCache(args.root)
         if args.synthetic:
-            from . import synthetic
+            from .programs import synthetic
 
             self.items = [(f"k{i}", synthetic.SyntheticFunc(f"k{i}"), None) for i in range(args.kernels)]
             self.target: Any = "synthetic"
@@ -65,7 +65,7 @@ class Worker:
         else:
             import tilelang  # noqa: F401 - before kcache opens, so that it prepares the backend
 
-            from .kernels import CPU_TARGET, pool
+            from .programs.kernels import CPU_TARGET, pool
 
             self.items = [(spec.name, spec.build(), spec) for spec in pool(args.kernels)]
             self.target = CPU_TARGET

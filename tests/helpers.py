@@ -51,7 +51,7 @@ def snapshot(root: Path) -> dict[str, tuple[int, float]]:
 
 NODE = """
 import json, sys, kcache
-from stress import synthetic
+from stress.programs import synthetic
 cache = kcache.KernelCache({root!r}, backend=synthetic, remote={url!r})
 print("ready", flush=True); sys.stdin.readline()
 for name in {names!r}:
@@ -80,7 +80,7 @@ def cold_cluster(tmp_path: Path, url: str, names: list[str], procs: int = 16, ro
 
 LEASE_HOLDER = """
 import sys, kcache
-from stress import synthetic
+from stress.programs import synthetic
 def pause(*args, **kwargs):
     print("compiling", flush=True); sys.stdin.readline()
 synthetic.compile_entry = pause

@@ -1,4 +1,4 @@
-"""The remote tier's tests get a real redis-server from stress.redis_server; none on PATH is a skip."""
+"""The remote tier's tests get a real redis-server from stress.servers.redis; none on PATH is a skip."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from stress import redis_server as _server
+from stress.servers import redis as _server
 
 
 @contextmanager
 def redis_server(workdir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """stress.redis_server.redis_server, skipping the test (with the reason) where redis-server is missing."""
+    """stress.servers.redis.redis_server, skipping the test (with the reason) where redis-server is missing."""
     try:
         _server.find_redis_server()
     except _server.RedisServerMissing as missing:

@@ -13,7 +13,7 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from kcache.tilelang import device_arch  # noqa: E402
-from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
+from stress.programs.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 
 @pytest.mark.parametrize(("arch", "capability"), [("sm_90a", (9, 0)), ("sm_90", (9, 0)), ("sm_120", (12, 0)),

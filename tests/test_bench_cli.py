@@ -39,7 +39,7 @@ def test_the_helion_profile_needs_a_gpu_and_helion_not_tilelang(monkeypatch: pyt
 
 
 def test_a_helion_bench_starts_no_turn_that_could_end_after_its_time() -> None:
-    from stress.bench.helion import HELION_COMPILE_TIMEOUT_S, TurnBudget
+    from stress.bench.standalone.helion import HELION_COMPILE_TIMEOUT_S, TurnBudget
 
     now = [0.0]
     budget = TurnBudget(300.0, clock=lambda: now[0])
@@ -54,7 +54,7 @@ def test_a_helion_bench_starts_no_turn_that_could_end_after_its_time() -> None:
 
 
 class _ScriptedLane:
-    """stress.bench.helion's Lane without a GPU: each process's reading scripted, each call kept in order."""
+    """stress.bench.standalone.helion's Lane without a GPU: each process's reading scripted, each call kept in order."""
 
     calls: list[str] = []
 
@@ -73,7 +73,7 @@ class _ScriptedLane:
 @pytest.mark.parametrize("against_itself", [False, True])
 def test_a_helion_bench_runs_its_herd_first_then_its_lanes_by_turns(
         against_itself: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stress.bench import helion
+    from stress.bench.standalone import helion
 
     monkeypatch.setattr(helion, "Lane", _ScriptedLane)
     monkeypatch.setattr(helion.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
@@ -93,7 +93,7 @@ def test_a_helion_bench_runs_its_herd_first_then_its_lanes_by_turns(
 def test_each_helion_bench_process_has_caches_of_its_own_and_an_autotune_log(tmp_path: Path) -> None:
     """Fresh processes: Helion's, Triton's and Inductor's caches new for each one (the plain lane, run
     first in a turn, must leave nothing the kcache lane reads), and Helion's per-config CSV kept in logs/."""
-    from stress.bench.helion import KCACHE_ENV, Lane
+    from stress.bench.standalone.helion import KCACHE_ENV, Lane
 
     lane = Lane(tmp_path, "softmax")
     plain, first = lane.env("plain", None, 7), lane.env("first", str(tmp_path / "root"), 7)
@@ -107,7 +107,7 @@ def test_each_helion_bench_process_has_caches_of_its_own_and_an_autotune_log(tmp
 def test_a_helion_herd_is_held_to_the_plain_tune_of_its_own_draws() -> None:
     """The herd draws turn 1's configs (SEED): its compiles are compared with turn 1's plain tune, not
     with a median over turns whose draws had configs time out (fewer compiles, none of the herd's)."""
-    from stress.bench.helion import bench_rows
+    from stress.bench.standalone.helion import bench_rows
 
     def reading(compiles: int) -> dict:
         return {"ready_s": 20.0, "compiles": compiles, "timeouts": 9 - compiles, "config": "c", "correct": True}

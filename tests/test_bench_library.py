@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench import triton_library
-from stress.bench.dataset import reading
-from stress.bench.library_verdicts import ABSENT, differing, summary, verdicts
-from stress.bench.scenarios import scenario_of
-from stress.bench.triton_library import Library, Run, bench_rows
+from stress.bench.standalone import triton_library
+from stress.bench.standalone.library_verdicts import ABSENT, differing, summary, verdicts
+from stress.bench.standalone.triton_library import Library, Run, bench_rows
+from stress.bench.suite.dataset import reading
+from stress.bench.suite.scenarios import scenario_of
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="5">
 <testcase classname="tests.ops.test_x" name="test_a[1]" time="0.1"/>

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench.triton_library import Lanes, Library, bench_rows, lane_base_env, measure, report
+from stress.bench.standalone.triton_library import Lanes, Library, bench_rows, lane_base_env, measure, report
 
 KERNEL_TEST = '''
 import triton
@@ -73,7 +73,7 @@ def lanes(tmp_path: Path) -> Lanes:
 
 def test_three_ways_with_identical_verdicts_and_the_second_machine_compiling_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stress.s3_server import S3ServerMissing, check_installed
+    from stress.servers.s3 import S3ServerMissing, check_installed
 
     try:
         check_installed()

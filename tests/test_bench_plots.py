@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench.dataset import FIELDS, load, record
-from stress.bench.plots import PLOTS
+from stress.bench.suite.dataset import FIELDS, load, record
+from stress.bench.suite.plots import PLOTS
 
 PROJECT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench import deploy, dropin, helion, multigpu, tune, tune_once
 from stress.bench.__main__ import main
-from stress.bench.dataset import FIELDS, reading, this_commit, this_machine
+from stress.bench.standalone import deploy, dropin, helion, multigpu, tune, tune_once
+from stress.bench.suite.dataset import FIELDS, reading, this_commit, this_machine
 
 
 def test_a_bundle_run_records_its_readings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

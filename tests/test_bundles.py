@@ -19,17 +19,17 @@ from pathlib import Path
 import pytest
 
 import kcache
-from kcache.store.components import COMPONENTS, KERNELS
-from kcache.store.entries import EntryStore
-from kcache.tools import bundle as bundle_module
-from kcache.tools.bundle import (
+from kcache.bundle import importer as bundle_module
+from kcache.bundle.importer import (
     MANIFEST_MEMBER,
     SIGNATURE_MEMBER,
     BundleError,
     export_bundle,
     import_bundle,
 )
-from stress import synthetic
+from kcache.store.components import COMPONENTS, KERNELS
+from kcache.store.entries import EntryStore
+from stress.programs import synthetic
 
 from .helpers import PROJECT, child_env
 
@@ -56,7 +56,7 @@ def staging_left(root: Path) -> list[str]:
 @pytest.fixture(params=["threads", "processes"])
 def staging(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """How the import stages: in threads (what a small bundle gets), or in two stager processes (what
-    a large one gets; kcache/tools/bundle_stager.py). The list records each process staging made."""
+    a large one gets; kcache/bundle/stager.py). The list records each process staging made."""
     made: list[object] = [request.param]
     if request.param == "processes":
         class Counted(bundle_module.ProcessStaging):
@@ -276,8 +276,8 @@ def test_arch_filter(tmp_path: Path, bundle) -> None:
 
 IMPORTER = """
 import sys
+from kcache.bundle.importer import import_bundle
 from kcache.store.entries import EntryStore
-from kcache.tools.bundle import import_bundle
 seen = []
 def pause_at_the_third(step):
     if step == sys.argv[3]:

@@ -15,8 +15,8 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from kcache.store.entries import EntryStore  # noqa: E402
-from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 from stress.nvcc_counter import NvccCounter  # noqa: E402
+from stress.programs.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 

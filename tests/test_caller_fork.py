@@ -234,7 +234,7 @@ def test_forks_and_the_services_workers_share_one_bound_of_compile_slots(gate: P
 PROGRAM = """
 import json, os, sys, tempfile
 import tilelang
-from stress.kernels import CPU_TARGET, pool as kernels
+from stress.programs.kernels import CPU_TARGET, pool as kernels
 import kcache
 from kcache.compile.service import address as service_address, shared_pools as service_pools
 from kcache.compile.service import connection as service_connection
@@ -291,9 +291,9 @@ def test_a_process_with_descriptors_numbered_over_1024_compiles_in_a_fork(gate: 
 ORPHAN_CLIENT = """
 import sys
 sys.path.insert(0, {project!r})
+from kcache.compile.pool.process_pool import CompilePool
 from kcache.compile.service import client
 from kcache.compile.service import connection as service_connection
-from kcache.compile.pool.process_pool import CompilePool
 from tests import pool_jobs
 pool = client.ServicePool(2, None, {preload!r}, 60.0, lambda: CompilePool(1, None, preload=()))
 pool.run(pool_jobs.tell_pid_and_hang, {fifo!r})

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kcache.cli.main import build_parser, main
 from kcache.maintenance.eviction import scan_entries
-from kcache.tools.cli import build_parser, main
 
 from .helpers import PROJECT, child_env
 from .test_eviction import POPULATE
@@ -135,7 +135,7 @@ def test_doctor_finds_and_fixes_a_world_writable_root(cache_root: Path, populate
 
 def test_the_cli_never_imports_tilelang_and_stats_works_on_an_empty_root(tmp_path: Path) -> None:
     (tmp_path / "root").mkdir()
-    code = ("import sys, contextlib, io\nfrom kcache.tools.cli import main\n"
+    code = ("import sys, contextlib, io\nfrom kcache.cli.main import main\n"
             f"for cmd in (['stats'], ['ls'], ['verify'], ['gc'], ['doctor'], ['prune']):\n"
             f"    with contextlib.redirect_stdout(io.StringIO()):\n"
             f"        main(['--dir', {str(tmp_path / 'root')!r}, *cmd])\n"

@@ -1,4 +1,4 @@
-"""The command line's contract (issue 58, kcache.tools.cli_contract): on a root that does not exist,
+"""The command line's contract (issue 58, kcache.cli.contract): on a root that does not exist,
 every command that reads one exits 1 with one line on stderr naming the path and the fix, and creates
 nothing; usage errors exit 2; every failure under --json is one JSON shape on stdout; `kcache help`
 documents the statuses. Each case is a fresh interpreter, as a user runs it."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kcache.tools.cli import ROOT_READERS, build_parser
-from kcache.tools.cli_contract import EXIT_NOT_FOUND, EXIT_USER_ERROR
+from kcache.cli.contract import EXIT_NOT_FOUND, EXIT_USER_ERROR
+from kcache.cli.main import ROOT_READERS, build_parser
 
 from .helpers import PROJECT, child_env
 

@@ -60,8 +60,8 @@ def test_stats_of_a_root_too_big_to_measure_says_as_of_when(cache_root: Path) ->
     populate(cache_root, ["k0"])
     kcache_run("--dir", str(cache_root), "gc")
     populate(cache_root, ["k1", "k2"])
-    code = ("import sys\nimport kcache.tools.stats_cli as entries\nentries.LIVE_SIZE_MAX_ENTRIES = 1\n"
-            "from kcache.tools.cli import main\nsys.exit(main(sys.argv[1:]))")
+    code = ("import sys\nimport kcache.cli.stats as entries\nentries.LIVE_SIZE_MAX_ENTRIES = 1\n"
+            "from kcache.cli.main import main\nsys.exit(main(sys.argv[1:]))")
     done = subprocess.run([sys.executable, "-c", code, "--dir", str(cache_root), "stats"], capture_output=True,
                           text=True, env=child_env(), cwd=str(PROJECT), check=True)
     (size,) = [line for line in done.stdout.splitlines() if line.startswith("size ")]
@@ -76,7 +76,7 @@ def test_stats_of_a_root_too_big_to_measure_says_as_of_when(cache_root: Path) ->
 def same_named_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two real TileLang kernels that are both called "add": one for 1024 floats, one for 2048."""
     root = tmp_path_factory.mktemp("newcomer") / "root"
-    code = ("import kcache\nfrom stress.kernels import CPU_TARGET, elementwise_add\n"
+    code = ("import kcache\nfrom stress.programs.kernels import CPU_TARGET, elementwise_add\n"
             f"cache = kcache.KernelCache({str(root)!r})\n"
             "for n in (1024, 2048):\n"
             "    cache.get_or_compile(elementwise_add(n=n).with_attr('global_symbol', 'add'), CPU_TARGET, out_idx=[2])\n")
@@ -149,7 +149,7 @@ def test_version_and_help_answer_as_git_and_pip_do(tmp_path: Path) -> None:
 
 def test_a_misspelt_setting_is_flagged_once_with_the_setting_it_meant(cache_root: Path) -> None:
     typos = {"KCACHE_MAXSIZE": "1G", "KCACHE_LOCK_TIMOUT": "10"}
-    opens_twice = (f"import kcache\nfrom stress import synthetic\nfor _ in range(2):\n"
+    opens_twice = (f"import kcache\nfrom stress.programs import synthetic\nfor _ in range(2):\n"
                    f"    kcache.KernelCache({str(cache_root)!r}, backend=synthetic)\n")
     done = subprocess.run([sys.executable, "-c", opens_twice], capture_output=True, text=True,
                           env=child_env(**typos), cwd=str(PROJECT), check=True)
@@ -217,7 +217,7 @@ def test_prune_max_size_0_means_no_limit_even_when_the_setting_has_one(cache_roo
 
 OPEN_AND_REPORT = """
 import json, kcache
-from stress import synthetic
+from stress.programs import synthetic
 try:
     cache = kcache.KernelCache({root!r}, backend=synthetic)
     print(json.dumps({{"writes_to": str(cache.root)}}))

@@ -1,6 +1,6 @@
 """`kcache stats` as ccache counts (issue 58): a hit is a lookup served without compiling, the herd's
 waiters included; `stats --zero`; `kcache config`; KCACHE_LOG's lines. Real processes on the synthetic
-compiler (stress.synthetic): each a fresh interpreter."""
+compiler (stress.programs.synthetic): each a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .helpers import PROJECT, child_env, expect_line, spawn
 
 ONE_KERNEL = """
 import json, sys, kcache
-from stress import synthetic
+from stress.programs import synthetic
 cache = kcache.KernelCache({root!r}, backend=synthetic)
 print("ready", flush=True); sys.stdin.readline()
 cache.get_or_compile(synthetic.SyntheticFunc({name!r}), "synthetic")
@@ -71,8 +71,8 @@ def test_stats_zero_zeroes_the_counters_of_dead_and_live_processes_and_a_fold_ke
     herd(cache_root, 2)  # dead processes: their files
     live = spawn(f"""
 import sys, kcache
-from stress import synthetic
 from kcache.maintenance.counter_file import stats_file
+from stress.programs import synthetic
 cache = kcache.KernelCache({str(cache_root)!r}, backend=synthetic)
 cache.get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
 stats_file(cache.root).flush()
@@ -133,7 +133,7 @@ def test_config_shows_every_setting_with_its_value_and_source(tmp_path: Path) ->
 JIT_PROGRAM = """
 import kcache, tilelang
 import tilelang.language as T
-from stress.kernels import CPU_TARGET
+from stress.programs.kernels import CPU_TARGET
 
 @tilelang.jit(out_idx=[-1], target=CPU_TARGET)
 def scale(N, factor):
@@ -169,7 +169,7 @@ def test_ls_names_a_tilelang_jit_kernel_by_its_function_and_shows_its_arguments(
 
 def test_ls_target_names_what_sets_two_targets_of_one_kernel_apart() -> None:
     """TileLang's resolved targets as meta.json keeps them: the usual attributes are left out, others named."""
-    from kcache.tools.cli_entries import _arch
+    from kcache.cli.entries import _arch
 
     usual = {"arch": "sm_90a", "host": {"keys": ["cpu"], "kind": "c", "tag": ""}, "keys": ["cuda", "gpu"],
              "kind": "cuda", "max_num_threads": 1024, "tag": "", "thread_warp_size": 32}

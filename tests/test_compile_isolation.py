@@ -244,7 +244,7 @@ def test_no_interpreter_kcache_starts_imports_from_the_working_directory(runtime
         import argparse, json, signal, sys
         import kcache
         sys.path.insert(0, %r)
-        from stress.kernels import elementwise_add
+        from stress.programs.kernels import elementwise_add
         sys.path[:0] = ["", "."]  # the working directory on the path, as a notebook or a setup script puts it
         kcache.get_or_compile(elementwise_add(), {"kind": "cuda", "arch": "sm_90a"}, out_idx=[2])
         print("compiled", kcache.default_cache().stats()["compiles"])

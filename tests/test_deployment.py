@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import kcache
+from kcache.bundle.importer import export_bundle, missing_coverage, read_key_records
 from kcache.cache import deployment
-from kcache.tools.bundle import export_bundle, missing_coverage, read_key_records
-from stress import synthetic
+from stress.programs import synthetic
 
 from .helpers import PROJECT, child_env
 
@@ -51,7 +51,7 @@ def test_record_appends_each_key_asked_for_once_per_process_hit_or_miss(tmp_path
 
 def test_processes_recording_into_one_file_through_the_environment(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys.jsonl"
-    code = (f"import kcache; from stress import synthetic; c = kcache.KernelCache({str(tmp_path / 'root')!r}, "
+    code = (f"import kcache; from stress.programs import synthetic; c = kcache.KernelCache({str(tmp_path / 'root')!r}, "
             "backend=synthetic); [c.get_or_compile(synthetic.SyntheticFunc(n), 'synthetic') for n in ('k0', 'k1')]")
     for _ in range(2):
         subprocess.run([sys.executable, "-c", code], check=True, env=child_env(KCACHE_RECORD=str(keys_file)),
@@ -114,7 +114,7 @@ def test_a_bad_jit_guard_setting_is_named_when_the_cache_opens(tmp_path: Path, m
 
 SERVE = """
 import json, sys, kcache
-from stress.kernels import CPU_TARGET, pool
+from stress.programs.kernels import CPU_TARGET, pool
 cache = kcache.KernelCache(sys.argv[1])
 sources = {}
 for spec in pool(3):

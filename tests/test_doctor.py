@@ -142,7 +142,7 @@ def test_a_bad_setting_gets_one_verdict(root: Path) -> None:
 
 
 AGREE_WITH_TILELANG = """
-from kcache.tools.doctor_environment import find_cuda_home
+from kcache.cli.doctor_environment import find_cuda_home
 from tilelang.env import _find_cuda_home
 print(repr(find_cuda_home()), repr(_find_cuda_home() or None))
 """
@@ -170,7 +170,7 @@ def test_without_tilelang_a_triton_user_has_no_problem_and_a_bare_python_is_told
     Triton is installed, as `kcache run` runs a Triton-only program; without Triton too, it is one."""
     import importlib.util
 
-    from kcache.tools import doctor_environment
+    from kcache.cli import doctor_environment
 
     asked: list[str] = []
     monkeypatch.setattr(doctor_environment, "installed_tilelang", lambda: asked.append("tilelang"))

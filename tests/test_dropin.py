@@ -16,13 +16,13 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from kcache.store.locks import read_note  # noqa: E402
-from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 from stress.nvcc_counter import NvccCounter  # noqa: E402
+from stress.programs.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402
 
 pytestmark = pytest.mark.tilelang
-PROGRAMS = PROJECT / "stress" / "tilelang_programs"
+PROGRAMS = PROJECT / "stress" / "programs" / "tilelang_programs"
 # Programs written as TileLang's examples are pick their target from TileLang's own setting.
 TARGET_ENV = {"TILELANG_DEFAULT_TARGET": json.dumps(CPU_TARGET)}
 # A host target kcache does not build for: `c` with a non-default option (this TileLang has no LLVM).
@@ -142,7 +142,7 @@ RESULT_ROUND_TRIP = """
 import json, sys, kcache, tilelang
 from tilelang.autotuner import AutoTuner
 from tilelang.autotuner.param import AutotuneResult
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 cache = kcache.KernelCache(sys.argv[1])
 kcache.install(cache)
 tuner = AutoTuner.from_kernel(kernel=lambda n=1024: elementwise_add(n=n), configs=[{{"n": 1024}}])
@@ -191,7 +191,7 @@ TUNE_ONCE_RUN = """
 import json, sys, kcache, tilelang
 from tilelang.autotuner import AutoTuner
 from tilelang.autotuner.param import AutotuneResult
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 
 def run_standing_in_for_tilelangs(self):
     # TileLang's AutoTuner.run: look for a saved result; else tune (here: block until told, compile
@@ -251,7 +251,7 @@ def test_kcache_tilelang_at_import_installs_once_tilelang_loads(tmp_path: Path) 
 import sys, kcache
 before = "tilelang" in sys.modules, kcache.is_installed()
 import tilelang
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 tilelang.compile(elementwise_add(n=1024), out_idx=[2], target=CPU_TARGET)
 print("RESULT", before, kcache.is_installed(), kcache.default_cache().stats()["compiles"])
 """

@@ -14,13 +14,13 @@ from kcache.maintenance.eviction import evict, scan_entries
 from kcache.maintenance.stats import COUNTERS, read_persisted
 from kcache.store.last_use import LAST_USE_RESOLUTION_S, note_use
 from kcache.store.manifest import verify_entry
-from stress import synthetic
+from stress.programs import synthetic
 
 from .helpers import spawn
 
 POPULATE = """
 import json, sys, kcache
-from stress import synthetic
+from stress.programs import synthetic
 cache = kcache.KernelCache({root!r}, backend=synthetic)
 for name in {names!r}:
     cache.get_or_compile(synthetic.SyntheticFunc(name), "synthetic")
@@ -79,7 +79,7 @@ def test_eviction_racing_loaders_in_several_processes_never_breaks_a_load(cache_
     entry_size = scan_entries(cache_root)[0].size
     loader = """
 import json, random, kcache
-from stress import synthetic
+from stress.programs import synthetic
 errors, compiles = [], 0
 for i in range(400):
     cache = kcache.KernelCache({root!r}, backend=synthetic)  # a fresh object: no memory tier, every get reads disk
@@ -106,7 +106,7 @@ print(json.dumps({{"evicted": evicted}}))
 
     assert [o["errors"] for o in outcomes] == [[], [], []]
     assert evicted > 0 and sum(o["compiles"] for o in outcomes) > 0  # they really raced: evicted entries recompiled
-    from stress.synthetic import COMPONENTS
+    from stress.programs.synthetic import COMPONENTS
 
     for entry in scan_entries(cache_root):
         verify_entry(entry.path, COMPONENTS)

@@ -12,7 +12,7 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from stress.gpu import gpu_target  # noqa: E402
-from stress.kernels import POOL, elementwise_add  # noqa: E402
+from stress.programs.kernels import POOL, elementwise_add  # noqa: E402
 
 from .faults import needs_root, tmpfs  # noqa: E402
 from .helpers import spawn  # noqa: E402
@@ -55,7 +55,7 @@ def test_a_fresh_process_runs_the_cached_kernel_correctly(cache_root: Path) -> N
     kcache.KernelCache(cache_root).get_or_compile(spec.build(), gpu_target(), out_idx=spec.out_idx)
     child = spawn(f"""
         import json, torch, kcache
-        from stress.kernels import POOL
+        from stress.programs.kernels import POOL
         spec = POOL[2]
         cache = kcache.KernelCache({str(cache_root)!r})
         kernel = cache.get_or_compile(spec.build(), {gpu_target()!r}, out_idx=spec.out_idx)

@@ -1,5 +1,5 @@
 """On a GPU: Helion's autotune on kcache (issue 57). Each process is a fresh `python -m
-stress.helion_program` (a matmul, Helion's RandomSearch over 8 configs through its autotune cache);
+stress.programs.helion_program` (a matmul, Helion's RandomSearch over 8 configs through its autotune cache);
 compiles are counted by the runs of Triton's assemblers (counting wrappers), not by kcache.
 
 - A second fresh process gets the pick from kcache and compiles nothing.
@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
 from stress.procs import READY_WITHIN_S, line_within  # noqa: E402
-from stress.triton_program import assembler_runs, counting_assemblers  # noqa: E402
+from stress.programs.triton_program import assembler_runs, counting_assemblers  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402
 
@@ -42,7 +42,7 @@ def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def start(env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "stress.helion_program"], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "stress.programs.helion_program"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(PROJECT))
 
 
@@ -89,6 +89,6 @@ def test_a_config_whose_compile_aborts_leaves_the_session_alive(tmp_path: Path) 
     assert (tmp_path / "fired").exists(), "the abort never fired: the test proves nothing"
     assert int((tmp_path / "fired").read_text()) != done["pid"]  # in a fork: Helion's, or kcache's
     (tmp_path / "plain").mkdir()
-    plain = subprocess.run([sys.executable, "-m", "stress.helion_program"], capture_output=True, text=True,
+    plain = subprocess.run([sys.executable, "-m", "stress.programs.helion_program"], capture_output=True, text=True,
                            timeout=600, cwd=str(PROJECT), env=env_for(tmp_path / "plain", KT_ABORT="1"))
     print(f"helion: plain Helion with the aborting config exited {plain.returncode}")  # the control, reported

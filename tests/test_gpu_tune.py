@@ -13,7 +13,7 @@ import autotuner  # noqa: E402
 import kcache  # noqa: E402
 from autotuner.trials import OK, OUT_OF_RESOURCES, WRONG_RESULT  # noqa: E402
 from stress.gpu import gpu_target  # noqa: E402
-from stress.tune_kernels import CONFIGS, N, matmul  # noqa: E402
+from stress.programs.tune_kernels import CONFIGS, N, matmul  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -22,7 +22,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 GET = """
 import json, sys, kcache
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 cache = kcache.KernelCache(sys.argv[1])
 cache.get_or_compile(elementwise_add(n=1280), CPU_TARGET, out_idx=[2])
 stats = cache.stats()
@@ -112,7 +112,7 @@ def test_a_lock_file_replaced_by_a_directory_or_a_link_costs_a_warning_not_the_c
     import logging
 
     import kcache
-    from stress import synthetic
+    from stress.programs import synthetic
 
     root = tmp_path / "root"
     cache = kcache.KernelCache(root, backend=synthetic)
@@ -142,7 +142,7 @@ def test_a_lock_file_replaced_by_a_directory_or_a_link_costs_a_warning_not_the_c
 SAVE_TUNED = """
 import sys
 from autotuner import AutotuneResult
-from stress.kernels import elementwise_add
+from stress.programs.kernels import elementwise_add
 result = AutotuneResult(config={"n": 1024}, latency=0.1, ref_latency=None, configs=[], kernel_key="cd" * 32,
                         out_idx=[2], target={"kind": "cuda", "arch": "sm_90a"}, func=elementwise_add(n=1024),
                         metadata={})
@@ -181,7 +181,7 @@ def test_a_cache_filesystem_that_fills_up_at_any_step_still_returns_the_kernel(t
     pytest.importorskip("tilelang")
     import kcache
     from kcache.tilelang.backend import toolchain_fingerprint
-    from stress.kernels import CPU_TARGET, elementwise_add
+    from stress.programs.kernels import CPU_TARGET, elementwise_add
 
     unsaved = 0
     saved_at_the_top = False

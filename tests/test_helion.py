@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
-from stress.bench.helion import KERNELS  # noqa: E402
+from stress.bench.standalone.helion import KERNELS  # noqa: E402
 from stress.procs import READY_WITHIN_S, line_within  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402
@@ -211,10 +211,10 @@ def test_a_compile_in_helions_own_precompile_child_is_not_forked_again(tmp_path:
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_each_example_the_bench_tunes_is_helion_that_generates_triton(name: str) -> None:
-    # The bench's kernels (stress.helion_program) run on the GPU machine only: here, each is traced by
+    # The bench's kernels (stress.programs.helion_program) run on the GPU machine only: here, each is traced by
     # Helion and turned into Triton code for its default config, so a kernel Helion rejects fails on
     # the CPU first; its torch reference is checked to be computed for the same arguments.
-    from stress.helion_program import example
+    from stress.programs.helion_program import example
 
     kernel, args, expected, _ = example(name, device="cpu")
     bound = kernel.bind(args)
@@ -229,7 +229,7 @@ def test_the_bench_program_draws_the_same_configs_for_the_same_seed(monkeypatch:
     # the same configs. Without the seed, the draws are the process's own.
     import random
 
-    from stress.helion_program import example, seeded_search
+    from stress.programs.helion_program import example, seeded_search
 
     kernel, args, _, _ = example("softmax", device="cpu")
     bound = kernel.bind(args)
@@ -246,7 +246,7 @@ def test_the_bench_program_draws_the_same_configs_for_the_same_seed(monkeypatch:
 
 
 def test_an_example_the_bench_does_not_know_is_refused_in_one_line() -> None:
-    from stress.helion_program import example
+    from stress.programs.helion_program import example
 
     with pytest.raises(SystemExit, match="KT_KERNEL='layernorm': no such example"):
         example("layernorm", device="cpu")

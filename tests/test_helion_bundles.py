@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from kcache.bundle.coverage import bundle_keys
 from kcache.helion import store
-from kcache.tools.bundle_coverage import bundle_keys
 
 from .helpers import PROJECT, child_env
 from .test_security_triton_surface import BUNDLE_SECRET as SECRET  # write_bundle signs with it

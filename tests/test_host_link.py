@@ -14,7 +14,7 @@ from tilelang.jit import JITKernel  # noqa: E402
 from tvm.contrib import cc as tvm_cc  # noqa: E402
 
 from kcache.tilelang import host_link  # noqa: E402
-from stress.kernels import CPU_TARGET, matmul, pool  # noqa: E402
+from stress.programs.kernels import CPU_TARGET, matmul, pool  # noqa: E402
 
 # A compiler that proves its compiles overlap: the first `-c` run to start waits (at most 20 s) on a
 # FIFO for the second one's word; run one after the other, the first would time out and fail the link.

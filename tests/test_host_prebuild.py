@@ -20,7 +20,7 @@ from tilelang.contrib import nvcc  # noqa: E402
 from kcache.errors import CompileError  # noqa: E402
 from kcache.tilelang import compiler, host_link, host_prebuild  # noqa: E402
 from kcache.tilelang.target import resolve_target  # noqa: E402
-from stress.kernels import CPU_TARGET, elementwise_add, matmul  # noqa: E402
+from stress.programs.kernels import CPU_TARGET, elementwise_add, matmul  # noqa: E402
 from tests.faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 from tests.test_host_link import _my_children_named  # noqa: E402
 from tests.wrapped_cc import wrap_cc  # noqa: E402

@@ -125,14 +125,16 @@ def test_an_interrupted_bench_says_what_it_measured_and_leaves_nothing(scratch: 
     assert os.listdir(scratch.path) == []
 
 
-# The real CLI (kcache.tools.cli.main) in a fresh interpreter, paused at a known point of its work until
+# The real CLI (kcache.cli.main.main) in a fresh interpreter, paused at a known point of its work until
 # the test sends its signal: the third entry sent to a stager process, the third member of the bundle
 # written, the first rename of an import's publish.
 PAUSED_CLI = """
 import sys
+from kcache.bundle import export as bundle_export
+from kcache.bundle import importer as bundle
+from kcache.bundle import stager as bundle_stager
+from kcache.cli.main import main
 from kcache.store.entries import EntryStore
-from kcache.tools import bundle, bundle_export, bundle_stager
-from kcache.tools.cli import main
 
 where, argv = sys.argv[1], sys.argv[2:]
 calls = []

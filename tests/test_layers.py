@@ -21,7 +21,7 @@ PACKAGES = ("kcache", "autotuner", "stress")
 # Bottom to top. A module may import the modules of lower layers, and modules of its own
 # subpackage (acyclically); never a sibling subpackage of its layer, never a higher layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("kcache.errors", "kcache.keys", "kcache.import_hooks", "kcache.lookup_log")),
+    ("base", ("kcache.errors", "kcache.keys", "kcache.import_hooks", "kcache.lookup_log", "kcache.interruption")),
     ("store", ("kcache.store",)),
     ("setting values", ("kcache.setting_values",)),
     ("settings", ("kcache.config",)),
@@ -32,7 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("triton", ("kcache.triton",)),
     ("helion", ("kcache.helion",)),
     ("drop-in", ("kcache.dropin",)),
-    ("tools", ("kcache.tools",)),
+    ("bundles", ("kcache.bundle",)),
+    ("command line", ("kcache.cli",)),
     ("facade", ("kcache", "kcache.__main__")),
     ("autotuner", ("autotuner",)),
     ("stress harness", ("stress",)),
@@ -133,7 +134,7 @@ def test_the_checker_sees_cycles_and_lazy_imports(tmp_path: Path) -> None:
     source.write_text("def f():\n    from kcache.store import layout\n    import kcache.cache\n")
     assert imports_of("kcache.x", source, modules) == {"kcache.store.layout", "kcache.cache"}
     assert layer_of("kcache.store.layout") == (1, "kcache.store")
-    assert layer_of("kcache") == (12, "kcache")
+    assert layer_of("kcache") == (13, "kcache")
 
 
 def test_no_import_circles_among_modules_nor_between_packages() -> None:
@@ -217,7 +218,7 @@ def test_a_disk_hit_in_a_fresh_process_loads_nothing_of_the_miss_path(cache_root
     of the miss path."""
     program = f"""
 import kcache
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 {{build_first}}
 cache = kcache.KernelCache({str(cache_root)!r})
 cache.get_or_compile(func if "func" in globals() else elementwise_add(), CPU_TARGET, out_idx=[2])

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.tilelang
 
 GET = """
 import kcache, json
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 cache = kcache.KernelCache({root!r})
 kernel = cache.get_or_compile(elementwise_add(), CPU_TARGET, out_idx=[2])
 print("result " + json.dumps(cache.stats()), flush=True)

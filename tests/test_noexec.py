@@ -19,7 +19,7 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 import kcache  # noqa: E402
 from kcache.store import exec_copy  # noqa: E402
 from kcache.store.manifest import MANIFEST_NAME, build_manifest  # noqa: E402
-from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
+from stress.programs.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 from .faults import needs_root, tmpfs  # noqa: E402
 

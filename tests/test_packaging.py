@@ -24,7 +24,7 @@ WHERE = """
 import json, shutil, subprocess, sys, tempfile
 import kcache, redis, stress
 from stress.procs import PROJECT, worker_env
-from stress.redis_server import redis_server
+from stress.servers.redis import redis_server
 child = subprocess.run(
     [sys.executable, "-c", "import json, kcache, stress.worker; print(json.dumps([kcache.__file__, stress.worker.__file__]))"],
     env=worker_env(), cwd=str(PROJECT), capture_output=True, text=True, check=True)

@@ -15,7 +15,7 @@ pytest.importorskip("tilelang", reason="the link needs TileLang (and its TVM)")
 from tilelang.jit import JITKernel  # noqa: E402
 
 from kcache.tilelang import host_link, packed_blob  # noqa: E402
-from stress.kernels import CPU_TARGET, matmul  # noqa: E402
+from stress.programs.kernels import CPU_TARGET, matmul  # noqa: E402
 from tests.wrapped_cc import wrap_cc  # noqa: E402
 
 

@@ -205,7 +205,7 @@ def test_a_compile_that_crashes_or_hangs_raises_and_the_next_call_works(
 ) -> None:
     pytest.importorskip("tilelang")
     from kcache.compile.pool.process_pool import TILELANG_PRELOAD
-    from stress.kernels import CPU_TARGET, elementwise_add
+    from stress.programs.kernels import CPU_TARGET, elementwise_add
 
     faulty, good = elementwise_add(n=1024), elementwise_add(n=2048)
     name = str(faulty.attrs["global_symbol"])
@@ -267,7 +267,7 @@ def test_a_site_hook_that_prints_at_start_does_not_break_compiles(
     monkeypatch.setenv("KCACHE_COMPILE_ISOLATION", mode)
     code = f"""
 import json, kcache
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 cache = kcache.KernelCache({str(cache_root)!r})
 kernel = cache.get_or_compile(elementwise_add(n=1536), CPU_TARGET, out_idx=[2])
 print("RESULT", json.dumps({{"compiles": cache.stats()["compiles"], "entries": len(cache.store.keys()),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import kcache
-from stress import synthetic
+from stress.programs import synthetic
 
 from .helpers import snapshot
 
@@ -55,7 +55,7 @@ def test_a_readonly_cache_loads_real_kernels_and_compiles_misses_privately(
     cache_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("tilelang")
-    from stress.kernels import CPU_TARGET, elementwise_add
+    from stress.programs.kernels import CPU_TARGET, elementwise_add
 
     kcache.KernelCache(cache_root).get_or_compile(elementwise_add(n=1024), CPU_TARGET, out_idx=[2])
     before = snapshot(cache_root)

@@ -14,7 +14,7 @@ redis = pytest.importorskip("redis", reason="the remote tier needs redis-py (pip
 
 import kcache  # noqa: E402
 from kcache.config import Settings  # noqa: E402
-from stress import synthetic  # noqa: E402
+from stress.programs import synthetic  # noqa: E402
 
 from .helpers import cold_cluster, lease_holder  # noqa: E402
 from .redis_server import redis_server  # noqa: E402
@@ -136,7 +136,7 @@ def test_a_live_lease_is_waited_for_at_most_KCACHE_LOCK_TIMEOUT_with_backoff_the
 
 
 def test_doctor_checks_that_the_remote_answers(tmp_path: Path, redis_url: str) -> None:
-    from kcache.tools.doctor import doctor
+    from kcache.cli.doctor import doctor
 
     def remote_finding(url: str):
         settings = dataclasses.replace(Settings.from_env(tmp_path), remote_url=url)

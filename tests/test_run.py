@@ -63,7 +63,7 @@ import kcache
 assert not kcache.is_installed(), "installed before TileLang's import"
 import tilelang
 from kcache.dropin import routing
-from stress.kernels import CPU_TARGET, elementwise_add
+from stress.programs.kernels import CPU_TARGET, elementwise_add
 assert kcache.is_installed() and importlib.import_module("tilelang.jit").cached is routing.cached
 tilelang.compile(elementwise_add(), out_idx=[2], target=CPU_TARGET)
 print("compiled")
@@ -80,7 +80,7 @@ def test_a_program_that_imports_tilelang_gets_the_hooks_and_its_compile_goes_thr
 
 def test_a_triton_program_runs_through_kcache_where_tilelang_cannot_be_imported(tmp_path: Path) -> None:
     pytest.importorskip("triton", reason="the Triton program needs triton (pip install -e '.[test]')")
-    from stress.triton_program import assembler_runs, counting_assemblers
+    from stress.programs.triton_program import assembler_runs, counting_assemblers
 
     shadow = tmp_path / "no-tilelang" / "tilelang"
     shadow.mkdir(parents=True)
@@ -95,7 +95,7 @@ def test_a_triton_program_runs_through_kcache_where_tilelang_cannot_be_imported(
     assert check.returncode == 1 and "cannot be imported here" in check.stderr  # the shadow works
     outputs = []
     for _ in range(2):
-        done = subprocess.run([sys.executable, "-m", "kcache", "run", str(PROJECT / "stress" / "triton_program.py"),
+        done = subprocess.run([sys.executable, "-m", "kcache", "run", str(PROJECT / "stress" / "programs" / "triton_program.py"),
                                "add"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append(json.loads(done.stdout.splitlines()[-1]))
@@ -132,7 +132,7 @@ def test_a_folder_named_kcache_in_the_working_directory_shadows_nothing(tmp_path
     program.write_text(SHOW_KCACHE)
     script = tmp_path / "bin" / "kcache"
     script.parent.mkdir()
-    script.write_text("import sys\nfrom kcache.tools.launch import main\nsys.exit(main())\n")  # as pip writes it
+    script.write_text("import sys\nfrom kcache.cli.launch import main\nsys.exit(main())\n")  # as pip writes it
     command = [sys.executable, "-m", "kcache"] if entry == "python -m kcache" else [sys.executable, str(script)]
     env = {**os.environ, "PYTHONPATH": str(finder)}
     shadowed = subprocess.run([sys.executable, "-c", SHOW_KCACHE], capture_output=True, text=True, env=env, cwd=work)

@@ -1,4 +1,4 @@
-"""The S3 tier against a real S3-protocol server process (moto's S3 service, stress.s3_server): nodes
+"""The S3 tier against a real S3-protocol server process (moto's S3 service, stress.servers.s3): nodes
 share kernels through a bucket, compile once, store identical files once, and survive a killed
 writer, corrupt objects, a wrong secret, a store that goes away and a slow one."""
 
@@ -25,7 +25,7 @@ import kcache  # noqa: E402
 from kcache.config import Settings  # noqa: E402
 from kcache.tiers.s3_bucket import open_bucket  # noqa: E402
 from kcache.tiers.s3_tier import S3Tier  # noqa: E402
-from stress import synthetic  # noqa: E402
+from stress.programs import synthetic  # noqa: E402
 
 from .helpers import cold_cluster, expect_line, spawn  # noqa: E402
 from .redis_server import redis_server  # noqa: E402
@@ -123,7 +123,7 @@ def test_a_writer_killed_between_its_blobs_and_its_manifest_leaves_no_entry(tmp_
     writer = spawn(f"""
 import sys, kcache
 from kcache.tiers import s3_tier
-from stress import synthetic
+from stress.programs import synthetic
 def stop_before_the_manifest(self, key, *listing_and_files):
     print("blobs stored", flush=True); sys.stdin.readline()
 s3_tier.S3Tier._write_manifest = stop_before_the_manifest
@@ -295,7 +295,7 @@ def test_a_lease_object_is_exclusive_released_and_taken_over_when_stale(s3: str,
 
 
 def test_doctor_checks_the_bucket_and_create_only_writes(tmp_path: Path, s3: str, monkeypatch) -> None:
-    from kcache.tools.doctor import doctor
+    from kcache.cli.doctor import doctor
 
     def remote_findings(url: str):
         settings = dataclasses.replace(Settings.from_env(tmp_path), remote_url=url)
@@ -312,7 +312,7 @@ def test_kcache_stats_shows_the_hits_of_every_tier(tmp_path: Path, server, s3: s
     get(node(tmp_path / "a", s3))
     reader = spawn(f"""
 import kcache
-from stress import synthetic
+from stress.programs import synthetic
 kcache.KernelCache({str(tmp_path / "b")!r}, backend=synthetic, remote={s3!r}).get_or_compile(
     synthetic.SyntheticFunc("k0"), "synthetic")
 """, **server.env)

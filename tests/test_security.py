@@ -20,7 +20,7 @@ import pytest
 import kcache
 from kcache.store import access, layout
 from kcache.store.components import LIBRARY
-from stress import synthetic
+from stress.programs import synthetic
 
 from .faults import needs_root
 from .helpers import snapshot
@@ -159,7 +159,7 @@ def test_a_link_in_place_of_a_kcache_directory_is_never_followed(tmp_path: Path,
     fresh.settings = __import__("dataclasses").replace(fresh.settings, max_size_bytes=1)
     get(fresh, "k0")
     fresh.gc()
-    from kcache.tools.cli import main
+    from kcache.cli.main import main
 
     assert main(["--dir", str(root), "--json", "gc"]) == 0  # which also prunes old quarantined entries
     from kcache.maintenance.counter_file import _flush_all
@@ -221,7 +221,7 @@ def test_an_entry_copied_under_another_key_is_refused_and_verify_says_so(tmp_pat
     assert fresh.stats()["compiles"] == 1
     shutil.rmtree(kernels / key_of["k0"])
     shutil.copytree(kernels / key_of["k1"], kernels / key_of["k0"])
-    from kcache.tools.cli import main
+    from kcache.cli.main import main
 
     assert main(["--dir", str(root), "--json", "verify"]) == 1
 
@@ -422,7 +422,7 @@ def test_swapping_kernel_entries_during_fresh_loads_never_serves_the_attackers(
     env = unprivileged_env
     root = shared_dir(world_dir / "victim-root", env, "kcache-b", 0o750)  # the group may look, not write
     kernels = shared_dir(root / "kernels", env, "kcache-b", 0o770)  # ...but here it may (umask 002, say)
-    load = (f"import logging, kcache\nfrom stress import synthetic\nlogging.disable(logging.WARNING)\n"
+    load = (f"import logging, kcache\nfrom stress.programs import synthetic\nlogging.disable(logging.WARNING)\n"
             f"print(kcache.KernelCache({str(root)!r}, backend=synthetic)"
             f".get_or_compile(synthetic.SyntheticFunc('k0'), 'synthetic').library_sha)")
     first = env.run("kcache-b", load)

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from kcache.bundle import importer as bundle_module
+from kcache.bundle.importer import export_bundle, import_bundle
+from kcache.bundle.manifest import MANIFEST_MEMBER
 from kcache.store import layout
 from kcache.store.components import KERNELS, LIBRARY
-from kcache.tools import bundle as bundle_module
-from kcache.tools.bundle import export_bundle, import_bundle
-from kcache.tools.bundle_manifest import MANIFEST_MEMBER
 
 from .helpers import PROJECT, child_env
 from .test_bundles import NAMES, SECRET, filled_root, staging_left, visible
@@ -265,7 +265,7 @@ def test_a_bundle_of_a_private_root_is_private_wherever_it_is_written(
     assert stat.S_IMODE(bundle.stat().st_mode) == 0o600
 
 
-EXPORT = "from kcache.tools.bundle import export_bundle\nexport_bundle({bundle!r}, root={root!r}, secret=None)"
+EXPORT = "from kcache.bundle.importer import export_bundle\nexport_bundle({bundle!r}, root={root!r}, secret=None)"
 
 
 def test_a_bundle_of_a_group_shared_root_is_readable_by_that_group_only(

@@ -54,7 +54,7 @@ print(staging, quarantined)
 OPEN = """
 import json, logging, sys
 import kcache
-from stress import synthetic
+from stress.programs import synthetic
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 cache = kcache.KernelCache(sys.argv[1], backend=synthetic)  # gc is due: it runs here
 kernel = cache.get_or_compile(synthetic.SyntheticFunc(KERNEL), "synthetic")
@@ -84,7 +84,7 @@ def test_a_planted_deep_tree_costs_gc_a_warning_at_open_and_in_kcache_gc(
     warned = [line for line in opened.stderr.splitlines() if "directories deep" in line]
     assert len(warned) == 1 and staging in warned[0], opened.stderr
 
-    swept = env.run("kcache-b", f"import sys\nfrom kcache.tools.cli import main\n"
+    swept = env.run("kcache-b", f"import sys\nfrom kcache.cli.main import main\n"
                                 f"sys.exit(main(['--dir', {str(team)!r}, 'gc']))", env=GROUP)
     assert swept.returncode == 0 and "Traceback" not in swept.stderr, swept.stderr[-3000:]
     warned = [line for line in swept.stderr.splitlines() if "directories deep" in line]

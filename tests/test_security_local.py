@@ -20,7 +20,7 @@ import kcache
 from kcache.cache import deployment
 from kcache.compile.runtime_dir import host_tag
 from kcache.compile.service.address import MAX_SOCKET_PATH
-from stress import synthetic
+from stress.programs import synthetic
 
 from .faults import needs_root
 from .helpers import child_env
@@ -32,7 +32,7 @@ TEAM_GID, OTHER_UID = 4242, 4243  # a group and a user this machine need not hav
 
 RECORD_AS_VICTIM = """
 import kcache
-from stress import synthetic
+from stress.programs import synthetic
 cache = kcache.KernelCache({root!r}, backend=synthetic)
 cache.get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
 """

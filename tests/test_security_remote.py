@@ -1,5 +1,5 @@
 """Security review, issue 36 (part A): what a writer of the remote store can plant under a lease's name,
-against a real redis-server and a real S3-protocol server process (moto's, stress.s3_server).
+against a real redis-server and a real S3-protocol server process (moto's, stress.servers.s3).
 
 A lease is input from whoever can write to the store. Whatever is planted there (too big, another
 Redis type, unparseable, an expiry too big for a float) is measured before it is read, judged
@@ -32,8 +32,8 @@ from kcache.results.tune_once import RemoteResults, TuneOnce, TuneWaitTimeout
 from kcache.store import layout
 from kcache.store.entries import EntryStore
 from kcache.tiers.remote_guard import MAX_LEASE_BYTES
-from stress import s3_server as _s3_server
-from stress import synthetic
+from stress.programs import synthetic
+from stress.servers import s3 as _s3_server
 
 from .helpers import child_env
 from .test_remote import redis_url  # noqa: F401 - a fixture: a real redis-server
@@ -43,12 +43,12 @@ SECRET = "cluster-secret"
 
 # ---------------------------------------------------------------- an S3 server that logs every request
 
-# stress.s3_server's server, with every request written to a log file before it is served: a request
+# stress.servers.s3's server, with every request written to a log file before it is served: a request
 # whose answer the client has seen is in the log, so counting needs no wait.
 LOGGED_S3_SERVER = """
 import sys
 import werkzeug.serving
-from stress import s3_server
+from stress.servers import s3 as s3_server
 
 requests = open(sys.argv[1], "a", buffering=1)
 plain_server = werkzeug.serving.make_server

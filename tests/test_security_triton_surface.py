@@ -53,14 +53,14 @@ LONE_KEY = base64.b32encode(hashlib.sha256(b"a launcher's source").digest()).dec
 LONE_FILE = "__triton_launcher.so"
 LONE_BYTES = b"\x7fELF a launcher's bytes"
 
-# A node: compile the kernels named in argv[1] (stress.triton_program's), then put and get the lone
+# A node: compile the kernels named in argv[1] (stress.programs.triton_program's), then put and get the lone
 # files of argv[2] through kcache's manager, as Triton's driver does for its launcher; print one JSON
 # object: each kernel's cubin sha256, and each lone file's sha256 as get_file returned it (or None).
 NODE = """
 import hashlib, json, sys
 sys.path.insert(0, {project!r})
-from stress.triton_program import compile_kernel
 from kcache.triton.manager import CacheManager
+from stress.programs.triton_program import compile_kernel
 out = {{name: compile_kernel(name) for name in sys.argv[1].split(",") if name}}
 lone = json.loads(sys.argv[2])
 for key, name, data in lone.get("put", []):
@@ -439,7 +439,7 @@ def members_of(bundle: Path) -> list[Member]:
 
 def write_bundle(path: Path, members: list[Member], manifest: dict | None = None) -> Path:
     """The tar of `members`; with `manifest`, that manifest (re-signed) in place of the first two."""
-    from kcache.tools.bundle_manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
+    from kcache.bundle.manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
 
     if manifest is not None:
         data = json.dumps(manifest).encode()
@@ -456,7 +456,7 @@ def write_bundle(path: Path, members: list[Member], manifest: dict | None = None
 
 
 def manifest_of(members: list[Member]) -> dict:
-    from kcache.tools.bundle_manifest import MANIFEST_MEMBER
+    from kcache.bundle.manifest import MANIFEST_MEMBER
 
     return json.loads(next(m.data for m in members if m.name == MANIFEST_MEMBER))
 
@@ -605,7 +605,7 @@ def python_without_kcache(tmp_path: Path) -> Path:
     for source in (Path(triton.__file__).parent, Path(distribution("triton")._path)):  # noqa: SLF001
         shutil.copytree(source, site_packages / source.name, copy_function=os.link,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(PROJECT / "stress" / "triton_program.py", tmp_path / "triton_program.py")
+    shutil.copy(PROJECT / "stress" / "programs" / "triton_program.py", tmp_path / "triton_program.py")
     return python
 
 

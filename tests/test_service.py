@@ -76,9 +76,9 @@ def wait_for_exit(pid: int, timeout: float) -> bool:
 CLIENT = """
 import json, sys
 sys.path.insert(0, {project!r})
+from kcache.compile.pool.process_pool import CompilePool
 from kcache.compile.service import client
 from kcache.compile.service import connection as service_connection
-from kcache.compile.pool.process_pool import CompilePool
 from tests import pool_jobs
 pool = client.ServicePool(2, None, ("tests.pool_jobs",), 60.0, lambda: CompilePool(1, None, preload=()))
 print(json.dumps({{"worker": pool.run(pool_jobs.worker_pid), "server": pool.server_pid}}))
@@ -101,9 +101,9 @@ def test_processes_share_one_service_and_its_warm_workers(runtime: Path) -> None
 RACING_CLIENT = """
 import json, os, sys
 sys.path.insert(0, {project!r})
+from kcache.compile.pool.process_pool import CompilePool
 from kcache.compile.service import client
 from kcache.compile.service import connection as service_connection
-from kcache.compile.pool.process_pool import CompilePool
 from tests import pool_jobs
 real_start = service_connection.start
 
@@ -271,7 +271,7 @@ def test_one_environment_names_one_service_whatever_its_spelling(tmp_path: Path)
         directory.mkdir()
     bin_dir, versioned = interpreter_spellings(tmp_path / "venv-bin")
     script = tmp_path / "kcache"  # what pip writes for the console script
-    script.write_text(f"#!{bin_dir / versioned}\nimport sys\nfrom kcache.tools.cli import main\nsys.exit(main())\n")
+    script.write_text(f"#!{bin_dir / versioned}\nimport sys\nfrom kcache.cli.main import main\nsys.exit(main())\n")
     script.chmod(0o755)
     (other_nvcc / "nvcc").write_text("#!/bin/sh\nexit 1\n")
     (other_nvcc / "nvcc").chmod(0o755)

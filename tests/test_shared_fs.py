@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import kcache
-from stress import synthetic
+from stress.programs import synthetic
 
 from .faults import needs_root, readonly_bind
 from .helpers import snapshot
@@ -25,7 +25,7 @@ from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fi
 # Run as a user: use the cache, print one JSON line of what happened; warnings go to stderr.
 USE_CACHE = """
 import json, logging, sys, kcache
-from stress import synthetic
+from stress.programs import synthetic
 logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
 try:
     cache = kcache.KernelCache({root!r}, backend=synthetic)

@@ -108,7 +108,7 @@ RUN_UNDER_OLD_VERSION = '''
 import sys
 import tilelang
 tilelang.__version__ = "0.1.13"
-from kcache.tools.cli import main
+from kcache.cli.main import main
 sys.exit(main(["run", sys.argv[1]]))
 '''
 

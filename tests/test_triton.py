@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
 
-from stress.triton_program import assembler_runs, counting_assemblers  # noqa: E402
+from stress.programs.triton_program import assembler_runs, counting_assemblers  # noqa: E402
 
 from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 from .helpers import PROJECT, child_env  # noqa: E402
@@ -28,13 +28,13 @@ from .s3_server import s3_server  # noqa: E402
 from .test_security import world_dir  # noqa: E402, F401 - a fixture
 from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: E402, F401 - a fixture
 
-PROGRAM = PROJECT / "stress" / "triton_program.py"
+PROGRAM = PROJECT / "stress" / "programs" / "triton_program.py"
 MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 
 
 @pytest.fixture
 def ptxas(tmp_path: Path) -> Path:
-    """The folder of Triton's assemblers as counting wrappers (stress.triton_program.counting_assemblers)."""
+    """The folder of Triton's assemblers as counting wrappers (stress.programs.triton_program.counting_assemblers)."""
     folder = tmp_path / "counting-assemblers"
     folder.mkdir()
     counting_assemblers(folder)
@@ -112,7 +112,7 @@ def test_a_herd_compiles_a_key_once_where_tritons_own_cache_compiles_it_in_every
 HIT_MODULES = """
 import json, sys
 sys.path.insert(0, {project!r})
-from stress.triton_program import compile_kernel
+from stress.programs.triton_program import compile_kernel
 digest = compile_kernel("matmul")
 print(json.dumps({{"matmul": digest, "modules": sorted(m for m in sys.modules if m.startswith("kcache"))}}))
 """
@@ -206,7 +206,7 @@ def test_a_writer_killed_mid_group_leaves_no_entry_and_holds_nothing(tmp_path: P
     assert again["matmul"] == compile_in_fresh_process("matmul", program_env(ptxas, tmp_path / "p"))["matmul"]
     import kcache
 
-    kcache.KernelCache(root, backend=__import__("stress.synthetic").synthetic).gc()
+    kcache.KernelCache(root, backend=__import__("stress.programs.synthetic").programs.synthetic).gc()
     assert os.listdir(root / "triton" / ".staging") == []  # the dead writer's files
 
 
@@ -271,7 +271,7 @@ except PermissionError as err:
 
 def users_running_triton(triton_users: tuple[UnprivilegedEnv, Path], world: Path):  # noqa: ANN201
     """The users, a folder whose `ptxas` counts its runs into `runs` (any user may run and append), and
-    `as_user(user, kernel, env) -> (printed JSON, stderr)`: stress.triton_program as that user, a
+    `as_user(user, kernel, env) -> (printed JSON, stderr)`: stress.programs.triton_program as that user, a
     PermissionError printed as {"PermissionError": ...}."""
     users, users_triton = triton_users
     program = world / "triton_program.py"  # the project's checkout may be out of the users' reach
@@ -656,7 +656,7 @@ def test_a_bundle_whose_triton_file_was_changed_or_moved_under_another_key_is_re
         tmp_path: Path, ptxas: Path) -> None:
     """A changed byte of a Triton cubin fails its sha256; a Triton entry listed (and signed) under
     another key fails its kcache-triton.json's binding. Either refuses the bundle: B gets nothing."""
-    from kcache.tools.bundle_manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
+    from kcache.bundle.manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, sign
 
     root_a, bundle = tmp_path / "a", tmp_path / "k.bundle"
     compile_in_fresh_process("add", program_env(ptxas, root_a, **MANAGER))

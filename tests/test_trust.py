@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import kcache
-from stress import synthetic
+from stress.programs import synthetic
 
 
 def planted(cache_root: Path) -> tuple[Path, str]:

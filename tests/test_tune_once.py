@@ -33,7 +33,7 @@ pytestmark = pytest.mark.tilelang
 def compiled_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A root holding the three configs' kernels: tests about claims and picks start from a copy of it
     rather than compiling them again (the first test and the cluster test compile for themselves)."""
-    from stress.kernels import CPU_TARGET
+    from stress.programs.kernels import CPU_TARGET
 
     root = tmp_path_factory.mktemp("compiled") / "root"
     cache = kcache.KernelCache(root)
@@ -190,7 +190,7 @@ def fixed_profiler(fastest: int, calls: list):
 
 def tune_scale(root: Path, fastest: int, calls: list, **options) -> AutotuneResult:
     import autotuner
-    from stress.kernels import CPU_TARGET
+    from stress.programs.kernels import CPU_TARGET
 
     return autotuner.tune(scale, CONFIGS, inputs=[], target=CPU_TARGET, out_idx=[1], cache=kcache.KernelCache(root),
                           profiler=fixed_profiler(fastest, calls), verbose=False, **options)

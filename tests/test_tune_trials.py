@@ -19,7 +19,7 @@ from autotuner.trials import (  # noqa: E402
     summary_table,
 )
 from kcache.compile.pool.process_pool import TILELANG_PRELOAD, CompilePool  # noqa: E402
-from stress.kernels import CPU_TARGET  # noqa: E402
+from stress.programs.kernels import CPU_TARGET  # noqa: E402
 
 pytestmark = pytest.mark.tilelang
 

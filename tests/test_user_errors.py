@@ -169,7 +169,7 @@ def test_the_archs_of_todays_gpus_pass_the_arch_check(arch: str) -> None:
 def test_a_bad_arch_is_one_line_from_get_or_compile_before_any_compile(tmp_path: Path) -> None:
     pytest.importorskip("tilelang", reason="the target check needs TileLang (pip install -e '.[test]')")
     import kcache
-    from stress.kernels import elementwise_add
+    from stress.programs.kernels import elementwise_add
 
     cache = kcache.KernelCache(tmp_path / "root")
     with pytest.raises(kcache.TargetError) as caught:
@@ -183,7 +183,7 @@ def test_a_bad_arch_is_one_line_from_get_or_compile_before_any_compile(tmp_path:
 def test_get_or_compile_names_what_it_takes(tmp_path: Path, func: object) -> None:
     pytest.importorskip("tilelang", reason="get_or_compile needs TileLang (pip install -e '.[test]')")
     import kcache
-    from stress.kernels import CPU_TARGET
+    from stress.programs.kernels import CPU_TARGET
 
     cache = kcache.KernelCache(tmp_path / "root")
     with pytest.raises(TypeError, match="kcache compiles a TileLang PrimFunc") as caught:
@@ -199,7 +199,7 @@ def test_tuning_without_a_gpu_or_a_profiler_says_so_before_compiling_anything(tm
         pytest.skip("a GPU is visible here: the mistake this test makes is not one")
     import autotuner
     import kcache
-    from stress.kernels import CPU_TARGET
+    from stress.programs.kernels import CPU_TARGET
 
     from .test_tune_trials import tile_kernel
 

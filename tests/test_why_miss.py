@@ -15,10 +15,10 @@ pytest.importorskip("tilelang", reason="TileLang is a runtime dependency; instal
 
 import kcache  # noqa: E402
 from kcache.cache import deployment, miss_explain  # noqa: E402
+from kcache.cli import main as cli  # noqa: E402
+from kcache.cli.contract import EXIT_NOT_FOUND  # noqa: E402
 from kcache.tilelang import backend as tilelang_backend  # noqa: E402
-from kcache.tools import cli  # noqa: E402
-from kcache.tools.cli_contract import EXIT_NOT_FOUND  # noqa: E402
-from stress.kernels import CPU_TARGET, elementwise_add  # noqa: E402
+from stress.programs.kernels import CPU_TARGET, elementwise_add  # noqa: E402
 
 STORED = {"target": CPU_TARGET, "out_idx": [2]}
 NEWER_NVCC = "Cuda compilation tools, release 13.0, V13.0.90 | Build cuda_13.0.r13.0/compiler.99999999_0"
@@ -136,7 +136,7 @@ def test_why_miss_says_what_to_do_when_it_knows_no_such_key(tmp_path: Path, caps
 
 def test_an_isolated_compile_keeps_the_key_fields_the_caller_derived_its_key_from(tmp_path: Path) -> None:
     """The fields travel with the compile job: a worker's entry keeps the caller's, not its own."""
-    from stress import synthetic
+    from stress.programs import synthetic
 
     cache = kcache.KernelCache(tmp_path / "root", backend=synthetic)
     assert cache.settings.compile_isolation != "inprocess"

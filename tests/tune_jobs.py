@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import autotuner
     import kcache
-    from stress.kernels import CPU_TARGET
+    from stress.programs.kernels import CPU_TARGET
 
     draw = random.Random(os.getpid())
     latency = {str(c["block"]): draw.random() for c in CONFIGS}

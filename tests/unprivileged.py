@@ -48,7 +48,7 @@ PROJECT_PACKAGES = ("kcache", "stress", "autotuner")
 # kcache's pure-Python dependencies, copied from the running interpreter.
 # Package directories only, no dist-info: importlib.metadata does not see them there.
 DEPENDENCIES = ("platformdirs", "cloudpickle")
-IMPORT_CHECK = "import kcache, stress.synthetic, autotuner, platformdirs, cloudpickle"
+IMPORT_CHECK = "import kcache, stress.programs.synthetic, autotuner, platformdirs, cloudpickle"
 # useradd under pytest-xdist: every worker runs this session fixture at once.
 USER_CREATION_LOCK = Path("/tmp/kcache-test-users.lock")
 

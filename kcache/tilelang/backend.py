@@ -4,7 +4,7 @@ TileLang is imported when this module is, so `import kcache` stays cheap and
 only a cache that actually compiles or loads pays for it. Everything here is
 on the hit path except compiling and saving (`kcache.tilelang.compiler`),
 which load only on a miss. The stress harness's synthetic backend
-(stress/synthetic.py) provides the same names.
+(stress/programs/synthetic.py) provides the same names.
 """
 
 from __future__ import annotations

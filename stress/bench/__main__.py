@@ -2,7 +2,7 @@
 
 The baseline is TileLang's own cache unless a row says otherwise.
 
-The scenarios are registered in stress.bench.scenarios, one module each under stress/bench/: herd, disk,
+The scenarios are registered in stress.bench.suite.scenarios, one module each under stress/bench/: herd, disk,
 memory, compile, cli, remote, cold, many, triton and warm are measured in the bench's run (all of them
 by default); tune, tune-once, dropin, deploy, bundle, multigpu, helion and triton-library have runs of their
 own, started when named with --only (arguments the bench does not know go to them). A scenario whose tools are missing
@@ -32,15 +32,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kcache.tools.interruption import Interrupted, ignore_further_signals
+from kcache.interruption import Interrupted, ignore_further_signals
 
 from ..command_scope import command_scope
 from ..procs import PROJECT
 from .cold import MODES as COLD_MODES
-from .dataset import DATASET, record
-from .needs import unavailable
-from .rows import bytecode_as_installed, format_value
-from .scenarios import BY_NAME, IN_RUN, SCENARIOS
+from .suite.dataset import DATASET, record
+from .suite.needs import unavailable
+from .suite.rows import bytecode_as_installed, format_value
+from .suite.scenarios import BY_NAME, IN_RUN, SCENARIOS
 
 PLOTS = PROJECT / "docs" / "img"
 WRITES_JSON = ("tune-once", "deploy", "multigpu")  # the own runs that take --json FILE
@@ -188,7 +188,7 @@ def measure(options: argparse.Namespace, names: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     options, passed_on = parse(argv)
     if options.plots:
-        from .plots import draw
+        from .suite.plots import draw
 
         for path in draw(options.results, options.out):
             print(path)

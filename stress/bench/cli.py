@@ -21,7 +21,7 @@ from typing import Any
 def fabricate(root: Path, entries: int) -> None:
     from kcache import KernelCache
 
-    from .. import synthetic
+    from ..programs import synthetic
 
     cache = KernelCache(root, backend=synthetic)
     cache.get_or_compile(synthetic.SyntheticFunc("template"), "synthetic")
@@ -61,7 +61,7 @@ def measure(work: Path, entries: int, repeats: int, env: dict[str, str]) -> dict
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     from ..procs import worker_env
-    from .rows import percentile, row
+    from .suite.rows import percentile, row
 
     entries, repeats = options.cli_entries, 5
     samples = measure(work, entries, repeats, worker_env(env))

@@ -16,11 +16,9 @@ The modes alternate sample by sample, so that drift in the machine hits them ali
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +41,7 @@ def child(mode: str, kernel: str, root: str) -> None:
         cache = kcache.KernelCache(root)  # starts the service in the background
     import tilelang
 
-    from ..kernels import CPU_TARGET, matmul, pool
+    from ..programs.kernels import CPU_TARGET, matmul, pool
 
     func = pool(1)[0].build() if kernel == "add" else matmul(1024, 1024, 1024, 128, 128, 32)
     if mode != "tilelang" and cache is None:
@@ -55,21 +53,21 @@ def child(mode: str, kernel: str, root: str) -> None:
         tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
     else:
         cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
-    print("result " + json.dumps({"seconds": time.perf_counter() - started}), flush=True)
+    from .suite.rows import print_result  # after the timed call: the child imports no more before it
+
+    print_result({"seconds": time.perf_counter() - started})
 
 
 def _sample(mode: str, kernel: str, work: Path, env: dict[str, str]) -> float:
+    from .suite.rows import child_result
+
     root = Path(tempfile.mkdtemp(prefix="cold-", dir=work))
     extra = {"TILELANG_CACHE_DIR": str(root / "tilelang"),
              "KCACHE_COMPILE_ISOLATION": "pool" if mode == "pool" else "server"}
-    done = subprocess.run([sys.executable, "-m", "stress.bench.cold", "--child", mode, kernel, str(root)],
-                          env={**os.environ, **env, **extra}, capture_output=True, text=True, timeout=600)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"cold sample {mode}/{kernel} failed (exit status {done.returncode}): "
-                           f"{done.stderr[-2000:]}\nits output: {done.stdout[-2000:]}")
+    found = child_result([sys.executable, "-m", "stress.bench.cold", "--child", mode, kernel, str(root)],
+                         f"cold sample {mode}/{kernel}", env={**os.environ, **env, **extra}, timeout=600)
     shutil.rmtree(root, ignore_errors=True)
-    return float(json.loads(lines[-1][7:])["seconds"])
+    return float(found["seconds"])
 
 
 def _service(env: dict[str, str]) -> tuple[Any, str]:
@@ -178,7 +176,7 @@ if __name__ == "__main__":
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """The first compile per kernel and lane against TileLang's; `--cold-mode` narrows the lanes (TileLang's
     always runs), `--cold-without-pool` leaves out the per-process pool's, which no goal reads."""
-    from .rows import row
+    from .suite.rows import row
 
     repeats = options.cold_repeats
     modes = MODES if not options.cold_without_pool else tuple(mode for mode in MODES if mode != "pool")

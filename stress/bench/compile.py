@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ def measure(sequential: int, parallel: int, workers: int | None) -> dict[str, An
     import kcache
     from kcache.config import Settings
 
-    from ..kernels import CPU_TARGET, matmul
+    from ..programs.kernels import CPU_TARGET, matmul
 
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-compile-"))
     if max(sequential, parallel) > len(CONFIGS):
@@ -96,7 +94,9 @@ def measure(sequential: int, parallel: int, workers: int | None) -> dict[str, An
 def main(argv: list[str]) -> int:
     sequential, parallel = int(argv[0]), int(argv[1])
     workers = int(argv[2]) if len(argv) > 2 and argv[2] != "auto" else None
-    print("result " + json.dumps(measure(sequential, parallel, workers)), flush=True)
+    from .suite.rows import print_result
+
+    print_result(measure(sequential, parallel, workers))
     return 0
 
 
@@ -107,17 +107,11 @@ if __name__ == "__main__":
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """Run in an interpreter of its own (`python -m stress.bench.compile`), so that the pool starts cold."""
     from ..procs import PROJECT, worker_env
-    from .rows import row
+    from .suite.rows import child_result, row
 
     sequential, parallel = options.sequential, options.parallel
-    done = subprocess.run(
-        [sys.executable, "-m", "stress.bench.compile", str(sequential), str(parallel), options.compile_workers],
-        capture_output=True, text=True, env=worker_env(env), cwd=str(PROJECT), check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"compile bench failed: {done.stderr[-3000:]}")
-    r = json.loads(lines[-1][len("result "):])
+    r = child_result([sys.executable, "-m", "stress.bench.compile", str(sequential), str(parallel),
+                      options.compile_workers], "compile bench", env=worker_env(env), cwd=str(PROJECT))
     scenario = f"compile ({r['workers']} workers)"
     return [
         row(scenario, f"pool start-up, {r['workers']} workers", r["pool_startup_s"], None, "s"),

@@ -1,6 +1,6 @@
 """The disk hit of `python -m stress.bench --only disk`: a fresh process imports everything, then one get
 call is timed with the entry already on disk (kcache verifies every file's sha256), against TileLang's
-own cache. `--profile` breaks the hit into its steps (stress.bench.disk_profile)."""
+own cache. `--profile` breaks the hit into its steps (stress.bench.profiles.disk)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .rows import BACKENDS, get_seconds, percentile, row, run_workers
+from .suite.rows import BACKENDS, get_seconds, percentile, row, run_workers
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

@@ -13,14 +13,14 @@ from typing import Any
 
 from ..nvcc_counter import NvccCounter
 from ..procs import PROJECT, worker_env
-from .rows import BACKENDS, get_seconds, row, run_workers
+from .suite.rows import BACKENDS, get_seconds, row, run_workers
 
 HERD_VARIANTS = ("kcache, pool", "kcache, server", "kcache, server, opened first", "kcache, server running", "tilelang")
 # Started in the herd's environment (the service's name depends on it), with one job run so that a
 # worker is forked and warm: as after any kcache process of this user ran here within the idle time.
 WARM_SERVICE = """
-from kcache.compile.service import client as service_client
 from kcache.compile.pool.process_pool import TILELANG_PRELOAD
+from kcache.compile.service import client as service_client
 service = service_client.ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)
 service.run(abs, -1)
 service.close()

@@ -2,7 +2,7 @@
 
 `--many-procs` fresh processes (default 8, as ranks of one job) each open a `KernelCache` and hand its
 compile pool the same `--many-configs` distinct matmul configs (default 16, the tuner's configs of
-stress/tune_kernels.py) with `compile_many`, released together by a barrier. Each job compiles its
+stress/programs/tune_kernels.py) with `compile_many`, released together by a barrier. Each job compiles its
 config with TileLang in a worker (no cache: every job is a real compile). Two modes, one after the
 other (the service first, so what the first run warms favours the pools), each on fresh processes:
 - `pool`: every process its own pool (today's default): up to `usable cores` workers each;
@@ -45,8 +45,8 @@ def compile_config(index: int) -> int:
     """One job: compile config `index` with TileLang, in the worker; the device source's length."""
     import tilelang
 
-    from ..kernels import CPU_TARGET
-    from ..tune_kernels import CONFIGS, matmul
+    from ..programs.kernels import CPU_TARGET
+    from ..programs.tune_kernels import CONFIGS, matmul
 
     tilelang.disable_cache()  # every job a real compile, never TileLang's cache
     kernel = tilelang.compile(matmul(**CONFIGS[index % len(CONFIGS)]), out_idx=[2], target=CPU_TARGET,
@@ -203,7 +203,7 @@ if __name__ == "__main__":
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     from kcache.compile.jobs import usable_cpu_count
 
-    from .rows import row
+    from .suite.rows import row
 
     procs, configs = options.many_procs, options.many_configs
     m = measure(procs, configs, env)

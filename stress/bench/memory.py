@@ -5,28 +5,20 @@ timed in a child interpreter (`python -m stress.bench.memory ROOT`), apart from 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..procs import PROJECT, worker_env
-from .rows import percentile, row
+from .suite.rows import child_result, percentile, print_result, row
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "stress.bench.memory", str(work / "memory")],
-        capture_output=True, text=True, env=worker_env(env), cwd=str(PROJECT), check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"memory-hit worker failed: {done.stderr[-3000:]}")
-    us = json.loads(lines[-1][len("result "):])
+    us = child_result([sys.executable, "-m", "stress.bench.memory", str(work / "memory")], "memory-hit worker",
+                      env=worker_env(env), cwd=str(PROJECT))
     return [
         row("memory hit", "same PrimFunc, p50", us["kcache_same_p50"], us["tilelang_same_p50"], "us"),
         row("memory hit", "same PrimFunc, p99", us["kcache_same_p99"], us["tilelang_same_p99"], "us"),
@@ -43,7 +35,7 @@ def child(work: Path, calls: int = 2000) -> None:
 
     import kcache
 
-    from ..kernels import CPU_TARGET, elementwise_add
+    from ..programs.kernels import CPU_TARGET, elementwise_add
 
     # TileLang logs a warning on every memory hit; keep it out of the timing.
     logging.getLogger("tilelang").setLevel(logging.ERROR)
@@ -64,7 +56,7 @@ def child(work: Path, calls: int = 2000) -> None:
                 samples.append((time.perf_counter() - start) * 1e6)
             out[f"{name}_{mode}_p50"] = statistics.median(samples)
             out[f"{name}_{mode}_p99"] = percentile(samples, 99)
-    print("result " + json.dumps(out), flush=True)
+    print_result(out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 moto's server and obstore, `pip install -e '.[test]'`).
 
 - latency: one TileLang kernel compiled on node A and uploaded to Redis and to S3 (a real
-  S3-protocol server process, stress.s3_server); then remote hits of fresh processes on fresh roots
+  S3-protocol server process, stress.servers.s3); then remote hits of fresh processes on fresh roots
   (import the client, fetch, verify, publish locally, load), Redis and S3 in turns, against disk
   hits of fresh processes on A; p50 of N each.
 - cold-cluster herds: fresh processes over several roots, an empty cluster, one kernel; compiler runs
@@ -78,8 +78,8 @@ def herd(url: str | None, label: str, work: Path, procs: int, roots: int, env: d
 
 def measure(repeats: int, procs: int, roots: int, env: dict[str, str], *, s3: bool = True,
             fleet_procs: int = 32, fleet_roots: int = 8, check_gpu: bool = False) -> dict[str, Any]:
-    from ..redis_server import redis_server  # RedisServerMissing where there is none
-    from ..s3_server import s3_server
+    from ..servers.redis import redis_server  # RedisServerMissing where there is none
+    from ..servers.s3 import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-"))
     with redis_server(work) as (redis_url, _server), (s3_server() if s3 else _nothing()) as bucket:
@@ -108,8 +108,8 @@ class _nothing:
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     from ..gpu import gpu_missing
-    from ..s3_server import S3ServerMissing, check_installed
-    from .rows import row
+    from ..servers.s3 import S3ServerMissing, check_installed
+    from .suite.rows import row
 
     try:
         check_installed()

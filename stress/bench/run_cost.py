@@ -2,7 +2,7 @@
 
 `python -m kcache run empty.py` against `python empty.py`, in turns, each a fresh interpreter as a user
 types it; the p50 of each. The program imports nothing, so `kcache run` must import nothing of TileLang's,
-Triton's or Helion's (kcache.tools.launch, kcache.dropin.on_import). The goal: within 0.1 s of plain Python.
+Triton's or Helion's (kcache.cli.launch, kcache.dropin.on_import). The goal: within 0.1 s of plain Python.
 A second row, context: the same through the whole command line (`kcache --dir ROOT run`), which loads
 kcache's other commands first.
 """
@@ -46,7 +46,7 @@ def measure(work: Path, env: dict[str, str], repeats: int = REPEATS) -> dict[str
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     from ..procs import worker_env
-    from .rows import percentile, row
+    from .suite.rows import percentile, row
 
     samples = measure(work, worker_env(env))
     plain = percentile(samples["python"], 50)

@@ -13,7 +13,6 @@ The three take turns, `repeats` fresh processes each. Goal: kcache at most 0.4x 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -24,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from ..procs import PROJECT
-from .rows import percentile, row
+from .suite.rows import child_result, percentile, print_result, row
 
 MODES = ("kcache", "kcache-bundle", "tilelang")
 SECRET = "bench-warm-secret"
 
 
 def funcs(count: int) -> list[Any]:
-    from ..kernels import elementwise_add
+    from ..programs.kernels import elementwise_add
 
     return [elementwise_add(1024 * (index + 1), 256) for index in range(count)]
 
@@ -42,7 +41,7 @@ def child(mode: str, root: str, count: int, bundle: str) -> None:
 
     import kcache
 
-    from ..kernels import CPU_TARGET
+    from ..programs.kernels import CPU_TARGET
 
     built = funcs(count)
     started = time.perf_counter()
@@ -51,7 +50,7 @@ def child(mode: str, root: str, count: int, bundle: str) -> None:
             tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
     else:
         if mode == "kcache-bundle":
-            from kcache.tools.bundle import import_bundle
+            from kcache.bundle.importer import import_bundle
 
             import_bundle(bundle, root=root, secret=SECRET, toolchain=None)
         cache = kcache.KernelCache(root)
@@ -59,14 +58,14 @@ def child(mode: str, root: str, count: int, bundle: str) -> None:
             cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
         if cache.stats()["compiles"]:
             raise RuntimeError(f"{mode}: {cache.stats()['compiles']} compiles in a warm start")
-    print("result " + json.dumps({"seconds": time.perf_counter() - started}), flush=True)
+    print_result({"seconds": time.perf_counter() - started})
 
 
 def _populate(work: Path, count: int, env: dict[str, str]) -> None:
     """Both caches hold every kernel: each filled by half the machine's cores (at least 2), kcache's by
     threads through its compile workers, TileLang's by processes."""
     share = max(2, (os.cpu_count() or 2) // 2)
-    code = ("import sys, tilelang; from stress.bench.warm import funcs; from stress.kernels import CPU_TARGET\n"
+    code = ("import sys, tilelang; from stress.bench.warm import funcs; from stress.programs.kernels import CPU_TARGET\n"
             "for f in funcs(int(sys.argv[1]))[int(sys.argv[2])::int(sys.argv[3])]:\n"
             "    tilelang.compile(f, out_idx=[2], target=CPU_TARGET, execution_backend='tvm_ffi')\n")
     tilelang_env = {**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")}
@@ -74,14 +73,14 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
                                 cwd=str(PROJECT)) for part in range(share)]
     import kcache
 
-    from ..kernels import CPU_TARGET
+    from ..programs.kernels import CPU_TARGET
 
     cache = kcache.KernelCache(work / "kcache")
     with ThreadPoolExecutor(share) as pool:
         list(pool.map(lambda f: cache.get_or_compile(f, CPU_TARGET, out_idx=[2]), funcs(count)))
     if any(filler.wait() != 0 for filler in fillers):
         raise RuntimeError("filling TileLang's cache failed")
-    from kcache.tools.bundle import export_bundle
+    from kcache.bundle.importer import export_bundle
 
     export_bundle(work / "warm.bundle", root=work / "kcache", secret=SECRET)
 
@@ -89,13 +88,10 @@ def _populate(work: Path, count: int, env: dict[str, str]) -> None:
 def _sample(mode: str, work: Path, count: int, env: dict[str, str]) -> float:
     root = work / ("kcache" if mode == "kcache" else "imported")
     shutil.rmtree(work / "imported", ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "stress.bench.warm", mode, str(root), str(count),
-                           str(work / "warm.bundle")], capture_output=True, text=True, timeout=1800, cwd=str(PROJECT),
-                          env={**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")})
-    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"warm start {mode} failed: {done.stderr[-2000:]}")
-    return float(json.loads(lines[-1][7:])["seconds"])
+    command = [sys.executable, "-m", "stress.bench.warm", mode, str(root), str(count), str(work / "warm.bundle")]
+    found = child_result(command, f"warm start {mode}", timeout=1800, cwd=str(PROJECT),
+                         env={**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")})
+    return float(found["seconds"])
 
 
 def measure(work: Path, count: int, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:

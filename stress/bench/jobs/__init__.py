@@ -1,0 +1,2 @@
+"""The processes a scenario with a run of its own starts: one machine of the deploy scenario, one rank of
+the multi-GPU job, one process of the tune-once herd."""

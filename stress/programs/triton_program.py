@@ -1,0 +1,139 @@
+"""A program that compiles Triton kernels for sm_90 (no GPU needed) as an operator library's tests
+would: an elementwise add, a softmax with row reductions and a blocked matmul with `tl.dot`.
+
+    python -m stress.programs.triton_program NAME[,NAME...]   (KT_GATE=1: wait for a line on stdin first;
+                                                     KT_TIMED=1: also each compile call's seconds;
+                                                     KT_OPTIONS='{"num_warps": 8}': Triton's options)
+
+Prints one JSON object: each kernel's name -> sha256 of its cubin. Whichever cache manager Triton is
+told to use (TRITON_CACHE_MANAGER) is the one under test."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out + offsets, tl.load(x + offsets, mask=mask) + tl.load(y + offsets, mask=mask), mask=mask)
+
+
+@triton.jit
+def softmax_kernel(out, inp, in_stride, out_stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    values = tl.load(inp + row * in_stride + cols, mask=cols < n_cols, other=-float("inf"))
+    shifted = values - tl.max(values, axis=0)
+    numerator = tl.exp(shifted)
+    tl.store(out + row * out_stride + cols, numerator / tl.sum(numerator, axis=0), mask=cols < n_cols)
+
+
+@triton.jit
+def matmul_kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        a_tile = tl.load(a + rm[:, None] * sam + (k * BK + rk)[None, :] * sak)
+        b_tile = tl.load(b + (k * BK + rk)[:, None] * sbk + rn[None, :] * sbn)
+        acc += tl.dot(a_tile, b_tile)
+    tl.store(c + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.float16))
+
+
+KERNELS = {
+    "add": (add_kernel, {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+            {"BLOCK": 1024}),
+    "softmax": (softmax_kernel, {"out": "*fp32", "inp": "*fp32", "in_stride": "i32", "out_stride": "i32",
+                                 "n_cols": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+    "matmul": (matmul_kernel, {**{name: "*fp16" for name in ("a", "b", "c")},
+                               **{name: "i32" for name in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")},
+                               "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"},
+               {"BM": 128, "BN": 128, "BK": 64}),
+}
+TARGET = GPUTarget("cuda", 90, 32)
+# Triton's assemblers: ptxas, and the ptxas-blackwell with which Triton 3.9 assembles sm_90 too.
+ASSEMBLERS = {"TRITON_PTXAS_PATH": "ptxas", "TRITON_PTXAS_BLACKWELL_PATH": "ptxas-blackwell"}
+
+
+def counting_assemblers(folder: Path, triton_dir: Path | None = None) -> dict[str, str]:
+    """Wrappers in `folder` of the assemblers of Triton at `triton_dir` (default: this one's), each
+    appending a line to `folder/runs` per assembly (not per `--version`); the environment that makes
+    Triton run them. A compile counted by the tool Triton runs, not by any cache."""
+    triton_dir = triton_dir or Path(triton.__file__).parent
+    env = {}
+    for variable, name in ASSEMBLERS.items():
+        real = triton_dir / "backends" / "nvidia" / "bin" / name
+        if real.exists():
+            wrapper = folder / name
+            wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *--version*) ;; *) echo $$ >> {folder / 'runs'} ;; esac\n"
+                               f"exec {real} \"$@\"\n")
+            wrapper.chmod(0o755)
+            env[variable] = str(wrapper)
+    return env
+
+
+def timed_assemblers(folder: Path) -> dict[str, str]:
+    """Like counting_assemblers, each wrapper also appending `+ NS` as an assembly starts and `- NS` as it
+    ends (nanoseconds since the epoch) to `folder/spans`: how many ran at once (`most_at_once`)."""
+    env = counting_assemblers(folder)
+    for variable, wrapper in env.items():
+        text = Path(wrapper).read_text()
+        real = text.rsplit("exec ", 1)[1].split(" ", 1)[0]
+        spans = folder / "spans"
+        Path(wrapper).write_text(
+            f"#!/bin/sh\ncase \"$*\" in *--version*) exec {real} \"$@\" ;; esac\necho $$ >> {folder / 'runs'}\n"
+            f"echo \"+ $(date +%s%N)\" >> {spans}\n{real} \"$@\"\nstatus=$?\necho \"- $(date +%s%N)\" >> {spans}\n"
+            "exit $status\n")
+    return env
+
+
+def most_at_once(folder: Path) -> int:
+    """The most assemblies that ran at once, from `folder/spans` (timed_assemblers)."""
+    spans = folder / "spans"
+    events = sorted((int(stamp), 1 if sign == "+" else -1) for sign, stamp in
+                    (line.split() for line in spans.read_text().splitlines() if line.strip())) if spans.exists() else []
+    running = most = 0
+    for _stamp, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def assembler_runs(folder: Path) -> int:
+    runs = folder / "runs"
+    return len(runs.read_text().splitlines()) if runs.exists() else 0
+
+
+def compile_kernel(name: str) -> str:
+    fn, signature, constexprs = KERNELS[name]
+    options = json.loads(os.environ.get("KT_OPTIONS") or "{}")  # e.g. {"num_warps": 8}: another key
+    compiled = triton.compile(ASTSource(fn, signature, constexprs), target=TARGET, options=options)
+    return hashlib.sha256(compiled.asm["cubin"]).hexdigest()
+
+
+if __name__ == "__main__":
+    if os.environ.get("KT_GATE") == "1":
+        print("ready", flush=True)
+        sys.stdin.readline()
+    results: dict[str, object] = {}
+    for name in sys.argv[1].split(","):
+        started = time.perf_counter()
+        results[name] = compile_kernel(name)
+        if os.environ.get("KT_TIMED") == "1":  # from the call until the kernel is usable
+            results[f"{name}_seconds"] = time.perf_counter() - started
+    print(json.dumps(results), flush=True)
