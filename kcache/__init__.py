@@ -37,16 +37,16 @@ from kcache.errors import (
 from kcache.import_hooks import after_import
 
 if TYPE_CHECKING:
+    from kcache.bundle.entries import BundleError
+    from kcache.bundle.importer import export_bundle, import_bundle
     from kcache.cache.default import default_cache, get_or_compile
     from kcache.cache.deployment import UnexpectedCompile, guard, record
     from kcache.cache.kernel_cache import KernelCache
+    from kcache.cli.doctor import doctor
     from kcache.compile.pool.process_pool import CompilePool, Job, JobResult
     from kcache.config import Settings
     from kcache.dropin import install, is_installed, uninstall
     from kcache.setting_values import default_root
-    from kcache.bundle.importer import export_bundle, import_bundle
-    from kcache.bundle.entries import BundleError
-    from kcache.cli.doctor import doctor
 
 __version__ = "0.1.0"
 

@@ -22,7 +22,6 @@ STARTED = time.monotonic()  # what the user waits for runs from the rank's start
 def _tune_with_kcache(a: Any, b: Any, target: dict) -> tuple[dict, Any, int]:
     import autotuner
     import kcache
-
     from stress.programs.tune_kernels import CONFIGS, matmul
 
     kcache.install()

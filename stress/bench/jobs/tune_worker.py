@@ -23,7 +23,6 @@ def main(argv: list[str] | None = None) -> None:
 
     import autotuner
     import kcache
-
     from stress.gpu import gpu_target
     from stress.programs.tune_kernels import CONFIGS, N, matmul
 

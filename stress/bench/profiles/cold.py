@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         child(*args.child)
         return
     from stress.service_runtime import stop_services
+
     from ..cold import _service, _stop
     from ..suite.rows import bytecode_as_installed
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from stress.procs import PROJECT
+
 from ..standalone.helion import KERNELS, SEED, Lane, finish
 
 TIMED = [

@@ -62,9 +62,9 @@ def child(root: str, mode: str) -> None:
 
 def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) -> dict[str, Any]:
     from kcache.compile.service import connection as service_connection
-
     from stress.procs import Barrier
     from stress.service_runtime import fresh_runtime, stop_services
+
     from ..herd import start_warm_service
     from ..suite.rows import run_workers
 

@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from kcache import KernelCache, Settings
     from kcache.bundle.importer import export_bundle, import_bundle
-
     from stress.programs import synthetic
 
     scale = args.entry_kb * 1024 / sum(synthetic.SIZES.values())

@@ -39,6 +39,7 @@ from stress.gpu import gpu_missing, tilelang_target_env
 from stress.nvcc_counter import NvccCounter
 from stress.procs import PROJECT, run_for_result, worker_env
 from stress.service_runtime import fresh_runtime, stop_services
+
 from ..suite.rows import row, rows_option, write_rows
 
 PROGRAMS = ("gemm", "elementwise", "attention")

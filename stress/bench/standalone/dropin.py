@@ -27,6 +27,7 @@ from typing import Any
 from stress.gpu import tilelang_target_env
 from stress.procs import worker_env
 from stress.programs import TILELANG_PROGRAMS
+
 from ..suite.rows import percentile, row, rows_option, write_rows
 
 PROGRAM = TILELANG_PROGRAMS

@@ -49,6 +49,7 @@ from typing import Any, Callable
 
 from stress.procs import PROJECT, READY_WITHIN_S, line_within
 from stress.programs.triton_program import assembler_runs, counting_assemblers
+
 from ..suite.rows import row, rows_option, write_rows
 
 CONFIGS = 8  # stress.programs.helion_program's RandomSearch count

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from stress.nvcc_counter import NvccCounter
+
 from ..suite.rows import row, rows_option, write_rows
 from ..suite.tune_notes import kill_the_tuner
 

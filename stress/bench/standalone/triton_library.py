@@ -42,9 +42,10 @@ from typing import Any
 
 from stress.procs import PROJECT, worker_env
 from stress.service_runtime import fresh_runtime, stop_services
+
 from ..suite.dataset import this_machine
-from .library_verdicts import differing, summary, verdicts
 from ..suite.rows import bytecode_as_installed, row, rows_option, write_rows
+from .library_verdicts import differing, summary, verdicts
 
 LIBRARY = PROJECT / ".gpu" / "library" / "fla"
 DIST = "fla-core"

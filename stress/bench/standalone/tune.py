@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from kcache.interruption import Interrupted, ignore_further_signals
-
 from stress.command_scope import command_scope
+
 from ..suite.rows import row, rows_option, write_rows
 
 
@@ -74,7 +74,6 @@ def tune_both(work: str, out: dict[str, object]) -> None:
 
     import autotuner
     import kcache
-
     from stress.gpu import gpu_target
     from stress.programs.tune_kernels import CONFIGS, matmul
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from stress.nvcc_counter import NvccCounter
 from stress.procs import Barrier
+
 from ..suite.rows import row, rows_option, write_rows
 from ..suite.tune_notes import kill_the_tuner
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stress.procs import PROJECT
+
 from .goals import judge
 from .scenarios import scenario_of
 
