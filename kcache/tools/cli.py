@@ -1,5 +1,6 @@
-"""`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a TileLang program
-with kcache installed (into TileLang when the program imports it: `run` itself imports none of it)."""
+"""`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a program with kcache
+for TileLang, Triton and Helion (into TileLang when the program imports it: `run` itself imports none of
+the three)."""
 
 from __future__ import annotations
 

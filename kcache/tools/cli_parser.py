@@ -11,8 +11,10 @@ from kcache.setting_values import parse_age, parse_size
 from kcache.tools import clear_cli, cli_help, config_cli, stats_cli, why_miss_cli
 from kcache.tools.cli_contract import EXIT_STATUS_HELP, UserMistake
 
-# What `kcache --help` says the command is: the first line of kcache.tools.cli's docstring.
-DESCRIPTION = "`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a TileLang program"
+# What `kcache --help` says the command is (kcache.tools.cli's docstring says it too), in lines of its
+# own: the formatter keeps the epilog's layout, so wraps no description.
+DESCRIPTION = ("`kcache` / `python -m kcache`: inspect, verify and prune a cache root;\n"
+               "`kcache run` a program with kcache for TileLang, Triton and Helion")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -101,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--fix", action="store_true", help="fix what can be fixed safely")
     server = command("server", "this user's compile service (KCACHE_COMPILE_ISOLATION=server): start, stop, status")
     server.add_argument("action", choices=("start", "stop", "status"))
-    program = command("run", "run a Python program with kcache installed into TileLang "
-                      "(tilelang.compile, @tilelang.jit, the AutoTuner's results)",
+    program = command("run", "run a Python program with kcache for TileLang (tilelang.compile, @tilelang.jit, "
+                      "the AutoTuner's results: installed when the program imports TileLang), Triton (its "
+                      "kernels, Inductor's too) and Helion (its autotune picks)",
                       usage="%(prog)s [-h] [--dir ROOT] [--json] (SCRIPT | -m MODULE) [ARGS ...]",
                       epilog="kcache's options go before the script or -m; everything after the script or "
                              "the module's name (--dir and --json included) is the program's.")
