@@ -28,6 +28,7 @@ from kcache.errors import (
     LocalLoadError,
     NoExecError,
     PublishError,
+    SettingError,
     TargetError,
     TileLangMissing,
     TileLangUnsupported,
@@ -76,7 +77,7 @@ __all__ = [
     "BundleError", "UnexpectedCompile", "export_bundle", "guard", "import_bundle", "record",
     "ArchMismatch", "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
     "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
-    "Settings", "TargetError", "TileLangMissing", "TileLangUnsupported", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
+    "SettingError", "Settings", "TargetError", "TileLangMissing", "TileLangUnsupported", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
     "install", "is_installed", "uninstall",
 ]
 

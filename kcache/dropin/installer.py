@@ -12,6 +12,7 @@ from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
 from kcache.dropin import autotuner_results, routing, state
+from kcache.setting_values import check_settings
 from kcache.tilelang import internals, support
 from kcache.tilelang.installed import tilelang_installed
 
@@ -28,7 +29,9 @@ def install(cache: KernelCache | None = None) -> None:
     cache. Where TileLang is not installed (a Triton or Helion user's environment), Triton and Helion
     are routed and that is all: a program that then imports TileLang gets Python's own error for it.
     Where the installed TileLang is not one kcache supports (kcache/tilelang/support.py), TileLang is
-    left as it is: every compile is plain TileLang's, and one warning says why and how to fix it."""
+    left as it is: every compile is plain TileLang's, and one warning says why and how to fix it.
+    A bad KCACHE_* value raises SettingError, naming it, before anything is changed."""
+    check_settings()
     if cache is None:
         # Open it now, as TileLang sets its own cache up at import: an unusable root raises here,
         # before anything is changed, and no compile pays for it. Before TileLang's import, which

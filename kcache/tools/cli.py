@@ -14,7 +14,7 @@ from typing import Any
 
 from kcache.config import Settings, warn_unknown_settings
 from kcache.errors import KCacheError
-from kcache.setting_values import default_root
+from kcache.setting_values import default_root, env_parsed, parse_flag
 from kcache.tools import bundle_cli, clear_cli, cli_help, config_cli, stats_cli, why_miss_cli
 from kcache.tools.cli_contract import EXIT_BROKEN_PIPE, UserMistake, report_failure, require_root
 from kcache.tools.cli_entries import cmd_ls, cmd_show, cmd_tunes
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     or SIGTERM stops the command (what it started stopped, what it half made removed) with one line on
     stderr and exit status 130 or 143."""
     arguments = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in arguments or os.environ.get("KCACHE_DEBUG", "") not in ("", "0")
+    debug = "--debug" in arguments or _debug_setting()
     parsed: list[argparse.Namespace] = []  # the arguments, once parsed: whether a failure answers in JSON
     try:
         with interruptible():  # not `kcache run`'s program, which runs below with its own signals
@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     if callable(outcome):  # `kcache run`'s program: its own errors are no mistakes of kcache's usage
         return outcome()
     return outcome
+
+
+def _debug_setting() -> bool:
+    """KCACHE_DEBUG, a flag. One that is not is off here: the settings' check then says so in one line."""
+    try:
+        return bool(env_parsed("KCACHE_DEBUG", parse_flag, False))
+    except ValueError:
+        return False
 
 
 def _program_start(arguments: list[str]) -> int:
