@@ -19,11 +19,29 @@ DESCRIPTION = ("`kcache` / `python -m kcache`: inspect, verify and prune a cache
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with a bad argument reported like every other mistake: one line (the usage is one
-    `--help` away), exit status 2."""
+    `--help` away), exit status 2. No option matches by a prefix of its name (argparse's default does):
+    `kcache stats --zer` would zero the counters, `kcache clear --all` remove every version's entries.
+    Each command's parser is one of these too (add_subparsers makes its parsers of the main one's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("kcache").strip()  # cli.main() prints "kcache: " first
-        raise UserMistake(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
+        whole = self._whole_names(message)
+        hint = f"options are spelled whole: did you mean {' or '.join(whole)}? " if whole else ""
+        raise UserMistake(f"{command + ': ' if command else ''}{message} ({hint}see {self.prog} --help)")
+
+    def _whole_names(self, message: str) -> list[str]:
+        """The options, of this parser or its commands', that an unrecognized word begins (`--zer`: `--zero`)."""
+        if not message.startswith("unrecognized arguments: "):
+            return []
+        parsers = [self, *(self._subparsers._group_actions[0].choices.values() if self._subparsers else ())]
+        names = {option for parser in parsers for action in parser._actions for option in action.option_strings}
+        words = [word.split("=", 1)[0] for word in message.removeprefix("unrecognized arguments: ").split()]
+        return sorted({name for word in words if word.startswith("--") for name in names
+                       if name.startswith(word) and name != word})
 
 
 # Options whose value may look like an option to argparse ("--max-size -1G" would be "expected one
