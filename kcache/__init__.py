@@ -115,6 +115,17 @@ def _watch_callbacks() -> None:
 # what the program registers next. A process that never loads TileLang pays nothing.
 after_import("tvm_ffi", _watch_callbacks)
 
+def _mask_log_records() -> None:
+    from kcache.redaction import mask_log_records
+
+    mask_log_records()
+
+
+# No line of kcache's log carries a URL's password (KCACHE_REMOTE's), whatever it quotes: the filter is
+# set as soon as `logging` is loaded (now, if it is), before kcache can log a line, and a process that
+# never loads `logging` pays nothing for it (`import kcache` alone does not).
+after_import("logging", _mask_log_records)
+
 if os.environ.get("KCACHE_LOG", "").strip():
     # KCACHE_LOG=debug|info|warning: kcache's log on stderr, one line per lookup (kcache.lookup_log).
     from kcache.lookup_log import configure

@@ -80,7 +80,7 @@ class Settings:
     max_age_s: float | None = None
     # The remote tiers, nearest first, comma-separated: redis://host:port/db, s3://bucket/prefix
     # (None: none). See remote_urls.
-    remote_url: str | None = None
+    remote_url: str | None = field(default=None, repr=False)  # a Redis URL may hold a password
     # Signs remote entries with an HMAC; unsigned or mis-signed ones are refused.
     remote_secret: str | None = field(default=None, repr=False)
     # Remote entries expire after this (None: never; Redis's own eviction policy applies).

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kcache.errors import SettingError
+from kcache.redaction import masked
 from kcache.store import sharing
 from kcache.store.user_dirs import user_cache_dir
 
@@ -84,7 +85,7 @@ def remote_urls(value: str | None) -> list[str]:
     for url in urls:
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         if scheme not in REMOTE_SCHEMES or (scheme == "s3" and not url[len("s3://"):].split("/", 1)[0]):
-            raise ValueError(f"KCACHE_REMOTE={value!r}: {url!r} is not a remote tier's URL; use redis://HOST:PORT/DB "
+            raise ValueError(f"KCACHE_REMOTE={masked(value)!r}: {masked(url)!r} is not a remote tier's URL; use redis://HOST:PORT/DB "
                              "or s3://BUCKET/PREFIX, nearest first, separated by commas")
     return urls
 

@@ -9,6 +9,8 @@ import stat
 import sys
 from pathlib import Path
 
+from kcache.redaction import masked
+
 # 0: the command did what it was asked, and found nothing wrong.
 EXIT_OK = 0
 # 1: the command ran, and its answer is "no": what it was pointed at is not there (a root that does
@@ -82,7 +84,7 @@ def one_line(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
         text = f"{err.filename}: {text}"
-    return text
+    return masked(text)  # a message quoting KCACHE_REMOTE (redis-py's, say) keeps its password to itself
 
 
 def error_path(err: BaseException) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from kcache import setting_values as values
 from kcache.config import SETTING_NAMES, unknown_settings
+from kcache.redaction import masked
 from kcache.tools.cli_format import format_table
 
 SECRETS = frozenset({"KCACHE_REMOTE_SECRET", "KCACHE_BUNDLE_SECRET"})
@@ -76,7 +77,7 @@ def settings_in_force(directory: str | None = None, environ: dict[str, str] | No
             rows.append({"name": name, "value": shown, "source": "default", "problem": None})
             continue
         problem = values.setting_problem(name)
-        rows.append({"name": name, "value": "(set, not shown)" if name in SECRETS else raw, "source": "env",
+        rows.append({"name": name, "value": "(set, not shown)" if name in SECRETS else masked(raw), "source": "env",
                      "problem": problem})
     return rows
 
