@@ -26,7 +26,7 @@ pytest.importorskip("triton", reason="the Triton tests need triton (pip install 
 from .faults import needs_root  # noqa: E402
 from .test_security import world_dir  # noqa: E402, F401 - a fixture
 from .test_triton import MANAGER, PROGRAM, counting_assemblers, triton_users, users_running_triton  # noqa: E402, F401
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: E402, F401 - a fixture
+from .unprivileged import UnprivilegedEnv  # noqa: E402
 
 pytestmark = needs_root
 

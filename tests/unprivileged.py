@@ -14,9 +14,7 @@ it lives under /root, which is 0700. So each session builds a venv from
 Debian's /usr/bin/python3.11 in a world-readable directory under /tmp and
 copies kcache and its pure-Python dependencies into it (no pip, no network).
 
-    from .unprivileged import unprivileged_env  # noqa: F401
-
-    def test_x(unprivileged_env):
+    def test_x(unprivileged_env):  # the fixture comes from tests/conftest.py: one environment per run
         done = unprivileged_env.run("kcache-a", "import kcache; ...")
 """
 
