@@ -40,7 +40,7 @@ QUICK_MODULES = frozenset({
     "test_bench_record", "test_bundles", "test_cli", "test_deployment", "test_eviction", "test_import_hooks",
     "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance", "test_packed_blob",
     "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust", "test_user_errors",
-    "test_why_miss", "test_pool_close", "test_settings_checked", "test_cli_abbreviations", "test_service_scheduler", "test_tune_trials",
+    "test_why_miss", "test_pool_close", "test_settings_checked", "test_cli_abbreviations", "test_message_table", "test_service_scheduler", "test_tune_trials",
 })
 NEEDS_THE_MACHINE = frozenset({"unprivileged_env", "world_dir", "redis_url", "remote"})
 

@@ -22,10 +22,17 @@ class TritonCompilerCrashed(CompilerCrashed, PTXASError):
         CompilerCrashed.__init__(self, kernel_name, signal_name, exit_code, stderr_tail)
         self._init_args = (kernel_name, signal_name, exit_code, stderr_tail, remembered)
         self.remembered = remembered
-        self.error_message = str(self.args[0])
+        # Not "the compile worker": the compile ran in a child of the caller's own process, a fork of it.
+        how = f"was killed by {signal_name}" if signal_name else f"exited with status {exit_code}"
+        tail = stderr_tail.strip() or "(it printed nothing)"
+        self.error_message = (f"Triton's compile of {kernel_name!r} crashed: the child of this process that compiled "
+                              f"it (a fork) {how}; this process is unaffected, and @triton.autotune skips this config. "
+                              f"The child's last output:\n{tail}")
         if remembered:
             self.error_message = (f"{self.error_message}\n(remembered: this compile crashed on {remembered}, and "
-                                  "is not run again until Triton or its toolchain changes or `kcache clear`)")
+                                  "is not run again until Triton or its toolchain changes; `kcache clear` forgets it, "
+                                  "with every crash remembered, and the next call compiles it again)")
+        self.args = (self.error_message,)
 
     def __str__(self) -> str:
         return self.error_message
