@@ -15,6 +15,7 @@ import pytest
 
 from . import background
 from .leftovers import Scratch, mounts_under, processes_of
+from .reclaim import mark, reclaim
 from .unprivileged import leftover_users
 # Defined here, not imported into each module that uses it: a session fixture imported into N modules is
 # N fixtures, and a run built N venvs (issue 68). Here it is one per run.
@@ -25,7 +26,25 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+_MAIN_PID = os.getpid()
+
+
+def _stop_the_run(signum: int, _frame: object) -> None:
+    """SIGTERM (a CI timeout, `kill`) stops the run as Ctrl-C does: pytest then tears every fixture down
+    (users, groups, venvs, mounts, services) and ends the session. In a fork of this process (a test's
+    child) the signal does what it would have done: kill it."""
+    if os.getpid() != _MAIN_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if os.getpid() == _MAIN_PID and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _stop_the_run)
+        # A fork starts with the default again: a child in C code (a compile) must die at once.
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped, with the reason, where none is visible)")
     config.addinivalue_line("markers", "tilelang: compiles real TileLang kernels (slow: seconds each)")
     config.addinivalue_line("markers", "quick: the quick tier, no root nor apt (set by tests/conftest.py, not by hand)")
@@ -63,9 +82,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 _BASE_TEMP: list[Path] = []  # this session's pytest temporary directory, where the tests mount
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """What sessions killed outright left (tests/reclaim.py) is removed before this one starts."""
+    if os.geteuid() == 0:
+        removed = reclaim()
+        if removed:
+            session.config.get_terminal_writer().line(f"reclaimed what killed test sessions left: {', '.join(removed)}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _base_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
     _BASE_TEMP.append(tmp_path_factory.getbasetemp())
+    mark(_BASE_TEMP[-1])  # its mounts are unmounted by the next session if this one is killed outright
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -87,6 +115,7 @@ def _session_runtime() -> Iterator[None]:
     from stress.service_runtime import stop_services
 
     directory = Path(tempfile.mkdtemp(prefix="ks-", dir="/tmp"))  # short: a socket's path has 107 bytes
+    mark(directory)  # its services are stopped by the next session if this one is killed outright
     saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "KCACHE_SERVER_IDLE")}
     os.environ.update({"XDG_RUNTIME_DIR": str(directory), "KCACHE_SERVER_IDLE": "60"})
     yield
