@@ -81,10 +81,11 @@ def _program_start(arguments: list[str]) -> int:
 def _run(arguments: list[str], parsed: list[argparse.Namespace]) -> int | Callable[[], int]:
     """A command's exit status; for `run`, what runs the program (checked and prepared here)."""
     parser = build_parser()
+    parser.json_requested = "--json" in arguments[:_program_start(arguments)]  # type: ignore[attr-defined]  # --version's
     args = parser.parse_args(join_dashed_values(arguments))
     parsed.append(args)
     if args.command == "help":
-        return cli_help.show_help(parser, args.topic)
+        return cli_help.show_help(parser, args.topic, args.json)
     if args.command == "run":
         from kcache.tools.run import prepare_program  # TileLang's hooks wait for the program's import
 
