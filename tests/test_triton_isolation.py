@@ -104,14 +104,35 @@ def test_a_crash_is_remembered_by_the_next_process_until_kcache_clear(tmp_path: 
     listed = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "ls"], capture_output=True,
                             text=True, cwd=str(PROJECT), timeout=120)
     assert "triton crash" in listed.stdout and "add_kernel" in listed.stdout, listed.stdout
-    stats = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "--json", "stats"],
-                           capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
-    assert json.loads(stats.stdout)["triton_crashes_remembered"] == 1, stats.stdout
+    # The kernel in its column, the crashed config in the config column (issue 68).
+    (crash,) = [row for row in json.loads(kcache_of(tmp_path, "--json", "ls")) if row["kind"] == "triton crash"]
+    assert crash["kernel"] == "add_kernel" and "num_warps=4" in (crash["config"] or ""), crash
+    stats = json.loads(kcache_of(tmp_path, "--json", "stats"))
+    assert stats["triton_crashes_remembered"] == 1, stats
+    # doctor's size is stats' (Triton's entries counted: what KCACHE_MAX_SIZE bounds).
+    (size,) = [f for f in json.loads(kcache_of(tmp_path, "--json", "doctor")) if f["check"] == "size"]
+    from kcache.tools.cli_format import human_size
+
+    assert size["detail"].startswith(f"{human_size(stats['size_bytes'])} of entries") and stats["size_bytes"] > 0, size
+    # `show` finds an entry by Triton's own key too, and a key that matches nothing names both places.
+    triton_key = json.loads(kcache_of(tmp_path, "--json", "show", crash["key"]))["meta"]["triton_key"]
+    assert json.loads(kcache_of(tmp_path, "--json", "show", triton_key[:12]))["key"] == crash["key"]
+    missing = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "show", "ffffffffffff"],
+                             capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
+    assert missing.returncode == 1 and "(TileLang's) or" in missing.stderr and "(Triton's)" in missing.stderr
     cleared = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "clear"],
                              capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
     assert cleared.returncode == 0, cleared.stderr
+    assert "forgot 1 remembered Triton crash" in cleared.stdout, cleared.stdout  # not counted as a Triton entry
     printed(run(faulty(tmp_path, ptxas, "abort")))
     assert len(fired(tmp_path / "fired")) == 2  # forgotten: compiled (and crashed) again
+
+
+def kcache_of(tmp_path: Path, *argv: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), *argv], capture_output=True,
+                          text=True, cwd=str(PROJECT), timeout=120)
+    assert done.returncode in (0, 1) and done.stdout, done.stderr
+    return done.stdout
 
 
 def test_a_herd_of_8_runs_one_isolated_compile_per_key(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811

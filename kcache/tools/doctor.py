@@ -82,7 +82,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     free = vfs.f_bavail * vfs.f_frsize
     findings.append(Finding("free space", free < MIN_FREE_BYTES, f"{human_size(free)} free",
                             "free space, lower KCACHE_MAX_SIZE, or move KCACHE_DIR"))
-    size = sum(e.size for e in scan_entries(root))
+    size = sum(e.size for e in scan_entries(root) + scan_entries(root, layout.TRITON))  # what eviction bounds, as stats
     over = settings.max_size_bytes is not None and size > settings.max_size_bytes
     limit = "no limit" if settings.max_size_bytes is None else human_size(settings.max_size_bytes)
     finding = Finding("size", over, f"{human_size(size)} of entries, limit {limit}", "kcache prune")
