@@ -16,10 +16,10 @@ import pytest
 from . import background
 from .leftovers import Scratch, mounts_under, processes_of
 from .reclaim import mark, reclaim
-from .unprivileged import leftover_users
-# Defined here, not imported into each module that uses it: a session fixture imported into N modules is
-# N fixtures, and a run built N venvs (issue 68). Here it is one per run.
-from .unprivileged import unprivileged_env  # noqa: F401 - a fixture
+from .unprivileged import leftover_users, unprivileged_env  # noqa: F401 - unprivileged_env: a fixture (below)
+
+# unprivileged_env is imported here, not into each module that uses it: a session fixture imported into N
+# modules is N fixtures, and a run built N venvs (issue 68). Here it is one per run.
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

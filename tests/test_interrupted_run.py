@@ -15,7 +15,7 @@ import pytest
 
 from .faults import needs_root
 from .leftovers import mounts_under
-from .unprivileged import STATE, SHARE_GROUP, USERS, _skip_reason
+from .unprivileged import SHARE_GROUP, STATE, USERS, _skip_reason
 
 pytestmark = needs_root
 
