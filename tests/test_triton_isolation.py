@@ -94,6 +94,13 @@ def test_a_python_error_is_the_one_plain_triton_raises(tmp_path: Path, ptxas: Pa
 def test_a_crash_is_remembered_by_the_next_process_until_kcache_clear(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
     first = printed(run(faulty(tmp_path, ptxas, "abort")))
     assert len(fired(tmp_path / "fired")) == 1 and first["configs"]["4"]["type"] == "TritonCompilerCrashed"
+    from kcache.cache.miss_explain import logged_misses
+
+    # The crashed lookup is a logged miss too (issue 68), which why-miss explains.
+    (crashed,) = [record for record in logged_misses(tmp_path / "root") if record.get("crashed")]
+    assert crashed["kernel"] == "add_kernel (Triton)" and crashed["crashed"] == "SIGABRT", crashed
+    why = kcache_of(tmp_path, "why-miss", crashed["key"])
+    assert "its compile crashed (SIGABRT)" in why and "`kcache clear` forgets it" in why, why
     assembled = runs(ptxas)
     done = run(faulty(tmp_path, ptxas, "abort"))
     second = printed(done)
@@ -101,6 +108,10 @@ def test_a_crash_is_remembered_by_the_next_process_until_kcache_clear(tmp_path: 
     assert runs(ptxas) == assembled  # and nothing else compiled: every other config was a hit
     assert second["configs"]["4"]["type"] == "TritonCompilerCrashed" and "remembered" in second["configs"]["4"]["message"]
     assert "`kcache clear` forgets it" in done.stderr
+    remembered = [record for record in logged_misses(tmp_path / "root") if record.get("crashed")][1:]
+    assert [r["crashed"].startswith("SIGABRT, remembered from") for r in remembered] == [True], remembered
+    why = json.loads(kcache_of(tmp_path, "--json", "why-miss", remembered[0]["key"]))
+    assert why["kernel"] == "add_kernel (Triton)" and why["crashed"] == remembered[0]["crashed"], why
     listed = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "ls"], capture_output=True,
                             text=True, cwd=str(PROJECT), timeout=120)
     assert "triton crash" in listed.stdout and "add_kernel" in listed.stdout, listed.stdout
