@@ -28,6 +28,7 @@ from kcache.errors import (
     LocalLoadError,
     NoExecError,
     PublishError,
+    SettingError,
     TargetError,
     TileLangMissing,
     TileLangUnsupported,
@@ -76,7 +77,7 @@ __all__ = [
     "BundleError", "UnexpectedCompile", "export_bundle", "guard", "import_bundle", "record",
     "ArchMismatch", "CacheLockTimeout", "CompileAborted", "CompileError", "CompilePool", "CompilePoolError", "CompileTimeout", "CompilerCrashed",
     "CorruptEntry", "Job", "JobResult", "KCacheError", "KernelCache", "LocalLoadError", "NoExecError", "PublishError",
-    "Settings", "TargetError", "TileLangMissing", "TileLangUnsupported", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
+    "SettingError", "Settings", "TargetError", "TileLangMissing", "TileLangUnsupported", "UnwritableCache", "WorkerStartFailed", "default_cache", "default_root", "doctor", "get_or_compile",
     "install", "is_installed", "uninstall",
 ]
 
@@ -113,6 +114,17 @@ def _watch_callbacks() -> None:
 # is loaded, else as its import loads the FFI, so that `import kcache` then `import tilelang` watches
 # what the program registers next. A process that never loads TileLang pays nothing.
 after_import("tvm_ffi", _watch_callbacks)
+
+def _mask_log_records() -> None:
+    from kcache.redaction import mask_log_records
+
+    mask_log_records()
+
+
+# No line of kcache's log carries a URL's password (KCACHE_REMOTE's), whatever it quotes: the filter is
+# set as soon as `logging` is loaded (now, if it is), before kcache can log a line, and a process that
+# never loads `logging` pays nothing for it (`import kcache` alone does not).
+after_import("logging", _mask_log_records)
 
 if os.environ.get("KCACHE_LOG", "").strip():
     # KCACHE_LOG=debug|info|warning: kcache's log on stderr, one line per lookup (kcache.lookup_log).

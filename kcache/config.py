@@ -19,7 +19,8 @@ from kcache.setting_values import (  # Settings' defaults and the readers of its
     DEFAULT_STAGING_TTL_S,
     DEFAULT_TUNE_WAIT_S,
     ISOLATION_MODES,
-    check_process_settings,
+    SETTING_CHECKS,
+    check_settings,
     compile_memory_budget,
     default_root,
     env_choice,
@@ -37,16 +38,9 @@ from kcache.setting_values import (  # Settings' defaults and the readers of its
 
 log = logging.getLogger("kcache")
 
-# Every KCACHE_* variable kcache reads (docs/operations.md's settings table lists them).
-SETTING_NAMES = frozenset({
-    "KCACHE_DIR", "KCACHE_LOCK_TIMEOUT", "KCACHE_TUNE_WAIT", "KCACHE_STAGING_TTL", "KCACHE_GC_INTERVAL",
-    "KCACHE_MAX_SIZE", "KCACHE_MAX_AGE", "KCACHE_REMOTE", "KCACHE_REMOTE_SECRET", "KCACHE_REMOTE_TTL",
-    "KCACHE_REMOTE_MAX_ENTRY", "KCACHE_REMOTE_LEASE", "KCACHE_BUNDLE_SECRET", "KCACHE_RECORD", "KCACHE_JIT_GUARD",
-    "KCACHE_READONLY", "KCACHE_ON_UNWRITABLE", "KCACHE_UMASK", "KCACHE_GROUP", "KCACHE_TILELANG", "KCACHE_EXEC_DIR",
-    "KCACHE_COMPILE_ISOLATION", "KCACHE_SERVER_IDLE", "KCACHE_CALLER_FORK", "KCACHE_COMPILE_MEMORY",
-    "KCACHE_COMPILE_WORKERS", "KCACHE_COMPILE_TIMEOUT", "KCACHE_DEBUG", "KCACHE_TRITON_ISOLATION",
-    "KCACHE_LOG",
-})
+# Every KCACHE_* variable kcache reads (docs/operations.md's settings table lists them), each checked by
+# setting_values.check_settings.
+SETTING_NAMES = frozenset(SETTING_CHECKS)
 # Not settings, but no typos either: what kcache sets for its own worker processes, and what its stress
 # harness and tests read (KCACHE_TEST_* included).
 INTERNAL_NAMES = frozenset({
@@ -87,7 +81,7 @@ class Settings:
     max_age_s: float | None = None
     # The remote tiers, nearest first, comma-separated: redis://host:port/db, s3://bucket/prefix
     # (None: none). See remote_urls.
-    remote_url: str | None = None
+    remote_url: str | None = field(default=None, repr=False)  # a Redis URL may hold a password
     # Signs remote entries with an HMAC; unsigned or mis-signed ones are refused.
     remote_secret: str | None = field(default=None, repr=False)
     # Remote entries expire after this (None: never; Redis's own eviction policy applies).
@@ -104,6 +98,10 @@ class Settings:
 
     @classmethod
     def from_env(cls, root: str | os.PathLike[str] | None = None) -> Settings:
+        """The settings of the environment. Every KCACHE_* value is checked first, those read where they
+        are used included (the sharing ones where files are made, the JIT guard at each compile, the
+        remote tiers at the first miss): SettingError for a bad one, at open, never mid-compile."""
+        check_settings()
         return cls(
             root=Path(root).expanduser() if root is not None else default_root(),
             lock_timeout_s=lock_timeout_setting(),
@@ -124,11 +122,7 @@ class Settings:
             remote_lease_s=remote_lease_setting(),
             readonly=readonly_setting(),
             on_unwritable=on_unwritable_setting(),
-        )._checked()
-
-    def _checked(self) -> Settings:
-        check_process_settings(self.remote_url)
-        return self
+        )
 
 
 def unknown_settings(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:

@@ -36,6 +36,17 @@ class TargetError(KCacheError, ValueError):
         super().__init__(f"cannot resolve compile target {target!r}: {reason}. Fix: {fix}")
 
 
+class SettingError(KCacheError, ValueError):
+    """A KCACHE_* variable whose value kcache cannot use: one line naming the variable, the value and
+    the forms it takes (kcache.setting_values.check_settings). Raised before anything runs: by the CLI,
+    `kcache run` (exit status 2, before the program), `kcache.install()` and every cache's open."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        self.setting = setting
+        self._init_args = (setting, message)
+        super().__init__(message)
+
+
 class ArchMismatch(KCacheError, RuntimeError):
     """A kernel built for one CUDA arch was called on a device of another compute capability."""
 

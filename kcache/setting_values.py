@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kcache.errors import SettingError
+from kcache.redaction import masked
 from kcache.store import sharing
 from kcache.store.user_dirs import user_cache_dir
 
@@ -83,7 +86,7 @@ def remote_urls(value: str | None) -> list[str]:
     for url in urls:
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         if scheme not in REMOTE_SCHEMES or (scheme == "s3" and not url[len("s3://"):].split("/", 1)[0]):
-            raise ValueError(f"KCACHE_REMOTE={value!r}: {url!r} is not a remote tier's URL; use redis://HOST:PORT/DB "
+            raise ValueError(f"KCACHE_REMOTE={masked(value)!r}: {masked(url)!r} is not a remote tier's URL; use redis://HOST:PORT/DB "
                              "or s3://BUCKET/PREFIX, nearest first, separated by commas")
     return urls
 
@@ -206,14 +209,80 @@ def log_setting() -> str:
     return env_choice("KCACHE_LOG", LOG_LEVELS)
 
 
+def _flag_setting(name: str) -> Callable[[], Any]:
+    return lambda: env_parsed(name, parse_flag, False)
+
+
+def _seconds_setting(name: str, default: float) -> Callable[[], Any]:
+    return lambda: env_seconds(name, default)
+
+
+def _parsed_setting(name: str, parse: Callable[[str], Any]) -> Callable[[], Any]:
+    return lambda: env_parsed(name, parse, None)
+
+
+# Every KCACHE_* setting and the reader that checks its value (None: any value is taken as it is, a path
+# or a secret). The one check of every way in (check_settings); `kcache config` shows each row's verdict.
+SETTING_CHECKS: dict[str, Callable[[], Any] | None] = {
+    "KCACHE_DIR": None,
+    "KCACHE_LOCK_TIMEOUT": lock_timeout_setting,
+    "KCACHE_TUNE_WAIT": _seconds_setting("KCACHE_TUNE_WAIT", DEFAULT_TUNE_WAIT_S),
+    "KCACHE_STAGING_TTL": _seconds_setting("KCACHE_STAGING_TTL", DEFAULT_STAGING_TTL_S),
+    "KCACHE_GC_INTERVAL": _seconds_setting("KCACHE_GC_INTERVAL", DEFAULT_GC_INTERVAL_S),
+    "KCACHE_MAX_SIZE": _parsed_setting("KCACHE_MAX_SIZE", parse_size),
+    "KCACHE_MAX_AGE": _parsed_setting("KCACHE_MAX_AGE", parse_age),
+    "KCACHE_REMOTE": lambda: remote_urls(remote_url_setting()),
+    "KCACHE_REMOTE_SECRET": None,
+    "KCACHE_REMOTE_TTL": _parsed_setting("KCACHE_REMOTE_TTL", parse_age),
+    "KCACHE_REMOTE_MAX_ENTRY": _parsed_setting("KCACHE_REMOTE_MAX_ENTRY", parse_size),
+    "KCACHE_REMOTE_LEASE": remote_lease_setting,
+    "KCACHE_BUNDLE_SECRET": None,
+    "KCACHE_RECORD": None,
+    "KCACHE_JIT_GUARD": jit_guard_setting,
+    "KCACHE_READONLY": readonly_setting,
+    "KCACHE_ON_UNWRITABLE": on_unwritable_setting,
+    "KCACHE_UMASK": sharing.configured_umask,
+    "KCACHE_GROUP": sharing.configured_group,
+    "KCACHE_TILELANG": _flag_setting(DROPIN_ENV),
+    "KCACHE_EXEC_DIR": None,
+    "KCACHE_COMPILE_ISOLATION": lambda: env_choice("KCACHE_COMPILE_ISOLATION", ISOLATION_MODES),
+    "KCACHE_SERVER_IDLE": _seconds_setting("KCACHE_SERVER_IDLE", 600.0),
+    "KCACHE_CALLER_FORK": caller_fork_setting,
+    "KCACHE_COMPILE_MEMORY": compile_memory_budget,
+    "KCACHE_COMPILE_WORKERS": lambda: env_count("KCACHE_COMPILE_WORKERS"),
+    "KCACHE_COMPILE_TIMEOUT": _seconds_setting("KCACHE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S),
+    "KCACHE_DEBUG": _flag_setting("KCACHE_DEBUG"),
+    "KCACHE_TRITON_ISOLATION": triton_isolation_setting,
+    "KCACHE_LOG": log_setting,
+}
+
+
+def setting_problem(name: str) -> str | None:
+    """What is wrong with the value of setting `name` in the environment, in one line; None if nothing
+    (or it is unset)."""
+    check = SETTING_CHECKS[name]
+    if check is None or not os.environ.get(name, "").strip():
+        return None
+    try:
+        check()
+    except (ValueError, LookupError, OSError, OverflowError) as err:  # the readers' one-line messages
+        return " ".join(str(err).split())
+    return None
+
+
+def check_settings() -> None:
+    """Every KCACHE_* setting that is set, checked by its reader: SettingError naming the first bad one
+    (the variable, its value, the forms it takes). Only the variables set are read, so it costs next to
+    nothing: the CLI, `kcache run` (before the program), `kcache.install()` and every open of a cache
+    (Settings.from_env) call it, so that a bad value stops everything before anything runs, never in the
+    middle of a compile."""
+    for name in SETTING_CHECKS:
+        problem = setting_problem(name)
+        if problem is not None:
+            raise SettingError(name, problem)
+
+
 def check_process_settings(remote_url: str | None) -> None:
-    """The settings read where they are used, not at open (the sharing ones where files are made, the
-    JIT guard at each compile, the caller fork at the first compile, the remote tiers at the first
-    miss), checked now: a bad value must fail when the cache opens, not in the middle of a compile."""
-    sharing.configured_umask()
-    sharing.configured_group()
-    jit_guard_setting()
-    caller_fork_setting()
-    triton_isolation_setting()
-    log_setting()
+    """check_settings, and the remote tiers `remote_url` names (a Triton hit's settings: kcache.triton.roots)."""
+    check_settings()
     remote_urls(remote_url)

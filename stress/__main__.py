@@ -27,7 +27,7 @@ from .run import StressRun
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m stress", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m stress", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--duration", type=float, help="seconds of load (default 40)")

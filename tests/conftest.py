@@ -15,14 +15,36 @@ import pytest
 
 from . import background
 from .leftovers import Scratch, mounts_under, processes_of
-from .unprivileged import leftover_users
+from .reclaim import mark, reclaim
+from .unprivileged import leftover_users, unprivileged_env  # noqa: F401 - unprivileged_env: a fixture (below)
+
+# unprivileged_env is imported here, not into each module that uses it: a session fixture imported into N
+# modules is N fixtures, and a run built N venvs (issue 68). Here it is one per run.
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+_MAIN_PID = os.getpid()
+
+
+def _stop_the_run(signum: int, _frame: object) -> None:
+    """SIGTERM (a CI timeout, `kill`) stops the run as Ctrl-C does: pytest then tears every fixture down
+    (users, groups, venvs, mounts, services) and ends the session. In a fork of this process (a test's
+    child) the signal does what it would have done: kill it."""
+    if os.getpid() != _MAIN_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if os.getpid() == _MAIN_PID and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _stop_the_run)
+        # A fork starts with the default again: a child in C code (a compile) must die at once.
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped, with the reason, where none is visible)")
     config.addinivalue_line("markers", "tilelang: compiles real TileLang kernels (slow: seconds each)")
     config.addinivalue_line("markers", "quick: the quick tier, no root nor apt (set by tests/conftest.py, not by hand)")
@@ -35,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 QUICK_MODULES = frozenset({
     "test_arch_safety", "test_arrivals", "test_autotune_store", "test_bench_cli", "test_bench_library",
     "test_bench_plots", "test_bench_record", "test_bundles", "test_cli", "test_deployment", "test_eviction",
-    "test_triton_stages",
+    "test_triton_stages", "test_settings_checked", "test_cli_abbreviations", "test_message_table",
     "test_import_hooks", "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance",
     "test_packed_blob", "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust",
     "test_user_errors", "test_why_miss", "test_pool_close", "test_service_scheduler", "test_tune_trials",
@@ -61,9 +83,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 _BASE_TEMP: list[Path] = []  # this session's pytest temporary directory, where the tests mount
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """What sessions killed outright left (tests/reclaim.py) is removed before this one starts."""
+    if os.geteuid() == 0:
+        removed = reclaim()
+        if removed:
+            session.config.get_terminal_writer().line(f"reclaimed what killed test sessions left: {', '.join(removed)}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _base_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
     _BASE_TEMP.append(tmp_path_factory.getbasetemp())
+    mark(_BASE_TEMP[-1])  # its mounts are unmounted by the next session if this one is killed outright
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -85,6 +116,7 @@ def _session_runtime() -> Iterator[None]:
     from stress.service_runtime import stop_services
 
     directory = Path(tempfile.mkdtemp(prefix="ks-", dir="/tmp"))  # short: a socket's path has 107 bytes
+    mark(directory)  # its services are stopped by the next session if this one is killed outright
     saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "KCACHE_SERVER_IDLE")}
     os.environ.update({"XDG_RUNTIME_DIR": str(directory), "KCACHE_SERVER_IDLE": "60"})
     yield

@@ -25,12 +25,11 @@ def test_a_bundle_run_records_its_readings(tmp_path: Path, capsys: pytest.Captur
     assert [r["metric"] for r in readings] == ["import rate, 20 entries of 4 KiB",
                                                "import rate against GNU tar's extract and sync"]
     device, cores = this_machine()
-    commit = this_commit()
-    assert commit is not None
+    commit = this_commit()  # None outside a git checkout (an archive, an sdist): recorded as such
     for r in readings:
         assert list(r) == list(FIELDS)
         assert (r["scenario"], r["label"], r["unit"], r["device"], r["cores"]) == ("bundle", "bundle", "GB/s", device, cores)
-        assert r["commit"].split("+")[0] == commit.split("+")[0]
+        assert (r["commit"] or "").split("+")[0] == (commit or "").split("+")[0], (r["commit"], commit)
         assert r["kcache"] > 0 and r["baseline"] > 0 and r["ratio"] == pytest.approx(r["kcache"] / r["baseline"])
         assert r["goal"] == ">= 1 GB/s, or the disk's rate (a plain copy's)"
         assert r["met"] is (r["kcache"] >= 1.0 or r["ratio"] >= 1.0)

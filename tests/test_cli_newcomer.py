@@ -6,6 +6,7 @@ filesystem. Every command runs in a fresh interpreter, as a user runs it."""
 from __future__ import annotations
 
 import json
+import platform
 import re
 import subprocess
 import sys
@@ -142,6 +143,22 @@ def test_version_and_help_answer_as_git_and_pip_do(tmp_path: Path) -> None:
     wrong = kcache_run("help", "pruen")
     assert wrong.returncode == 2 and wrong.stdout == ""
     assert wrong.stderr.strip().splitlines() == [wrong.stderr.strip()] and "'pruen' is no kcache command" in wrong.stderr
+
+
+
+def test_version_and_help_answer_in_json_under_json() -> None:
+    """Every command answers --json in JSON (issue 68: --version and help printed text)."""
+    for argv in (["--json", "--version"], ["--version", "--json"]):
+        done = kcache_run(*argv)
+        assert done.returncode == 0 and json.loads(done.stdout) == {
+            "version": kcache.__version__, "location": str(Path(kcache.__file__).parent), "python": platform.python_version()}
+    for argv, command in ((["--json", "help"], None), (["help", "prune", "--json"], "prune")):
+        done = kcache_run(*argv)
+        answer = json.loads(done.stdout)
+        assert done.returncode == 0 and answer["command"] == command, answer
+        text = kcache_run("help", *([command] if command else [])).stdout
+        assert answer["help"] == text and answer["usage"].startswith(f"usage: kcache{' ' + command if command else ''} [")
+        assert (answer["commands"] is None) is (command is not None)
 
 
 # ---------------------------------------------------------------- settings

@@ -173,6 +173,34 @@ def test_a_planted_or_oversized_value_is_refused_and_tuned_again(tmp_path: Path,
     assert "Helion" in again["stderr"] or "quarantined" in again["stderr"], again["stderr"]
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["a-record-alone", "a-whole-entry"])
+def test_a_planted_record_is_skipped_with_one_warning_and_the_others_are_listed(tmp_path: Path, whole: bool) -> None:
+    """Issue 68: one record `{"helion_key": 5}` made Backend.list() raise, before any trust check, and
+    Helion then dropped every warm-start seed. Alone (no manifest) or as a whole entry (a manifest that
+    matches), it is skipped with one warning, moved aside, and every other pick is listed."""
+    import hashlib
+
+    from kcache.store.manifest import build_manifest
+
+    root = tmp_path / "root"
+    other = {**PICK, "config": json.dumps({"block_sizes": [32], "num_warps": 8})}
+    finish(start(helion_env(root)))
+    finish(start(helion_env(root), key="o" * 40, pick=other))
+    planted = root / "helion" / hashlib.sha256(b"planted").hexdigest()  # the newest: listed first
+    planted.mkdir()
+    (planted / "kcache-helion.json").write_text(json.dumps({"helion_key": 5}))
+    if whole:
+        (planted / "best_config.json").write_text(json.dumps(PICK))
+        (planted / "manifest.json").write_bytes(build_manifest(planted))
+    listed = finish(start(helion_env(root)))  # a hit, then list(10) as Helion's warm start calls it
+    assert not listed["tuned"] and sorted(map(json.dumps, listed["listed"])) == sorted(map(json.dumps, [PICK, other]))
+    warnings = [line for line in listed["stderr"].splitlines() if planted.name in line]
+    assert len(warnings) == 1 and "Traceback" not in listed["stderr"], listed["stderr"]
+    assert not planted.exists()  # moved aside: the next listing says nothing of it
+    again = finish(start(helion_env(root)))
+    assert len(again["listed"]) == 2 and planted.name not in again["stderr"], again["stderr"]
+
+
 def test_a_value_that_is_not_a_config_record_is_never_published(tmp_path: Path) -> None:
     done = finish(start(helion_env(tmp_path / "root"), pick={"no": "config"}))
     assert done["tuned"] and "not a Helion config record" in done["stderr"], done["stderr"]

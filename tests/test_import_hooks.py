@@ -37,5 +37,6 @@ def test_hooks_run_once_around_the_import_and_a_failing_one_fails_that_import(tm
                           env=child_env(PYTHONPATH=f"{child_env()['PYTHONPATH']}:{tmp_path}"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ("['before False', 'after 7', 'raised from the import', 'loaded already'] imported "
-                                   "['tvm_ffi']")
-    # What is left is `import kcache`'s own hook: it watches TileLang's callbacks once TVM's FFI loads.
+                                   "['logging', 'tvm_ffi']")
+    # What is left is `import kcache`'s own hooks: it masks its log's URLs once `logging` loads
+    # (kcache.redaction), and watches TileLang's callbacks once TVM's FFI loads.

@@ -21,7 +21,8 @@ PACKAGES = ("kcache", "autotuner", "stress")
 # Bottom to top. A module may import the modules of lower layers, and modules of its own
 # subpackage (acyclically); never a sibling subpackage of its layer, never a higher layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("kcache.errors", "kcache.keys", "kcache.import_hooks", "kcache.lookup_log", "kcache.interruption")),
+    ("base", ("kcache.errors", "kcache.keys", "kcache.import_hooks", "kcache.lookup_log", "kcache.interruption",
+              "kcache.redaction")),
     ("store", ("kcache.store",)),
     ("setting values", ("kcache.setting_values",)),
     ("settings", ("kcache.config",)),

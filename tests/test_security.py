@@ -25,7 +25,7 @@ from stress.programs import synthetic
 from .faults import needs_root
 from .helpers import snapshot
 from .test_shared_fs import use_cache
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
+from .unprivileged import UnprivilegedEnv
 
 pytestmark = needs_root
 

@@ -34,7 +34,7 @@ from kcache.store.components import KERNELS, LIBRARY
 from .helpers import PROJECT, child_env
 from .test_bundles import NAMES, SECRET, filled_root, staging_left, visible
 from .test_shared_fs import use_cache
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
+from .unprivileged import UnprivilegedEnv
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -17,7 +17,7 @@ from kcache.store import layout
 
 from .faults import needs_root
 from .test_security import world_dir  # noqa: F401 - a fixture
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
+from .unprivileged import UnprivilegedEnv
 
 pytestmark = needs_root
 

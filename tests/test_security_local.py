@@ -25,7 +25,7 @@ from stress.programs import synthetic
 from .faults import needs_root
 from .helpers import child_env
 from .test_security import shared_dir, victims_files, world_dir  # noqa: F401 - a fixture
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
+from .unprivileged import UnprivilegedEnv
 
 PROJECT = Path(__file__).resolve().parent.parent
 TEAM_GID, OTHER_UID = 4242, 4243  # a group and a user this machine need not have: root gives files to ids

@@ -8,6 +8,8 @@ users: kcache-a the attacker, kcache-b the victim, both in the group kcache-shar
 - T2: a refused entry that cannot be moved aside (a directory the victim may not rename) is a warning
   and a compile, never an exception out of Triton's manager.
 - The Triton root: the trust check starts at the cache root, as TileLang's does.
+- Helion's listing (issue 68): one record `{"helion_key": 5}` planted in a group root made the warm-start
+  listing raise before any trust check, in or out of group mode, and Helion then dropped every seed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ pytest.importorskip("triton", reason="the Triton tests need triton (pip install 
 from .faults import needs_root  # noqa: E402
 from .test_security import world_dir  # noqa: E402, F401 - a fixture
 from .test_triton import MANAGER, PROGRAM, counting_assemblers, triton_users, users_running_triton  # noqa: E402, F401
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: E402, F401 - a fixture
+from .unprivileged import UnprivilegedEnv  # noqa: E402
 
 pytestmark = needs_root
 
@@ -213,3 +215,51 @@ def test_the_trust_check_of_a_triton_entry_starts_at_the_cache_root(
     again, said = as_user("kcache-b", "add", env)
     assert again["add"] == first["add"] and counted() == 2, said  # compiled again: nothing there is trusted
     assert f"{team} is owned by uid {users.users['kcache-a'][0]}" in said, said
+
+
+# ---------------------------------------------------------------- Helion's listing (issue 68)
+
+# What Backend.list() does for each root it reads (kcache.helion.store.newest_values), as a user of the
+# team root: publish a pick (KT_PICK), or list them all. Helion itself is not needed for either.
+HELION_PICKS = """
+import json, os
+from pathlib import Path
+from kcache.helion import store
+root = Path(os.environ["KCACHE_DIR"])
+if os.environ.get("KT_PICK"):
+    assert store.publish_value(root, os.environ["KT_PICK"], json.dumps({"config": json.dumps({"by": os.environ["KT_PICK"]})}))
+print(json.dumps([json.loads(json.loads(value)["config"])["by"] for value in store.newest_values(root, None)]))
+"""
+
+
+def test_a_planted_helion_record_is_skipped_and_the_others_are_listed(
+        unprivileged_env: UnprivilegedEnv, world_dir: Path) -> None:  # noqa: F811
+    env = unprivileged_env
+    team = world_dir / "team"
+    team.mkdir()
+    os.chown(team, 0, env.share_gid)
+    team.chmod(0o2770)
+    group = {"KCACHE_DIR": str(team), "KCACHE_UMASK": "002"}
+    for user in ("kcache-a", "kcache-b"):  # a pick of each member
+        done = env.run(user, HELION_PICKS, env={**group, "KT_PICK": f"pick of {user}"})
+        assert done.returncode == 0, done.stderr
+    plant = ("import hashlib, json, os\n"
+             f"entry = os.path.join({str(team / 'helion')!r}, hashlib.sha256(b'planted').hexdigest())\n"
+             "os.mkdir(entry)\n"
+             "open(os.path.join(entry, 'kcache-helion.json'), 'w').write(json.dumps({'helion_key': 5}))\n"
+             "print(entry)\n")
+    planted = env.run("kcache-a", plant, env=group)
+    assert planted.returncode == 0, planted.stderr
+    entry = planted.stdout.strip()
+    listed = env.run("kcache-b", HELION_PICKS, env=group)  # the victim, a member in group mode
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert sorted(json.loads(listed.stdout)) == ["pick of kcache-a", "pick of kcache-b"]
+    assert [line for line in listed.stderr.splitlines() if Path(entry).name in line] != [], listed.stderr
+    assert len(listed.stderr.strip().splitlines()) == 1, listed.stderr  # one warning, for the planted record
+    # Outside group mode the members' entries are not trusted, the planted one least: refused, each with
+    # its warning, and still no exception.
+    planted = env.run("kcache-a", plant.replace("b'planted'", "b'planted again'"), env=group)
+    assert planted.returncode == 0, planted.stderr
+    alone = env.run("kcache-b", HELION_PICKS, env={"KCACHE_DIR": str(team)})
+    assert alone.returncode == 0 and "Traceback" not in alone.stderr, alone.stderr
+    assert json.loads(alone.stdout) == [] and "planted" not in alone.stdout

@@ -30,7 +30,7 @@ from stress.service_runtime import service_processes
 from . import pool_jobs
 from .faults import needs_root
 from .helpers import child_env
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
+from .unprivileged import UnprivilegedEnv
 
 PROJECT = Path(__file__).resolve().parent.parent
 PRELOAD = ("tests.pool_jobs",)

@@ -20,7 +20,7 @@ from stress.programs import synthetic
 
 from .faults import needs_root, readonly_bind
 from .helpers import snapshot
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: F401 - a fixture
+from .unprivileged import UnprivilegedEnv
 
 # Run as a user: use the cache, print one JSON line of what happened; warnings go to stderr.
 USE_CACHE = """

@@ -26,7 +26,7 @@ from .helpers import PROJECT, child_env  # noqa: E402
 from .redis_server import redis_server  # noqa: E402
 from .s3_server import s3_server  # noqa: E402
 from .test_security import world_dir  # noqa: E402, F401 - a fixture
-from .unprivileged import UnprivilegedEnv, unprivileged_env  # noqa: E402, F401 - a fixture
+from .unprivileged import UnprivilegedEnv  # noqa: E402
 
 PROGRAM = PROJECT / "stress" / "programs" / "triton_program.py"
 MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}

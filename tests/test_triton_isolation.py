@@ -94,6 +94,13 @@ def test_a_python_error_is_the_one_plain_triton_raises(tmp_path: Path, ptxas: Pa
 def test_a_crash_is_remembered_by_the_next_process_until_kcache_clear(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811
     first = printed(run(faulty(tmp_path, ptxas, "abort")))
     assert len(fired(tmp_path / "fired")) == 1 and first["configs"]["4"]["type"] == "TritonCompilerCrashed"
+    from kcache.cache.miss_explain import logged_misses
+
+    # The crashed lookup is a logged miss too (issue 68), which why-miss explains.
+    (crashed,) = [record for record in logged_misses(tmp_path / "root") if record.get("crashed")]
+    assert crashed["kernel"] == "add_kernel (Triton)" and crashed["crashed"] == "SIGABRT", crashed
+    why = kcache_of(tmp_path, "why-miss", crashed["key"])
+    assert "its compile crashed (SIGABRT)" in why and "`kcache clear` forgets it" in why, why
     assembled = runs(ptxas)
     done = run(faulty(tmp_path, ptxas, "abort"))
     second = printed(done)
@@ -101,23 +108,53 @@ def test_a_crash_is_remembered_by_the_next_process_until_kcache_clear(tmp_path: 
     assert runs(ptxas) == assembled  # and nothing else compiled: every other config was a hit
     assert second["configs"]["4"]["type"] == "TritonCompilerCrashed" and "remembered" in second["configs"]["4"]["message"]
     assert "`kcache clear --crashes` forgets remembered crashes" in done.stderr
-    listed = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "--json", "ls"],
-                            capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
-    (crash,) = [row for row in json.loads(listed.stdout) if row["kind"] == "triton crash"]
-    assert crash["kernel"] == "add_kernel (Triton)", crash  # its config apart, with its signal and date
-    assert crash["config"].startswith("BLOCK=1024, num_warps=4") and "crashed: SIGABRT on 20" in crash["config"], crash
-    stats = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "--json", "stats"],
-                           capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
-    assert json.loads(stats.stdout)["triton_crashes_remembered"] == 1, stats.stdout
+    remembered = [record for record in logged_misses(tmp_path / "root") if record.get("crashed")][1:]
+    assert [r["crashed"].startswith("SIGABRT, remembered from") for r in remembered] == [True], remembered
+    why = json.loads(kcache_of(tmp_path, "--json", "why-miss", remembered[0]["key"]))
+    assert why["kernel"] == "add_kernel (Triton)" and why["crashed"] == remembered[0]["crashed"], why
+    listed = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "ls"], capture_output=True,
+                            text=True, cwd=str(PROJECT), timeout=120)
+    assert "triton crash" in listed.stdout and "add_kernel" in listed.stdout, listed.stdout
+    # The kernel in its column, the crashed config in the config column (issue 68).
+    (crash,) = [row for row in json.loads(kcache_of(tmp_path, "--json", "ls")) if row["kind"] == "triton crash"]
+    assert crash["kernel"] == "add_kernel" and "num_warps=4" in (crash["config"] or ""), crash
+    assert "crashed: SIGABRT on 20" in crash["config"], crash  # with its signal and date
+    stats = json.loads(kcache_of(tmp_path, "--json", "stats"))
+    assert stats["triton_crashes_remembered"] == 1, stats
+    # doctor's size is stats' (Triton's entries counted: what KCACHE_MAX_SIZE bounds).
+    (size,) = [f for f in json.loads(kcache_of(tmp_path, "--json", "doctor")) if f["check"] == "size"]
+    from kcache.cli.format import human_size
+
+    assert size["detail"].startswith(f"{human_size(stats['size_bytes'])} of entries") and stats["size_bytes"] > 0, size
+    # `show` finds an entry by Triton's own key too, and a key that matches nothing names both places.
+    triton_key = json.loads(kcache_of(tmp_path, "--json", "show", crash["key"]))["meta"]["triton_key"]
+    assert json.loads(kcache_of(tmp_path, "--json", "show", triton_key[:12]))["key"] == crash["key"]
+    missing = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "show", "ffffffffffff"],
+                             capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
+    assert missing.returncode == 1 and "(TileLang's) or" in missing.stderr and "(Triton's)" in missing.stderr
     # Forgotten by its key alone (the kernels stay), then compiled (and crashed) again.
     cleared = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "--json", "clear",
                               "--crashes", crash["key"][:12]], capture_output=True, text=True, cwd=str(PROJECT),
                              timeout=120)
-    assert cleared.returncode == 0 and json.loads(cleared.stdout)["removed_triton_crashes"] == 1, cleared.stderr
+    assert cleared.returncode == 0 and json.loads(cleared.stdout)["forgotten_triton_crashes"] == 1, cleared.stderr
     assembled = runs(ptxas)
     printed(run(faulty(tmp_path, ptxas, "abort")))
     assert len(fired(tmp_path / "fired")) == 2
     assert runs(ptxas) == assembled  # every other config's kernel was kept: a hit
+    # A plain `clear` forgets it too, counted apart from the kernels it removes.
+    cleared = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), "clear"],
+                             capture_output=True, text=True, cwd=str(PROJECT), timeout=120)
+    assert cleared.returncode == 0, cleared.stderr
+    assert "forgot 1 remembered Triton crash" in cleared.stdout, cleared.stdout  # not counted as a Triton entry
+    printed(run(faulty(tmp_path, ptxas, "abort")))
+    assert len(fired(tmp_path / "fired")) == 3  # forgotten: compiled (and crashed) again
+
+
+def kcache_of(tmp_path: Path, *argv: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "kcache", "--dir", str(tmp_path / "root"), *argv], capture_output=True,
+                          text=True, cwd=str(PROJECT), timeout=120)
+    assert done.returncode in (0, 1) and done.stdout, done.stderr
+    return done.stdout
 
 
 def test_a_herd_of_8_runs_one_isolated_compile_per_key(tmp_path: Path, ptxas: Path) -> None:  # noqa: F811

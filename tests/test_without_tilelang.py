@@ -82,17 +82,19 @@ def test_opening_a_cache_without_tilelang_starts_no_compile_service(bare_python:
 
 NEEDS_TILELANG = """
 import kcache
-for call in (kcache.install, lambda: kcache.get_or_compile(None, "cuda")):
-    try:
-        call()
-    except ModuleNotFoundError as err:  # what a caller catching the bare import's error still catches
-        print(type(err).__name__, err.name, err, sep=": ")
+kcache.install()  # a Triton or Helion user's environment (issue 68): routes those two, no word of TileLang
+print("installed into TileLang:", kcache.is_installed())
+try:
+    kcache.get_or_compile(None, "cuda")
+except ModuleNotFoundError as err:  # what a caller catching the bare import's error still catches
+    print(type(err).__name__, err.name, err, sep=": ")
 """
 
 
 def test_the_api_and_the_cli_without_tilelang_say_how_to_install_it(bare_python: Path, scratch: Scratch) -> None:
     done = bare(bare_python, scratch, "-c", NEEDS_TILELANG)
-    assert done.returncode == 0 and done.stdout.splitlines() == [f"TileLangMissing: tilelang: {INSTALL_TILELANG}"] * 2
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.splitlines() == ["installed into TileLang: False", f"TileLangMissing: tilelang: {INSTALL_TILELANG}"]
     program, bundle = scratch.path / "home" / "program.py", scratch.path / "home" / "kernels.kcb"
     program.write_text("print('the program ran')\n")
     bundle.write_bytes(b"")

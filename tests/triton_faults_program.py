@@ -48,6 +48,10 @@ def softmax_kernel(out, inp, n_cols, BLOCK: tl.constexpr):
 
 def inject(fault: str) -> None:
     def hook(self=None, stages=None, options=None, language=None, capability=None):  # noqa: ANN001, ANN202
+        if self is None and stages is None:
+            # Triton 3.7 and later also call the hook with no arguments, for what it adds to the cache key
+            # (a key's suffix and a hash): nothing, as on 3.6, which never calls it so.
+            return "", ""
         if stages is None or options.num_warps != FAULTY_WARPS:
             return
         llir = stages["llir"]

@@ -14,9 +14,7 @@ it lives under /root, which is 0700. So each session builds a venv from
 Debian's /usr/bin/python3.11 in a world-readable directory under /tmp and
 copies kcache and its pure-Python dependencies into it (no pip, no network).
 
-    from .unprivileged import unprivileged_env  # noqa: F401
-
-    def test_x(unprivileged_env):
+    def test_x(unprivileged_env):  # the fixture comes from tests/conftest.py: one environment per run
         done = unprivileged_env.run("kcache-a", "import kcache; ...")
 """
 
@@ -130,7 +128,7 @@ def _state(group: str) -> Path:
     return directory
 
 
-def _holder_name(pid: int) -> str | None:
+def holder_name(pid: int) -> str | None:
     """`pid.starttime` of a live process (the start time tells a reused pid apart), or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -143,7 +141,7 @@ def _live_holders(state: Path) -> list[str]:
     """The holders whose process still runs; the files of those that died (a killed session) removed."""
     live = []
     for name in os.listdir(state / "holders"):
-        if _holder_name(int(name.split(".")[0])) == name:
+        if holder_name(int(name.split(".")[0])) == name:
             live.append(name)
         else:
             (state / "holders" / name).unlink(missing_ok=True)
@@ -155,7 +153,9 @@ def _created(state: Path) -> list[str]:
 
 
 def _note_created(state: Path, name: str) -> None:
-    (state / "created").write_text("".join(f"{n}\n" for n in [*_created(state), name]))
+    # Once each: a name listed twice (a session killed before it removed it, then made again) made the
+    # last holder's userdel run twice, fail, and leave the group behind.
+    (state / "created").write_text("".join(f"{n}\n" for n in dict.fromkeys([*_created(state), name])))
 
 
 def acquire_users(users: tuple[str, ...] = USERS, group: str = SHARE_GROUP) -> tuple[dict[str, tuple[int, int]], int]:
@@ -163,7 +163,7 @@ def acquire_users(users: tuple[str, ...] = USERS, group: str = SHARE_GROUP) -> t
     (noting that a test session made them). Returns {user: (uid, primary gid)} and the group's gid."""
     with _user_creation_lock():
         state = _state(group)
-        holder = _holder_name(os.getpid())
+        holder = holder_name(os.getpid())
         assert holder is not None
         (state / "holders" / holder).touch()
         if not _group_exists(group):
@@ -190,23 +190,44 @@ def release_users(group: str = SHARE_GROUP) -> list[str]:
     removed: list[str] = []
     with _user_creation_lock():
         state = _state(group)
-        holder = _holder_name(os.getpid())
+        holder = holder_name(os.getpid())
         if holder is not None:
             (state / "holders" / holder).unlink(missing_ok=True)
         if _live_holders(state):
             return removed
-        made = _created(state)
-        for user in [name for name in made if name != group and _user_exists(name)]:
-            # What the test users left running (their compile services, idle for minutes) ends with them.
-            subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
-            _run_checked("userdel", user)  # its own primary group, which useradd made, goes with it
-            removed.append(user)
-        if group in made and _group_exists(group):
-            _run_checked("groupdel", group)
-            removed.append(group)
-        shutil.rmtree(state)
-        with contextlib.suppress(OSError):
-            STATE.rmdir()  # where no other set is held
+        return _remove_created(state, group)
+
+
+def reclaim_users(group: str = SHARE_GROUP) -> list[str]:
+    """At a session's start: what test sessions created of the set, removed if no live session holds it
+    (they were all killed before their end). Returns what it removed."""
+    if not (STATE / group).is_dir():
+        return []
+    with _user_creation_lock():
+        state = _state(group)
+        if _live_holders(state):
+            return []
+        return _remove_created(state, group)
+
+
+def _remove_created(state: Path, group: str) -> list[str]:
+    """What test sessions created of the set: the users' processes killed, then the users, then the
+    group, each only where it still exists; then the set's directory. Under the creation lock."""
+    removed: list[str] = []
+    made = list(dict.fromkeys(_created(state)))
+    for user in [name for name in made if name != group]:
+        if not _user_exists(user):
+            continue
+        # What the test users left running (their compile services, idle for minutes) ends with them.
+        subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
+        _run_checked("userdel", user)  # its own primary group, which useradd made, goes with it
+        removed.append(user)
+    if group in made and _group_exists(group):
+        _run_checked("groupdel", group)
+        removed.append(group)
+    shutil.rmtree(state)
+    with contextlib.suppress(OSError):
+        STATE.rmdir()  # where no other set is held
     return removed
 
 
@@ -291,6 +312,9 @@ def unprivileged_env() -> Iterator[UnprivilegedEnv]:
         pytest.skip(reason)
     started = time.monotonic()
     base = Path(tempfile.mkdtemp(prefix="kcache-unprivileged-"))
+    from .reclaim import mark
+
+    mark(base)  # a session killed outright leaves it to the next one's start (tests/reclaim.py)
     try:
         users, share_gid = acquire_users()
         python = build_venv(base)

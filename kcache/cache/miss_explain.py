@@ -185,11 +185,14 @@ def explain(root: Path, key: str, kernel: str, fields: dict[str, Any],
 # ---------------------------------------------------------------- the miss log
 
 
-def log_miss(root: Path, key: str, kernel: str, fields: dict[str, Any], *, refused: bool = False) -> None:
+def log_miss(root: Path, key: str, kernel: str, fields: dict[str, Any], *, refused: bool = False,
+             crashed: str | None = None) -> None:
     """Append one line for this miss to this user's miss log under `root` (best effort: a read-only or
-    full root costs the line, said at debug level). `refused`: the JIT guard stopped the compile."""
-    line = json.dumps({"key": key, "kernel": kernel, "time": time.time(), "pid": os.getpid(),
-                       "host": layout.this_host(), "refused": refused, "fields": fields}, sort_keys=True) + "\n"
+    full root costs the line, said at debug level). `refused`: the JIT guard stopped the compile.
+    `crashed`: the compile crashed, or a crash remembered stopped it (kcache.triton.crashes): how."""
+    record = {"key": key, "kernel": kernel, "time": time.time(), "pid": os.getpid(), "host": layout.this_host(),
+              "refused": refused, "fields": fields, **({"crashed": crashed} if crashed else {})}
+    line = json.dumps(record, sort_keys=True) + "\n"
     try:
         root_fd = dirfd.open_root(Path(root))
         try:

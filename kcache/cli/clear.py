@@ -64,9 +64,12 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
     removed = sum(evict_entry(root, entry.path) for entry in scan_entries(root)
                   if everything or (tilelang is not None and entry_meta(entry.path).get("tilelang") == tilelang))
     results = sum(evict_entry(root, item) for item in autotune_results(root)) if everything else 0
-    tritons = sum(evict_entry(root, entry.path) for entry in scan_entries(root, layout.TRITON)
-                  if everything or is_triton_crash(entry.path)
-                  or (triton is not None and triton_version_of(entry.path) == triton))
+    tritons = crashes = 0
+    for entry in scan_entries(root, layout.TRITON):
+        crash = is_triton_crash(entry.path)  # a remembered crash is no entry of a kernel: counted apart
+        if everything or crash or (triton is not None and triton_version_of(entry.path) == triton):
+            gone = evict_entry(root, entry.path)
+            crashes, tritons = (crashes + gone, tritons) if crash else (crashes, tritons + gone)
     helion = sum(evict_entry(root, entry.path) for entry in scan_entries(root, layout.HELION)) if everything else 0
     if everything:
         scope = "every version"
@@ -74,11 +77,12 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, i
         scope = ", ".join([f"TileLang {tilelang}" if tilelang else "TileLang is not installed",
                            f"Triton {triton}" if triton else "Triton is not installed"])
     result = {"removed_entries": removed, "removed_autotune_results": results, "removed_triton_entries": tritons,
-              "removed_helion_picks": helion, "scope": scope}
+              "removed_helion_picks": helion, "forgotten_triton_crashes": crashes, "scope": scope}
+    forgotten = f"; forgot {count_of(crashes, 'remembered Triton crash', 'remembered Triton crashes')}" if crashes else ""
     return result, (f"removed {count_of(removed, 'kernel entry', 'kernel entries')}, "
                     f"{count_of(results, 'autotune result', 'autotune results')}, "
                     f"{count_of(tritons, 'Triton entry', 'Triton entries')} and "
-                    f"{count_of(helion, 'Helion pick', 'Helion picks')} ({scope})"), 0
+                    f"{count_of(helion, 'Helion pick', 'Helion picks')} ({scope}){forgotten}"), 0
 
 
 
@@ -88,5 +92,6 @@ def _clear_crashes(root: Path, keys: list[str]) -> tuple[Any, str, int]:
     compile again; every kernel stays."""
     removed = sum(evict_entry(root, entry.path) for entry in scan_entries(root, layout.TRITON)
                   if is_triton_crash(entry.path) and (not keys or any(entry.key.startswith(key) for key in keys)))
-    return ({"removed_triton_crashes": removed},
-            f"forgot {count_of(removed, 'Triton crash', 'Triton crashes')} remembered: those configs compile again", 0)
+    return ({"forgotten_triton_crashes": removed},
+            f"forgot {count_of(removed, 'remembered Triton crash', 'remembered Triton crashes')}: those configs "
+            "compile again", 0)

@@ -9,6 +9,9 @@ import stat
 import sys
 from pathlib import Path
 
+from kcache.redaction import masked
+from kcache.store.access import unreadable_fix, unreadable_reason
+
 # 0: the command did what it was asked, and found nothing wrong.
 EXIT_OK = 0
 # 1: the command ran, and its answer is "no": what it was pointed at is not there (a root that does
@@ -51,6 +54,12 @@ class NotFound(UserMistake):
     exit_status = EXIT_NOT_FOUND
 
 
+class Unreadable(UserMistake):
+    """The root is there, but this user cannot read it (another uid's 0700 root): exit status 1."""
+
+    exit_status = EXIT_NOT_FOUND
+
+
 class NotStarted(UserMistake):
     """A service the command was to start did not start (its one line says why): exit status 1."""
 
@@ -58,9 +67,9 @@ class NotStarted(UserMistake):
 
 
 def require_root(root: Path) -> None:
-    """The root a command reads must be a directory, and is never created here: a missing one is
-    NotFound (a mistyped --dir must not look like an empty cache), one that is not a directory a
-    UserMistake."""
+    """The root a command reads must be a directory this user can read, and is never created here: a
+    missing one is NotFound (a mistyped --dir must not look like an empty cache), one that is not a
+    directory a UserMistake, one closed to this user (another uid's 0700 root) Unreadable."""
     if root.is_symlink() and not root.exists():
         raise UserMistake(f"the cache root {root} is a dangling symbolic link: point KCACHE_DIR or --dir at a "
                           "directory", root)
@@ -70,6 +79,9 @@ def require_root(root: Path) -> None:
     if not root.is_dir():
         raise UserMistake(f"the cache root {root} is not a directory (a {_kind(root)}): point KCACHE_DIR or --dir "
                           "at a directory", root)
+    unreadable = unreadable_reason(root)
+    if unreadable:
+        raise Unreadable(f"cannot read the kcache root {root}: {unreadable}; fix: {unreadable_fix(root)}", root)
 
 
 def _kind(path: Path) -> str:
@@ -82,7 +94,7 @@ def one_line(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
         text = f"{err.filename}: {text}"
-    return text
+    return masked(text)  # a message quoting KCACHE_REMOTE (redis-py's, say) keeps its password to itself
 
 
 def error_path(err: BaseException) -> str | None:

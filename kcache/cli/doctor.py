@@ -52,6 +52,10 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
         findings.append(Finding("root", True, f"{root} exists but is not a directory",
                                 "point KCACHE_DIR or --dir at a directory, or move that file away"))
         return [*findings, _compile_service(settings)]
+    unreadable = access.unreadable_reason(root)
+    if unreadable:  # nothing below it can be checked: one finding that says why, and the fix
+        findings.append(Finding("root", True, f"cannot read {root}: {unreadable}", access.unreadable_fix(root)))
+        return [*findings, _compile_service(settings)]
     if not root.is_dir():
         finding = Finding("root", True, f"{root} does not exist", "create it (kcache does on first use)")
         if fix:
@@ -78,7 +82,7 @@ def doctor(root: str | os.PathLike[str] | Settings | None = None, *, fix: bool =
     free = vfs.f_bavail * vfs.f_frsize
     findings.append(Finding("free space", free < MIN_FREE_BYTES, f"{human_size(free)} free",
                             "free space, lower KCACHE_MAX_SIZE, or move KCACHE_DIR"))
-    size = sum(e.size for e in scan_entries(root))
+    size = sum(e.size for e in scan_entries(root) + scan_entries(root, layout.TRITON))  # what eviction bounds, as stats
     over = settings.max_size_bytes is not None and size > settings.max_size_bytes
     limit = "no limit" if settings.max_size_bytes is None else human_size(settings.max_size_bytes)
     finding = Finding("size", over, f"{human_size(size)} of entries, limit {limit}", "kcache prune")
@@ -107,7 +111,7 @@ def _writable(root: Path, settings: Settings) -> Finding:
         "readonly": "kcache reads its hits and compiles misses without saving them (KCACHE_ON_UNWRITABLE=readonly)",
         "error": "opening it raises UnwritableCache (KCACHE_ON_UNWRITABLE=error)",
     }[policy]
-    return Finding("writable", True, f"not writable by you: {reason}; {outcome}", access.unwritable_fix(reason, policy))
+    return Finding("writable", True, f"not writable by you: {reason}; {outcome}", access.unwritable_fix(reason, policy, root))
 
 
 def _trusted(root: Path) -> Finding:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kcache.compile.interpreter import internal_environment, python_command
 from kcache.config import SETTING_NAMES, describe_unknown_settings, unknown_settings
+from kcache.redaction import masked
 
 # Resolving a class imports its module (Triton's, Helion's, the user's): a bound on a hung import.
 RESOLVE_TIMEOUT_S = 60.0
@@ -50,6 +51,10 @@ class Finding:
     detail: str
     fix: str = ""
     fixed: bool = False
+
+    def __post_init__(self) -> None:
+        # A finding may quote a URL (KCACHE_REMOTE's, an error naming it): never with its password.
+        self.detail, self.fix = masked(self.detail), masked(self.fix)
 
 
 def settings_finding(bad_value: str | None) -> Finding:

@@ -22,6 +22,7 @@ from kcache.store.components import COMPONENTS, DEVICE_SOURCE, HOST_SOURCE, KERN
 from kcache.store.entries import EntryStore
 from kcache.store.manifest import MANIFEST_NAME
 from kcache.triton.crashes import CRASH_FILE
+from kcache.triton.store import KERNEL_SUFFIX
 from kcache.triton.store import META as TRITON_META
 
 AUTOTUNER = "autotuner"
@@ -67,7 +68,7 @@ def _triton_row(entry: EntryUsage) -> dict[str, Any]:
     meta = json_file(entry.path / TRITON_META)
     meta = meta if isinstance(meta, dict) else {}
     group, files = meta.get("group"), meta.get("files")
-    kernel, target = "?", "-"
+    kernel, target, crash_config = "?", "-", None
     if isinstance(group, str):
         kernel = group.rsplit(".", 1)[0]
         compiled = json_file(entry.path / group)
@@ -76,15 +77,21 @@ def _triton_row(entry: EntryUsage) -> dict[str, Any]:
             target = f"{aimed.get('backend', '?')} sm_{aimed.get('arch', '?')}"
     elif files == [CRASH_FILE]:  # a compile that crashed, remembered (kcache.triton.crashes)
         crash = json_file(entry.path / CRASH_FILE)
-        crash = crash if isinstance(crash, dict) else {}
-        # "add_kernel (Triton) [BLOCK=1024, num_warps=4]": the kernel, then its config with how it died
-        kernel, _, config_part = str(crash.get("kernel", "?")).partition(" [")
-        died = f"{crash.get('signal') or 'exit ' + str(crash.get('exit_code'))} on {crash.get('created', '?')}"
-        meta = {**meta, "config": f"{config_part.rstrip(']')}; crashed: {died}" if config_part else f"crashed: {died}"}
+        # Recorded as an autotuner's log names it, `add_kernel (Triton) [BLOCK=64, num_warps=4]`: the
+        # kernel in its column, the config in the config column.
+        described = str(crash.get("kernel", "?")) if isinstance(crash, dict) else "?"
+        kernel, _, tail = described.partition(" [")
+        kernel = kernel.removesuffix(KERNEL_SUFFIX)
+        crash_config = tail[:-1] if tail.endswith("]") else None
+        if isinstance(crash, dict):  # how it died and when: `BLOCK=64, num_warps=4; crashed: SIGABRT on DATE`
+            died = f"{crash.get('signal') or 'exit ' + str(crash.get('exit_code'))} on {crash.get('created', '?')}"
+            crash_config = f"{crash_config}; crashed: {died}" if crash_config else f"crashed: {died}"
     elif isinstance(files, list) and files:
         kernel = str(files[0])
     kind = "triton" if isinstance(group, str) else "triton crash" if files == [CRASH_FILE] else "triton file"
     config = meta.get("config") if isinstance(meta.get("config"), str) else None
+    if config is None and files == [CRASH_FILE]:
+        config = crash_config
     if config is None and isinstance(group, str):  # recorded before kcache kept the config: Triton's options
         compiled = json_file(entry.path / group)
         config = ", ".join(f"{name}={compiled[name]}" for name in ("num_warps", "num_stages")
@@ -103,10 +110,13 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, in
     every other detail of meta.json once."""
     store = kernel_store(settings)
     matches = [key for key in store.keys() if key.startswith(args.key.lower())]
-    triton = [entry for entry in scan_entries(settings.root, layout.TRITON) if entry.key.startswith(args.key.lower())]
+    # A Triton entry by kcache's key (`kcache ls`) or by Triton's own (its cache directory's name).
+    triton = [entry for entry in scan_entries(settings.root, layout.TRITON)
+              if entry.key.startswith(args.key.lower()) or _triton_key(entry.path).startswith(args.key.upper())]
     if len(matches) + len(triton) != 1:
         why = "no entry matches" if not matches + triton else f"{len(matches) + len(triton)} entries match"
-        raise NotFound(f"show: {why} {args.key!r} under {store.entries_dir} (see `kcache ls`)", store.entries_dir)
+        where = f"{store.entries_dir} (TileLang's) or {settings.root / layout.TRITON} (Triton's)"
+        raise NotFound(f"show: {why} {args.key!r} under {where} (see `kcache ls`)", settings.root)
     if triton:
         return _show_triton(triton[0])
     path = store.entry_path(matches[0])
@@ -132,6 +142,14 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> tuple[Any, str, in
                                   show_header=False)), "", "details:"]
     lines += [f"  {name}: {value}" for name, value in _details(meta)]
     return result, "\n".join(lines), 0
+
+
+def _triton_key(entry_dir: Path) -> str:
+    """Triton's own key of a Triton entry (its kcache-triton.json's), upper-cased as Triton writes it; "-"
+    where there is none, which no key given matches."""
+    meta = json_file(entry_dir / TRITON_META)
+    found = meta.get("triton_key") if isinstance(meta, dict) else None
+    return found.upper() if isinstance(found, str) and found else "-"
 
 
 def _show_triton(entry: EntryUsage) -> tuple[Any, str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -12,13 +13,21 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "kcache-gpu"  # pyproject.toml's name; the import name is `kcache`
 
 
+def version_fields() -> dict[str, str | None]:
+    """Which kcache runs: its version (None: run from a checkout on PYTHONPATH, never installed), where
+    it runs from, and the Python."""
+    try:
+        installed: str | None = version(DISTRIBUTION)
+    except PackageNotFoundError:
+        installed = None
+    return {"version": installed, "location": str(PACKAGE_DIR), "python": platform.python_version()}
+
+
 def version_text() -> str:
     """"kcache 0.1.0 from /site-packages/kcache (Python 3.11.7)": which kcache runs, as pip says it."""
-    try:
-        installed = version(DISTRIBUTION)
-    except PackageNotFoundError:  # run from a checkout on PYTHONPATH, never installed
-        installed = "(no package metadata: not installed)"
-    return f"kcache {installed} from {PACKAGE_DIR} (Python {platform.python_version()})"
+    fields = version_fields()
+    installed = fields["version"] or "(no package metadata: not installed)"
+    return f"kcache {installed} from {fields['location']} (Python {fields['python']})"
 
 
 class VersionAction(argparse.Action):
@@ -30,7 +39,8 @@ class VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        print(version_text())
+        # --json anywhere among kcache's own options (cli._run says so: it may follow --version).
+        print(json.dumps(version_fields(), indent=1) if getattr(parser, "json_requested", False) else version_text())
         parser.exit()
 
 
@@ -40,13 +50,16 @@ def add_parser(command: Any) -> None:
     helper.add_argument("topic", nargs="?", metavar="COMMAND", help="the command to explain")
 
 
-def show_help(parser: argparse.ArgumentParser, topic: str | None) -> int:
-    """Print kcache's help, or COMMAND's; ValueError (one line, exit status 2) for an unknown command."""
-    if topic is None:
-        print(parser.format_help(), end="")
-        return 0
+def show_help(parser: argparse.ArgumentParser, topic: str | None, as_json: bool = False) -> int:
+    """Print kcache's help, or COMMAND's (as JSON with --json: the command, its usage and the whole text);
+    ValueError (one line, exit status 2) for an unknown command."""
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    if topic not in commands:
+    if topic is not None and topic not in commands:
         raise ValueError(f"help: {topic!r} is no kcache command (commands: {', '.join(commands)})")
-    print(commands[topic].format_help(), end="")
+    chosen = parser if topic is None else commands[topic]
+    if as_json:
+        print(json.dumps({"command": topic, "usage": chosen.format_usage().strip(), "help": chosen.format_help(),
+                          "commands": sorted(commands) if topic is None else None}, indent=1))
+    else:
+        print(chosen.format_help(), end="")
     return 0

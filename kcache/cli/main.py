@@ -1,5 +1,6 @@
-"""`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a TileLang program
-with kcache installed (into TileLang when the program imports it: `run` itself imports none of it)."""
+"""`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a program with kcache
+for TileLang, Triton and Helion (into TileLang when the program imports it: `run` itself imports none of
+the three)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from kcache.cli.server import cmd_server
 from kcache.config import Settings, warn_unknown_settings
 from kcache.errors import KCacheError
 from kcache.interruption import Interrupted, interruptible
-from kcache.setting_values import default_root
+from kcache.setting_values import default_root, env_parsed, parse_flag
 
 # Commands that read a root: on a missing one each says so in one line and exits 1, creating nothing
 # (a mistyped --dir is no empty cache). `import` and `run` create theirs; `server` and `help` read none.
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     or SIGTERM stops the command (what it started stopped, what it half made removed) with one line on
     stderr and exit status 130 or 143."""
     arguments = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in arguments or os.environ.get("KCACHE_DEBUG", "") not in ("", "0")
+    debug = "--debug" in arguments or _debug_setting()
     parsed: list[argparse.Namespace] = []  # the arguments, once parsed: whether a failure answers in JSON
     try:
         with interruptible():  # not `kcache run`'s program, which runs below with its own signals
@@ -69,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     return outcome
 
 
+def _debug_setting() -> bool:
+    """KCACHE_DEBUG, a flag. One that is not is off here: the settings' check then says so in one line."""
+    try:
+        return bool(env_parsed("KCACHE_DEBUG", parse_flag, False))
+    except ValueError:
+        return False
+
+
 def _program_start(arguments: list[str]) -> int:
     """Where `kcache run`'s program and its own arguments begin (the end when there is no `run`)."""
     return arguments.index("run") + 1 if "run" in arguments else len(arguments)
@@ -77,10 +86,11 @@ def _program_start(arguments: list[str]) -> int:
 def _run(arguments: list[str], parsed: list[argparse.Namespace]) -> int | Callable[[], int]:
     """A command's exit status; for `run`, what runs the program (checked and prepared here)."""
     parser = build_parser()
+    parser.json_requested = "--json" in arguments[:_program_start(arguments)]  # type: ignore[attr-defined]  # --version's
     args = parser.parse_args(join_dashed_values(arguments))
     parsed.append(args)
     if args.command == "help":
-        return cli_help.show_help(parser, args.topic)
+        return cli_help.show_help(parser, args.topic, args.json)
     if args.command == "run":
         from kcache.cli.run import prepare_program  # TileLang's hooks wait for the program's import
 

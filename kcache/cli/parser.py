@@ -15,17 +15,37 @@ from kcache.cli import why_miss as why_miss_cli
 from kcache.cli.contract import EXIT_STATUS_HELP, UserMistake
 from kcache.setting_values import parse_age, parse_size
 
-# What `kcache --help` says the command is: the first line of kcache.cli.main's docstring.
-DESCRIPTION = "`kcache` / `python -m kcache`: inspect, verify and prune a cache root; `kcache run` a TileLang program"
+# What `kcache --help` says the command is (kcache.cli.main's docstring says it too), in lines of its
+# own: the formatter keeps the epilog's layout, so wraps no description.
+DESCRIPTION = ("`kcache` / `python -m kcache`: inspect, verify and prune a cache root;\n"
+               "`kcache run` a program with kcache for TileLang, Triton and Helion")
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with a bad argument reported like every other mistake: one line (the usage is one
-    `--help` away), exit status 2."""
+    `--help` away), exit status 2. No option matches by a prefix of its name (argparse's default does):
+    `kcache stats --zer` would zero the counters, `kcache clear --all` remove every version's entries.
+    Each command's parser is one of these too (add_subparsers makes its parsers of the main one's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("kcache").strip()  # cli.main() prints "kcache: " first
-        raise UserMistake(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
+        whole = self._whole_names(message)
+        hint = f"options are spelled whole: did you mean {' or '.join(whole)}? " if whole else ""
+        raise UserMistake(f"{command + ': ' if command else ''}{message} ({hint}see {self.prog} --help)")
+
+    def _whole_names(self, message: str) -> list[str]:
+        """The options, of this parser or its commands', that an unrecognized word begins (`--zer`: `--zero`)."""
+        if not message.startswith("unrecognized arguments: "):
+            return []
+        parsers = [self, *(self._subparsers._group_actions[0].choices.values() if self._subparsers else ())]
+        names = {option for parser in parsers for action in parser._actions for option in action.option_strings}
+        words = [word.split("=", 1)[0] for word in message.removeprefix("unrecognized arguments: ").split()]
+        return sorted({name for word in words if word.startswith("--") for name in names
+                       if name.startswith(word) and name != word})
 
 
 # Options whose value may look like an option to argparse ("--max-size -1G" would be "expected one
@@ -105,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--fix", action="store_true", help="fix what can be fixed safely")
     server = command("server", "this user's compile service (KCACHE_COMPILE_ISOLATION=server): start, stop, status")
     server.add_argument("action", choices=("start", "stop", "status"))
-    program = command("run", "run a Python program with kcache installed into TileLang "
-                      "(tilelang.compile, @tilelang.jit, the AutoTuner's results)",
+    program = command("run", "run a Python program with kcache for TileLang (tilelang.compile, @tilelang.jit, "
+                      "the AutoTuner's results: installed when the program imports TileLang), Triton (its "
+                      "kernels, Inductor's too) and Helion (its autotune picks)",
                       usage="%(prog)s [-h] [--dir ROOT] [--json] (SCRIPT | -m MODULE) [ARGS ...]",
                       epilog="kcache's options go before the script or -m; everything after the script or "
                              "the module's name (--dir and --json included) is the program's.")

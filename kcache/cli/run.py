@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kcache import helion as kcache_helion
 from kcache import triton as kcache_triton
 from kcache.dropin.on_import import install_from_environment
-from kcache.setting_values import DROPIN_ENV
+from kcache.setting_values import DROPIN_ENV, check_settings
 
 if TYPE_CHECKING:
     import argparse
@@ -38,10 +38,11 @@ def prepare_program(args: argparse.Namespace) -> Callable[[], int]:
 
 
 def prepare(module: str | None, program_args: list[str], root: str | None) -> Callable[[], int]:
-    """Check that the program is there, set kcache up for it (`install_on_import`), and return what
-    runs it, unmodified, as `__main__`. The CLI calls that outside its handler of user mistakes, so
-    the program's own exceptions keep their tracebacks (a FileNotFoundError of the program's is not
-    a missing script)."""
+    """Check that the program is there and every KCACHE_* setting (SettingError, one line: the program
+    must not run, only to fail at its first compile or never hear of it), set kcache up for it
+    (`install_on_import`), and return what runs it, unmodified, as `__main__`. The CLI calls that
+    outside its handler of user mistakes, so the program's own exceptions keep their tracebacks (a
+    FileNotFoundError of the program's is not a missing script)."""
     if not module and not program_args:
         raise NoProgram("run: name a script (kcache run train.py ...) or a module (kcache run -m pkg.main ...)")
     if module:
@@ -60,6 +61,7 @@ def prepare(module: str | None, program_args: list[str], root: str | None) -> Ca
         raise NoProgram(f"run: {os.path.abspath(program_args[0])}: {what}; name the program's .py file")
     if root:
         os.environ["KCACHE_DIR"] = root
+    check_settings()
     install_on_import()
 
     def run() -> int:

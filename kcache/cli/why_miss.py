@@ -40,6 +40,8 @@ def cmd_why_miss(args: argparse.Namespace, settings: Settings) -> tuple[Any, str
     root = settings.root
     record = _find(args, root)
     kernel = str(record.get("kernel", "?"))
+    if isinstance(record.get("crashed"), str):  # a Triton compile that crashed: no group, no fields to compare
+        return _crashed(record, kernel)
     triton = kernel.endswith(KERNEL_SUFFIX)  # a Triton kernel's (kcache.triton): compared with Triton's groups
     explanation = miss_explain.explain(root, record["key"], kernel, record["fields"],
                                        stored_fields(root) if triton else None)
@@ -53,6 +55,20 @@ def cmd_why_miss(args: argparse.Namespace, settings: Settings) -> tuple[Any, str
     lines.append(explanation.headline() + (":" if explanation.differences else ""))
     lines += [f"  {difference.render()}" for difference in explanation.differences]
     result = {**explanation.as_dict(), "stored": stored, "missed_at": when, "refused": bool(record.get("refused"))}
+    return result, "\n".join(lines), 0
+
+
+def _crashed(record: dict[str, Any], kernel: str) -> tuple[Any, str, int]:
+    """A lookup that a crash ended (kcache.triton.crashes): what crashed, and what to do; its key fields
+    are unknown, since Triton compiled no group to read them from."""
+    when = record.get("time")
+    ago = f"{human_age(time.time() - when)} ago" if isinstance(when, (int, float)) else "at an unknown time"
+    lines = [f"kernel {kernel}, key {short_key(record['key'])} (missed {ago} on {record.get('host', '?')}, "
+             f"pid {record.get('pid', '?')})",
+             f"its compile crashed ({record['crashed']}): Triton compiled no group, so there are no key fields "
+             "to compare; `kcache ls` lists the crash (kind triton crash) and `kcache clear` forgets it"]
+    result = {"key": record["key"], "kernel": kernel, "crashed": record["crashed"], "missed_at": when,
+              "differences": [], "stored": False, "refused": False}
     return result, "\n".join(lines), 0
 
 

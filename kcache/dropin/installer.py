@@ -12,8 +12,9 @@ from kcache import triton as kcache_triton
 from kcache.cache.default import default_cache
 from kcache.cache.kernel_cache import KernelCache
 from kcache.dropin import autotuner_results, routing, state
+from kcache.setting_values import check_settings
 from kcache.tilelang import internals, support
-from kcache.tilelang.installed import require_tilelang
+from kcache.tilelang.installed import tilelang_installed
 
 log = logging.getLogger("kcache")
 
@@ -23,12 +24,14 @@ _TUNER_METHODS = ("AutoTuner._save_result_to_disk", "AutoTuner._load_result_from
 def install(cache: KernelCache | None = None) -> None:
     """Route TileLang's compiles and AutoTuner results through `cache` (default: kcache's default cache),
     and tune each AutoTuner key once per job (kcache.dropin.autotuner_results); Triton's kernels
-    through kcache too (TRITON_CACHE_MANAGER, unless it names another manager: kcache.triton). Imports TileLang.
-    Calling it again changes the cache. Where TileLang is not installed, raises TileLangMissing
-    (a ModuleNotFoundError that says how to install it) before anything is opened or started. Where
-    the installed TileLang is not one kcache supports (kcache/tilelang/support.py), TileLang is left
-    as it is: every compile is plain TileLang's, and one warning says why and how to fix it."""
-    require_tilelang()
+    through kcache too (TRITON_CACHE_MANAGER, unless it names another manager: kcache.triton), and Helion's
+    autotune picks (kcache.helion). Imports TileLang where it is installed. Calling it again changes the
+    cache. Where TileLang is not installed (a Triton or Helion user's environment), Triton and Helion
+    are routed and that is all: a program that then imports TileLang gets Python's own error for it.
+    Where the installed TileLang is not one kcache supports (kcache/tilelang/support.py), TileLang is
+    left as it is: every compile is plain TileLang's, and one warning says why and how to fix it.
+    A bad KCACHE_* value raises SettingError, naming it, before anything is changed."""
+    check_settings()
     if cache is None:
         # Open it now, as TileLang sets its own cache up at import: an unusable root raises here,
         # before anything is changed, and no compile pays for it. Before TileLang's import, which
@@ -42,12 +45,19 @@ def install(cache: KernelCache | None = None) -> None:
     # Helion's autotune picks too (kcache.helion), unless the user named a backend of their own.
     helion_was_unset = kcache_helion.BACKEND_ENV not in os.environ
     kcache_helion.enable()
+    chosen = {"triton_was_unset": triton_was_unset, "helion_was_unset": helion_was_unset}
+    if not tilelang_installed():  # nothing of TileLang's to route; Triton's and Helion's routes are set
+        with state.lock:
+            if state.passed_through is None:
+                state.passed_through = chosen
+        log.debug("kcache: installed for Triton and Helion (TileLang is not installed)")
+        return
     unsupported = support.unsupported_reason()  # Triton's and Helion's routes above do not depend on it
     if unsupported is not None:
         support.warn_passing_through(unsupported)
         with state.lock:
             if state.passed_through is None:
-                state.passed_through = {"triton_was_unset": triton_was_unset, "helion_was_unset": helion_was_unset}
+                state.passed_through = chosen
         return
     jit_module: Any = importlib.import_module("tilelang.jit")  # `tilelang.jit` itself names the decorator
     from tilelang.autotuner.tuner import AutoTuner

@@ -23,12 +23,15 @@ _hooked = False  # install_from_environment has run (and installed, or set its h
 
 def install_from_environment() -> None:
     """KCACHE_TILELANG=1 at `import kcache`: install now if TileLang is loaded, else as soon as it is
-    (a process that never imports TileLang, such as the `kcache` CLI, never pays for it)."""
+    (a process that never imports TileLang, such as the `kcache` CLI, never pays for it). A value that
+    is not a flag installs too, so that install() raises its SettingError where TileLang is imported,
+    as KCACHE_LOG's does at the first open: the `kcache` command, which imports kcache and never
+    TileLang, says it in one line (exit status 2), and no program's compiles go uncached unheard of."""
     raw = os.environ.get(DROPIN_ENV, "").strip()
     try:
         wanted = bool(raw) and parse_flag(raw)
-    except ValueError as err:
-        raise ValueError(f"{DROPIN_ENV}={raw!r}: {err}") from None
+    except ValueError:
+        wanted = True
     global _hooked
     if not wanted or _hooked:  # once: a second call would install twice at the import
         return

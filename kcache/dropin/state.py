@@ -14,7 +14,7 @@ ENV = DROPIN_ENV
 lock = threading.Lock()
 # TileLang's originals while installed ("cached", "save", "load", "run"), and the chosen "cache"; None when not.
 installed: dict[str, Any] | None = None
-# Where install() left an unsupported TileLang alone (kcache/tilelang/support.py) but routed Triton and
+# Where install() left TileLang alone (not installed, or unsupported: kcache/tilelang/support.py) but routed Triton and
 # Helion: which of the two it chose for them ("triton_was_unset", "helion_was_unset"), for uninstall().
 passed_through: dict[str, bool] | None = None
 

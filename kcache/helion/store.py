@@ -81,7 +81,13 @@ def kernel_of(record: Any) -> str:
 def read_value(root: Path, helion_key: str) -> str | None:
     """The verified, checked value of `helion_key` under `root`, or None (a miss, or a refused entry:
     one warning; an untrusted entry is never moved, a corrupt one is moved aside)."""
-    key = entry_key(helion_key)
+    return _checked_entry(root, entry_key(helion_key), helion_key)
+
+
+def _checked_entry(root: Path, key: str, helion_key: str | None) -> str | None:
+    """The value of the entry `key` under `root`, verified whole (trust checked from the root down)
+    before anything of it is read, then its record checked (`bound_value`; it must name `helion_key`
+    where one is given); None for a miss or a refused entry, with one warning."""
     directory = root / NAMESPACE / key
     try:
         files = read_verified(directory, FILES, trust_root=root, exact=True)
@@ -95,7 +101,7 @@ def read_value(root: Path, helion_key: str) -> str | None:
         return None
     try:
         named, value = bound_value(files, key, str(directory))
-        if named != helion_key:
+        if helion_key is not None and named != helion_key:
             raise ValueError(f"{META} names another Helion key: an entry copied from another key")
         return value
     except ValueError as err:
@@ -131,12 +137,9 @@ def publish_value(root: Path, helion_key: str, value: str) -> bool:
 
 
 def newest_values(root: Path, limit: int | None) -> list[str]:
-    """The checked values of the entries under `root`, newest first (Helion's warm start). Each entry's
-    record is read bounded and without following a link, only to learn Helion's key; its value is then
-    read as `read_value` reads it."""
-    from kcache.store import dirfd
-    from kcache.store.bounded_read import read_regular_at
-
+    """The checked values of the entries under `root`, newest first (Helion's warm start). Each entry is
+    read as `read_value` reads one, trust and manifest first, then its record: one that is not a record
+    of its own key (`{"helion_key": 5}`, planted) is skipped with one warning, and the others are listed."""
     dated: list[tuple[float, str]] = []
     try:
         for entry in os.scandir(root / NAMESPACE):
@@ -151,15 +154,7 @@ def newest_values(root: Path, limit: int | None) -> list[str]:
     for _, name in sorted(dated, reverse=True):
         if limit is not None and len(values) >= limit:
             break
-        try:
-            entry_fd = os.open(root / NAMESPACE / name, dirfd.DIR_FLAGS)
-            try:
-                meta: Any = json.loads(read_regular_at(entry_fd, META, MAX_VALUE_BYTES))
-            finally:
-                os.close(entry_fd)
-        except (OSError, ValueError, RecursionError):
-            continue
-        value = read_value(root, meta.get("helion_key", "")) if isinstance(meta, dict) else None
+        value = _checked_entry(root, name, None)
         if value is not None:
             values.append(value)
     return values

@@ -110,6 +110,22 @@ def claim_root(root_fd: int, root: Path) -> bool:
 
 NOT_A_DIRECTORY = "not a directory"
 READ_ONLY_FILESYSTEM = "is on a read-only filesystem"
+UNREADABLE = "you cannot read it"
+
+
+def unreadable_reason(root: Path) -> str:
+    """Why this process cannot read the directory `root` (list and enter it), or "" if it can or it is
+    no directory. A root kcache creates is 0700: another uid sees it, and no more."""
+    if not root.is_dir() or os.access(root, os.R_OK | os.X_OK):
+        return ""
+    return f"{UNREADABLE}: {_describe(root)}"
+
+
+def unreadable_fix(root: Path) -> str:
+    """What lets another uid read a root: its owner's chmod (a root kcache creates is private), or a group."""
+    return (f"its owner makes it readable (chmod 0755 {root}: a root kcache creates is 0700, private; for a CI "
+            "cache, create the root first with mkdir -m 0755, docs/operations.md), shares it through a group "
+            "(KCACHE_UMASK=002 and a setgid root), or point KCACHE_DIR at a directory of yours")
 
 
 def unwritable_reason(root: Path) -> str:
@@ -118,6 +134,9 @@ def unwritable_reason(root: Path) -> str:
         return f"it is a dangling symbolic link, {NOT_A_DIRECTORY}"
     if root.exists() and not root.is_dir():
         return f"it is a file, {NOT_A_DIRECTORY}"
+    unreadable = unreadable_reason(root)  # before create_root: it exists, it is only closed to us
+    if unreadable:
+        return unreadable
     try:
         create_root(root)
     except OSError as err:
@@ -139,13 +158,14 @@ def plan(root: Path, policy: str, readonly: bool) -> RootPlan:
     reason = unwritable_reason(root)
     if not reason:
         return RootPlan(root, (root,))
-    fix = unwritable_fix(reason, policy)
+    fix = unwritable_fix(reason, policy, root)
     if policy == "error":
         raise UnwritableCache(str(root), reason, fix)
     fallback = fallback_root(root) if policy == "fallback" else None
     if fallback is not None and unwritable_reason(fallback):
         fallback = None
-    reads = () if NOT_A_DIRECTORY in reason else (root,)  # a mistake in KCACHE_DIR: nothing to read there
+    # A mistake in KCACHE_DIR, or a root closed to this user: nothing to read there (never "reading its hits").
+    reads = () if NOT_A_DIRECTORY in reason or reason.startswith(UNREADABLE) else (root,)
     if fallback is None:
         doing = ("Serving its hits and compiling misses without saving them (read-only)" if reads
                  else "Compiling misses without saving them")
@@ -159,11 +179,13 @@ def plan(root: Path, policy: str, readonly: bool) -> RootPlan:
     return RootPlan(fallback, (fallback, *reads))
 
 
-def unwritable_fix(reason: str, policy: str = "fallback") -> str:
+def unwritable_fix(reason: str, policy: str = "fallback", root: Path | None = None) -> str:
     """The fix that fits why a root cannot be written (unwritable_reason): on a read-only filesystem no
     permission or group helps, only another root or reading this one (KCACHE_ON_UNWRITABLE=readonly)."""
     if NOT_A_DIRECTORY in reason:  # a mistake in KCACHE_DIR, not a matter of permissions
         return "point KCACHE_DIR (or the root you pass) at a directory"
+    if reason.startswith(UNREADABLE):
+        return unreadable_fix(root or Path("the root"))
     if READ_ONLY_FILESYSTEM in reason:
         return "point KCACHE_DIR at a directory on a writable filesystem" + (
             "" if policy == "readonly" else ", or set KCACHE_ON_UNWRITABLE=readonly to only read this one")

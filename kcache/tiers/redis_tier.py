@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kcache.errors import CorruptEntry
+from kcache.redaction import masked
 from kcache.store.entries import check_bound_key
 from kcache.store.manifest import verify_contents
 from kcache.tiers.redis_capped import capped_value, register_capped_get
@@ -112,7 +113,7 @@ class RedisTier:
                  exact: bool = True, bound_meta: str = "meta.json") -> None:
         import redis
 
-        self.url = url
+        self.url = masked(url)  # what messages name: never the password (the client gets `url`)
         self.prefix = f"kcache:{namespace}:"
         self.required = frozenset(required)
         self.exact = exact  # the value holds exactly `required` (False: at least; the kind checks the rest)
@@ -120,12 +121,12 @@ class RedisTier:
         self.secret = secret.encode() if secret else None
         self.ttl_ms = int(ttl_s * 1000) if ttl_s else None
         self.max_entry_bytes = max_entry_bytes
-        self._breaker = CircuitBreaker(url, operation_timeout_s, retry_after_s)
+        self._breaker = CircuitBreaker(self.url, operation_timeout_s, retry_after_s)
         self._client = client or redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         # The size (and type) is checked inside Redis before a byte is sent: a planted multi-GB value or a
         # hash under an entry's name costs the reader one small reply, not its memory.
         self._get_capped = register_capped_get(self._client)
-        self._leases = RedisLeases(self._client, self.prefix, url, self.secret, self._call, self._get_capped)
+        self._leases = RedisLeases(self._client, self.prefix, self.url, self.secret, self._call, self._get_capped)
 
     # ------------------------------------------------------------ entries
 

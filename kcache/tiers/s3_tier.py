@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kcache.errors import CorruptEntry
+from kcache.redaction import masked
 from kcache.store.entries import check_bound_key
 from kcache.store.manifest import MANIFEST_NAME, format_manifest, verify_contents
 from kcache.tiers.remote_guard import CircuitBreaker, RemoteCorrupt, warn_refused
@@ -73,7 +74,7 @@ class S3Tier:
                  retry_after_s: float = DEFAULT_RETRY_AFTER_S,
                  operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_S, store: Any = None,
                  exact: bool = True, bound_meta: str = "meta.json") -> None:
-        self.url = url
+        self.url = masked(url)  # what messages name: never a credential (the bucket opens from `url`)
         self.required = frozenset(required)
         self.exact = exact  # the entry holds exactly `required` (False: at least; the kind checks the rest)
         self.bound_meta = bound_meta  # the file that names the entry's key
@@ -81,12 +82,12 @@ class S3Tier:
         self.max_entry_bytes = max_entry_bytes
         self._space = namespace.replace(":", "/")
         self._store = store if store is not None else open_bucket(url, timeout_s)
-        self._breaker = CircuitBreaker(url, operation_timeout_s, retry_after_s)
+        self._breaker = CircuitBreaker(self.url, operation_timeout_s, retry_after_s)
         self._threads = ThreadPoolExecutor(BLOB_THREADS, thread_name_prefix="kcache-s3")
         self._bad_blobs: set[str] = set()  # found corrupt here: the next upload rewrites them
         self._refused: dict[str, str] = {}  # key -> e_tag of a manifest whose files did not verify here
         self._bad_lock = threading.Lock()
-        self._leases = S3Leases(self._store, url, self._space, self.secret, self._breaker)
+        self._leases = S3Leases(self._store, self.url, self._space, self.secret, self._breaker)
 
     # ------------------------------------------------------------ names
 

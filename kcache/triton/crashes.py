@@ -46,6 +46,8 @@ def remembered(groups: GroupStore) -> dict[str, Any] | None:
     if not isinstance(record, dict) or any(not isinstance(record.get(name), kinds) for name, kinds in _FIELDS.items()):
         log.warning("kcache: ignoring the malformed crash record %s of Triton's key %s", CRASH_FILE, groups.key[:16])
         return None
+    _log_miss(groups, record["kernel"], f"{record['signal'] or 'exit %s' % record['exit_code']}, remembered from "
+              f"{record['created']}")
     return record
 
 
@@ -72,4 +74,16 @@ def remember(groups: GroupStore, crash: CompilerCrashed) -> bool:
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     saved = groups.publish(entry_key(groups.triton_key, CRASH_FILE), None,
                            {CRASH_FILE: json.dumps(record, sort_keys=True).encode()}, upload=False)
+    _log_miss(groups, crash.kernel_name, crash.signal_name or f"exit {crash.exit_code}")
     return saved is not None
+
+
+def _log_miss(groups: GroupStore, described: str, how: str) -> None:
+    """A crashed compile's lookup in the miss log, so that `kcache why-miss --last` names it: the kernel
+    (without the config the autotuner's name adds) and how it crashed; no key fields, since Triton
+    compiled no group to read them from."""
+    if groups.where.write is None:
+        return
+    from kcache.cache import miss_explain
+
+    miss_explain.log_miss(groups.where.write, groups.key, described.partition(" [")[0], {}, crashed=how)

@@ -47,7 +47,7 @@ WRITES_JSON = ("tune-once", "deploy", "multigpu")  # the own runs that take --js
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m stress.bench", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m stress.bench", description=__doc__.splitlines()[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[3:]))
     p.add_argument("--only", choices=[s.name for s in SCENARIOS], action="append",

@@ -35,13 +35,17 @@ def _free_port() -> int:
 
 
 @contextmanager
-def redis_server(workdir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Start redis-server (no persistence) and yield (url, process); stop it afterwards."""
+def redis_server(workdir: Path, credentials: tuple[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Start redis-server (no persistence) and yield (url, process); stop it afterwards. With
+    `credentials` (user, password), only that user may do anything (the default user is off), and the
+    URL carries both: redis://USER:PASSWORD@127.0.0.1:PORT/0."""
     binary = find_redis_server()
     port = _free_port()
+    access = [] if credentials is None else [
+        "--user", credentials[0], "on", f">{credentials[1]}", "~*", "&*", "+@all", "--user", "default", "off"]
     server = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
+         "--dir", str(workdir), *access],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     assert server.stdout is not None
@@ -50,8 +54,9 @@ def redis_server(workdir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
             break
     else:
         raise RuntimeError(f"redis-server exited with status {server.wait()}")
+    userinfo = "" if credentials is None else f"{credentials[0]}:{credentials[1]}@"
     try:
-        yield f"redis://127.0.0.1:{port}/0", server
+        yield f"redis://{userinfo}127.0.0.1:{port}/0", server
     finally:
         server.kill()
         server.wait()
