@@ -16,8 +16,8 @@ EXIT_USER_ERROR = 2  # as kcache.cli.main's: a mistake the user can fix, one lin
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if len(arguments) >= 2 and arguments[0] == "run" and not arguments[1].startswith("-"):
-        from kcache.errors import SettingError
         from kcache.cli.run import NoProgram, prepare
+        from kcache.errors import SettingError
 
         try:
             program = prepare(None, arguments[1:], None)
