@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from kcache.tools.cli_contract import UserMistake
-from kcache.tools.cli_parser import build_parser
+from kcache.cli.contract import UserMistake
+from kcache.cli.parser import build_parser
 
 from .helpers import PROJECT, child_env
 
 ONE_KERNEL = """
 import kcache
-from stress import synthetic
+from stress.programs import synthetic
 kcache.KernelCache({root!r}, backend=synthetic).get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
 """
 

@@ -81,7 +81,7 @@ def test_a_bad_remote_setting_is_one_line_without_the_password(tmp_path: Path) -
 
 USE_THE_REMOTE = """
 import logging, kcache
-from stress import synthetic
+from stress.programs import synthetic
 cache = kcache.KernelCache({root!r}, backend=synthetic)
 cache.get_or_compile(synthetic.SyntheticFunc("k0"), "synthetic")
 logging.getLogger("kcache").warning("kcache: a line that quotes %s", {url!r})
