@@ -43,12 +43,12 @@ def cold(readings: list[Reading], axes: Any) -> list[Reading]:
         ratios = [next((r["ratio"] for r in run if r["metric"].startswith(f"{kernel}: first compile, {lane} (")), 0)
                   for lane in lanes]
         axes.bar([i + k * width for i in range(len(lanes))], ratios, width, label=kernel)
-    axes.set_xticks([i + width * (len(kernels) - 1) / 2 for i in range(len(lanes))], lanes, rotation=12, fontsize=8)
+    axes.set_xticks([i + width * (len(kernels) - 1) / 2 for i in range(len(lanes))], lanes, rotation=12, fontsize=9)
     axes.axhline(1.0, color="gray", linewidth=1, label="TileLang's first compile")
     axes.axhline(1.1, color="tab:red", linestyle="--", linewidth=1, label="goal, service running (1.10x)")
     axes.axhline(1.3, color="tab:orange", linestyle=":", linewidth=1, label="goal, no service yet (1.3x)")
     axes.set_ylim(0, 1.75)  # room above the goals for the legend, which would hide the bars below
-    axes.legend(fontsize=7, loc="upper center", ncol=3)
+    axes.legend(fontsize=9, loc="upper center", ncol=3)
     axes.set_ylabel("kcache / TileLang, first compile (p50)")
     axes.set_title("A fresh process's first compile against TileLang's, per lane (ratio; lower is better)",
                    fontsize=10)
@@ -92,8 +92,7 @@ def herd(readings: list[Reading], axes: Any) -> list[Reading]:
     colours = {device: f"C{i}" for i, device in enumerate(devices)}
     used: list[Reading] = []
     device_handles = []
-    for i, device in enumerate(devices):
-        shift = 2 ** (0.12 * (i - (len(devices) - 1) / 2))
+    for device in devices:  # each point on its N's tick: the devices told apart by colour alone
         dates = set()
         for system, _label, marker, style in HERD_SYSTEMS:
             newest: dict[int, dict[str, Any]] = {}
@@ -106,7 +105,7 @@ def herd(readings: list[Reading], axes: Any) -> list[Reading]:
             if not points:
                 continue
             values = [run[system]["baseline" if system == "tilelang" else "kcache"] for _, run in points]
-            axes.plot([n * shift for n, _ in points], values, marker=marker, linestyle=style, color=colours[device],
+            axes.plot([n for n, _ in points], values, marker=marker, linestyle=style, color=colours[device],
                       markerfacecolor="none" if system == "tilelang" else colours[device])
             used += [run[system] for _, run in points]
             dates |= {run["date"][:10] for _, run in points}
@@ -118,10 +117,10 @@ def herd(readings: list[Reading], axes: Any) -> list[Reading]:
     if used:
         # Beside the axes: inside, they hid the CPU's points at N=4. The wider (devices) is the axes' own
         # legend, which savefig's tight box makes room for; the one added as an artist gets none.
-        first = axes.legend(handles=system_handles, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0))
+        first = axes.legend(handles=system_handles, fontsize=9, loc="lower left", bbox_to_anchor=(1.01, 0.0))
         axes.add_artist(first)
-        axes.legend(handles=device_handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                    title="device, its runs' dates", title_fontsize=7)
+        axes.legend(handles=device_handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                    title="device, its runs' dates", title_fontsize=9)
     ns = sorted({run["procs"] for run in runs})
     axes.set_xscale("log", base=2)
     axes.set_xticks(ns, [str(n) for n in ns])
@@ -154,9 +153,9 @@ def hits(readings: list[Reading], axes: Any) -> list[Reading]:
     x = range(len(labels))
     axes.bar([i - 0.2 for i in x], ours, 0.4, label="kcache")
     axes.bar([i + 0.2 for i in x], tilelang, 0.4, label="TileLang's own cache (no remote tier)")
-    axes.set_xticks(list(x), labels, fontsize=7)
+    axes.set_xticks(list(x), labels, fontsize=9)
     axes.set_yscale("log")
-    axes.legend(fontsize=7, loc="upper left")
+    axes.legend(fontsize=9, loc="upper left")
     axes.set_ylabel("one hit (ms, p50; log scale)")
     axes.set_title("Hits against TileLang's (each bar's device and date under it)", fontsize=10)
     return used
@@ -167,10 +166,10 @@ def tune(readings: list[Reading], axes: Any) -> list[Reading]:
     labels = [r["metric"] for r in run]
     axes.barh(range(len(run)), [r["kcache"] for r in run], 0.35, label="kcache's tuner")
     axes.barh([i + 0.35 for i in range(len(run))], [r["baseline"] for r in run], 0.35, label="TileLang's AutoTuner")
-    axes.set_yticks(list(range(len(run))), labels, fontsize=7)
+    axes.set_yticks(list(range(len(run))), labels, fontsize=9)
     if run:  # room on the right for the legend, which would cover the longest bar
         axes.set_xlim(0, 1.4 * max(max(r["kcache"], r["baseline"] or 0) for r in run))
-    axes.legend(fontsize=7, loc="lower right")
+    axes.legend(fontsize=9, loc="lower right")
     axes.set_xlabel("tune of a 16-config matmul (s)")
     axes.set_title("The tune's time against TileLang's AutoTuner (lower is better)", fontsize=10)
     return run
@@ -195,7 +194,7 @@ def triton(readings: list[Reading], axes: Any) -> list[Reading]:
         axes.bar(i, added, 0.6, color=colours[r["device"]], hatch="//" if r in profile else None,
                  edgecolor="white" if r in profile else None)
     labels = [f"{'profile' if r in profile else 'bench'}\n{r['date'][5:16].replace('T', ' ')}" for r in found]
-    axes.set_xticks(list(range(len(found))), labels, fontsize=6)
+    axes.set_xticks(list(range(len(found))), labels, fontsize=9)
     axes.axhline(0, color="gray", linewidth=1)
     axes.axhline(1, color="tab:red", linestyle="--", linewidth=1)
     from matplotlib.patches import Patch
@@ -206,7 +205,7 @@ def triton(readings: list[Reading], axes: Any) -> list[Reading]:
                       label="profile: median of paired turns"),
                 axes.plot([], [], color="tab:red", linestyle="--", linewidth=1, label="goal: +1 ms at most")[0]]
     if found:
-        axes.legend(handles=handles, fontsize=7, loc="upper right")
+        axes.legend(handles=handles, fontsize=9, loc="upper right")
     axes.set_ylabel("kcache's hit minus Triton's own (ms)")
     axes.set_title("What kcache's manager adds to a fresh process's Triton hit", fontsize=10)
     return found
@@ -237,10 +236,10 @@ def triton_compiles(readings: list[Reading], axes: Any) -> list[Reading]:
                 axes.bar(slot - 0.4 + width * (index + 0.5), newest["ratio"], width * 0.9, color=f"C{index}",
                          label=device if slot == 0 or not any(u["device"] == device for u in used[:-1]) else None)
     axes.axhline(1, color="gray", linewidth=1)
-    axes.set_xticks(range(len(TRITON_COMPILES)), [label for _, label, _ in TRITON_COMPILES], fontsize=8)
+    axes.set_xticks(range(len(TRITON_COMPILES)), [label for _, label, _ in TRITON_COMPILES], fontsize=9)
     if used:  # above the bars: each slot has one near 1.0x
         axes.set_ylim(0, max(1.3, max(r["ratio"] for r in used) + 0.25))
-        axes.legend(fontsize=7, loc="upper center", ncol=3)
+        axes.legend(fontsize=9, loc="upper center", ncol=3)
     axes.set_ylabel("kcache / plain Triton (lower is better)")
     axes.set_title("Triton's compiles under kcache against plain Triton's", fontsize=10)
     return used
@@ -264,7 +263,7 @@ def helion(readings: list[Reading], axes: Any) -> list[Reading]:
     axes.set_xticks(range(len(kernels)), kernels)
     if run:  # room above the bars for the legend
         axes.set_ylim(0, 1.35 * max(max(r["kcache"], r["baseline"] or 0) for r in run))
-        axes.legend(fontsize=7, loc="upper center", ncol=2)
+        axes.legend(fontsize=9, loc="upper center", ncol=2)
     axes.set_ylabel("seconds until the first result (median)")
     axes.set_title("A Helion autotune (8 configs) alone and under kcache", fontsize=10)
     return run
@@ -289,7 +288,7 @@ def draw(results: Path, out: Path) -> list[Path]:
         figure, axes = plt.subplots(figsize=(9.5 if name == "herd.png" else 7.5, 4.2))  # herd: legends beside
         used = plot(readings, axes)  # each plot places its own legend, where it hides no reading
         if used:
-            figure.text(0.99, 0.01, _where(used), ha="right", va="bottom", fontsize=7, color="dimgray")
+            figure.text(0.99, 0.01, _where(used), ha="right", va="bottom", fontsize=9, color="dimgray")
         else:
             axes.text(0.5, 0.5, f"no readings in {results.name}", ha="center", va="center", transform=axes.transAxes)
         figure.tight_layout(rect=(0, 0.03, 1, 1))
