@@ -95,7 +95,7 @@ FAILURES = {
     "bad argument": (["prune", "--max-size", "5Q"], EXIT_USER_ERROR, None),
     "bad setting": (["stats"], EXIT_USER_ERROR, None),
     "root is a file": (["ls"], EXIT_USER_ERROR, "{tmp}/afile"),
-    "no entry matches": (["show", "abcd"], EXIT_NOT_FOUND, "{root}/kernels"),
+    "no entry matches": (["show", "abcd"], EXIT_NOT_FOUND, "{root}"),  # TileLang's and Triton's folders both
     "no result matches": (["untune", "abcd"], EXIT_NOT_FOUND, "{root}/autotuner"),
     "no miss matches": (["why-miss", "abcd"], EXIT_NOT_FOUND, "{root}"),
     "not a key prefix": (["why-miss", "zz"], EXIT_USER_ERROR, None),

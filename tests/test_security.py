@@ -97,6 +97,13 @@ def test_the_fallback_root_is_never_a_directory_another_user_prepared(
     cache_dir.mkdir(exist_ok=True)
     os.chown(cache_dir, 0, 0)
     cache_dir.chmod(0o755)
+    try:
+        _the_fallback_root_is_not_the_prepared_one(env, home, uid, world_dir)
+    finally:  # the users' homes serve the whole run (tests/conftest.py): give ~/.cache back to the victim
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _the_fallback_root_is_not_the_prepared_one(env: UnprivilegedEnv, home: Path, uid: int, world_dir: Path) -> None:
     tmp = world_dir / "tmp"
     tmp.mkdir()
     tmp.chmod(0o1777)
