@@ -29,7 +29,7 @@ from .faults import needs_root  # noqa: E402
 from .helpers import PROJECT  # noqa: E402
 from .redis_server import redis_server  # noqa: E402
 from .s3_server import s3_server  # noqa: E402
-from .test_triton import MANAGER, compile_in_fresh_process, program_env, ptxas, runs  # noqa: E402, F401 - a fixture
+from .test_triton import MANAGER, SHARED_OBJECT, compile_in_fresh_process, program_env, ptxas, runs  # noqa: E402, F401 - a fixture
 from .test_triton_isolation import OK_CONFIGS, fired, printed  # noqa: E402
 
 FAULTS = Path(__file__).with_name("triton_faults_program.py")
@@ -198,21 +198,6 @@ def test_an_abort_in_the_compile_service_is_remembered_with_its_signal(tmp_path:
     assert len(fired(tmp_path / "fired")) == 1 and "remembered" in second["configs"]["4"]["message"]
 
 
-NOEXEC_PROGRAM = """
-import json
-from triton.runtime.build import compile_module_from_src
-SOURCE = '''
-#include <Python.h>
-static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
-static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kcache_hardened_probe", NULL, -1, methods};
-PyMODINIT_FUNC PyInit_kcache_hardened_probe(void) { return PyModule_Create(&module); }
-'''
-loaded = compile_module_from_src(SOURCE, "kcache_hardened_probe")  # as Triton's driver starts (CudaUtils)
-print(json.dumps({"answer": loaded.answer(), "file": loaded.__file__}))
-"""
-
-
 @needs_root
 def test_on_a_cis_hardened_machine_tritons_driver_modules_load_with_nothing_set(tmp_path: Path) -> None:
     """/tmp and /dev/shm mounted noexec and XDG_RUNTIME_DIR unset (the CIS layout; cron and batch jobs),
@@ -231,7 +216,7 @@ def test_on_a_cis_hardened_machine_tritons_driver_modules_load_with_nothing_set(
             script = ("mount -t tmpfs -o noexec,nosuid tmpfs /tmp && mount -t tmpfs -o noexec,nosuid tmpfs /dev/shm "
                       f"&& exec {sys.executable} -c \"$0\"")
             done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                                   NOEXEC_PROGRAM], capture_output=True, text=True, env=environment, timeout=300)
+                                   SHARED_OBJECT], capture_output=True, text=True, env=environment, timeout=300)
             assert done.returncode == 0, (lane, done.stderr[-3000:])
             results[lane] = json.loads(done.stdout.splitlines()[-1])
     finally:
