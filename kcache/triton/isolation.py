@@ -110,7 +110,7 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
     where this process compiles it itself (a Python error in either half, which Triton's own compile
     then raises here; a program whose stages hook cannot leave it, and which runs other threads).
     Raises CompilerCrashed or CompileTimeout."""
-    from kcache.errors import CompileAborted
+    from kcache.errors import CompileAborted, CompilerCrashed, CompileTimeout
     from kcache.triton import frontend
     from kcache.triton.stages import run_stages
 
@@ -133,14 +133,12 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
             files = run_in_fork(run_stages, (job,), name, timeout, relay=_relay)
         else:
             files = _compile_pool().run(run_stages, job, name=name, timeout_s=timeout)
+    except (CompilerCrashed, CompileTimeout):
+        raise
     except CompileAborted as err:
         log.warning("kcache: Triton's compile of %s was stopped (%s): compiling it in this process", name, err)
         return None
     except Exception as err:  # noqa: BLE001 - a Python error: Triton's own compile raises it here
-        from kcache.errors import CompilerCrashed, CompileTimeout
-
-        if isinstance(err, (CompilerCrashed, CompileTimeout)):
-            raise
         log.debug("kcache: Triton's compile of %s failed in its worker (%s: %s): compiling it here", name,
                   type(err).__name__, err)
         return None
