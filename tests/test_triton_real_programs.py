@@ -293,3 +293,24 @@ def test_a_remembered_crash_stays_on_its_machine(tmp_path: Path, ptxas: Path, ru
     assert first["configs"]["4"]["type"] == second["configs"]["4"]["type"] == "TritonCompilerCrashed"
     assert "remembered" not in second["configs"]["4"]["message"]  # B's own crash, not A's record
     assert len(fired(tmp_path / "fired-node-b")) == 1 and runs(ptxas) == assembled  # the rest came from Redis
+
+
+def test_a_herd_meeting_a_crashing_config_crashes_the_compiler_once(tmp_path: Path, ptxas: Path,  # noqa: F811
+                                                                    runtime: Path) -> None:
+    """Four processes reach the aborting config together: one compiles it and crashes; the others,
+    waiting for its key's lock, find the crash remembered once they hold it, and raise it without
+    compiling: the abort fires once, not four times."""
+    env = program_env(ptxas, tmp_path / "root", KT_FAULT="abort", KT_FIRED=str(tmp_path / "fired"), KT_GATE="1",
+                      KCACHE_CALLER_FORK="0", **BOUNDED, **MANAGER)
+    herd = [subprocess.Popen([sys.executable, str(FAULTS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=str(PROJECT)) for _ in range(4)]
+    for process in herd:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    for process in herd:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    results = [printed(subprocess.CompletedProcess(p.args, p.wait(300), p.stdout.read(), p.stderr.read()))
+               for p in herd]
+    assert all(result["configs"]["4"]["type"] == "TritonCompilerCrashed" for result in results), results
+    assert len(fired(tmp_path / "fired")) == 1

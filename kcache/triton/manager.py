@@ -82,8 +82,6 @@ class CacheManager(TritonCacheManager):
                 from kcache.triton.compile_record import compile_frame
 
                 frame = compile_frame() if isolation.lane() == "worker" else None  # Triton's compile asking
-                if frame is not None:
-                    self._raise_remembered_crash(frame, filename)
                 if frame is not None and parallel_tune.compile_tune_ahead(frame):  # a tune's configs, at once
                     found = lookup.found = self._groups.find(self._groups.key, filename)
                     lookup.how = "disk, its tune's configs compiled ahead"
@@ -190,6 +188,11 @@ class CacheManager(TritonCacheManager):
         from kcache.triton.errors import TritonCompilerCrashed, TritonCompileTimeout
 
         name = isolation.describe(frame, kernel_name(filename))
+        try:  # checked under the key's lock: a compile this process waited for may have crashed meanwhile
+            self._raise_remembered_crash(frame, filename)
+        except BaseException:
+            self._held.release_lock()
+            raise
         try:
             files = isolation.compile_isolated(frame, name)
         except CompileTimeout as err:
