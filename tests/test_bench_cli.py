@@ -60,13 +60,15 @@ class _ScriptedLane:
 
     def __init__(self, work: object, kernel: str) -> None:
         self.work = self.logs = work
+        self.last_own = None
 
-    def one(self, name: str, root: str | None, seed: int) -> dict:
-        self.calls.append(f"{name} {'kcache' if root else 'alone'} {seed}")
+    def one(self, name: str, root: str | None, seed: int, own: object = None) -> dict:
+        self.calls.append(f"{name} {'kcache' if root else 'alone'} {seed}" + (f" on {own}'s caches" if own else ""))
+        self.last_own = f"{name}-{seed}"
         return {"ready_s": 20.0, "compiles": 9, "timeouts": 0, "config": "c", "correct": True}
 
-    def herd(self, procs: int, root: str) -> dict:
-        self.calls.append(f"herd {procs}")
+    def herd(self, procs: int, root: str | None) -> dict:
+        self.calls.append(f"herd {procs} {'kcache' if root else 'alone'}")
         return {"wall_s": 30.0, "compiles": 9, "picks": 1, "correct": True}
 
 
@@ -85,9 +87,16 @@ def test_a_helion_bench_runs_its_herd_first_then_its_lanes_by_turns(
                                        f"plain-b alone {s + 1}"]
         assert [r["metric"] for r in helion.bench_rows(found)][0] == "softmax: Helion alone against itself, ready"
     else:
-        assert _ScriptedLane.calls == ["herd 8", f"plain alone {s}", f"first kcache {s}", f"second kcache {s}",
-                                       f"plain alone {s + 1}", f"first kcache {s + 1}", f"second kcache {s + 1}"]
-        assert len(helion.bench_rows(found)) == 6 and found["correct"] and found["same_pick"]
+        # Each turn's second processes: Helion alone on the plain process's warm local cache, and kcache's.
+        assert _ScriptedLane.calls == ["herd 8 kcache", "herd 8 alone",
+                                       f"plain alone {s}", f"plain-warm alone {s} on plain-{s}'s caches",
+                                       f"first kcache {s}", f"second kcache {s}",
+                                       f"plain alone {s + 1}", f"plain-warm alone {s + 1} on plain-{s + 1}'s caches",
+                                       f"first kcache {s + 1}", f"second kcache {s + 1}"]
+        rows = {r["metric"]: r for r in helion.bench_rows(found)}
+        assert rows["softmax: second process, ready"]["baseline"] == "Helion alone on its warm local cache"
+        assert rows["softmax: herd of 8, wall"]["baseline"] == "8 Helion processes on its local cache"
+        assert len(rows) == 7 and found["correct"] and found["same_pick"]
 
 
 def test_each_helion_bench_process_has_caches_of_its_own_and_an_autotune_log(tmp_path: Path) -> None:
@@ -102,6 +111,11 @@ def test_each_helion_bench_process_has_caches_of_its_own_and_an_autotune_log(tmp
     assert Path(plain["HELION_AUTOTUNE_LOG"]).parent == lane.logs
     assert not KCACHE_ENV.keys() & plain.keys() and first["KCACHE_DIR"] == str(tmp_path / "root")
     assert plain["HELION_AUTOTUNE_RANDOM_SEED"] == first["HELION_AUTOTUNE_RANDOM_SEED"] == "7"
+    # Helion alone's second process: the plain process's local caches, warm (the user's alternative)
+    warm = lane.env("plain-warm", None, 7, own=Path(plain["HELION_CACHE_DIR"]).parent)
+    for cache in ("HELION_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+        assert warm[cache] == plain[cache]
+    assert warm["HELION_AUTOTUNE_LOG"] != plain["HELION_AUTOTUNE_LOG"]
 
 
 def test_a_helion_herd_is_held_to_the_plain_tune_of_its_own_draws() -> None:
@@ -113,8 +127,9 @@ def test_a_helion_herd_is_held_to_the_plain_tune_of_its_own_draws() -> None:
         return {"ready_s": 20.0, "compiles": compiles, "timeouts": 9 - compiles, "config": "c", "correct": True}
 
     found = {"kernel": "softmax", "plain": [reading(9), reading(6)], "first": [reading(9), reading(6)],
-             "second": [reading(0), reading(0)], "procs": 8, "against_itself": False,
-             "herd": {"wall_s": 30.0, "compiles": 9, "picks": 1, "correct": True}}
+             "plain_warm": [reading(0), reading(0)], "second": [reading(0), reading(0)], "procs": 8,
+             "against_itself": False, "herd": {"wall_s": 30.0, "compiles": 9, "picks": 1, "correct": True},
+             "herd_alone": {"wall_s": 60.0, "compiles": 72, "picks": 3, "correct": True}}
     herd = next(r for r in bench_rows(found) if r["metric"] == "softmax: herd of 8, compiles")
     assert (herd["kcache"], herd["tilelang"]) == (9, 9)  # not 7.5: a median over both turns
 

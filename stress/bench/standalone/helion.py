@@ -72,11 +72,14 @@ class Lane:
         self.logs.mkdir()
         self._runs = 0
 
-    def env(self, name: str, root: str | None, seed: int = SEED) -> dict[str, str]:
+    def env(self, name: str, root: str | None, seed: int = SEED, own: Path | None = None) -> dict[str, str]:
         base = {key: value for key, value in os.environ.items() if not key.startswith(("KCACHE_", "HELION_"))
                 and key not in ("TRITON_CACHE_MANAGER", "TRITON_CACHE_DIR")}
         self._runs += 1
-        own = self.work / f"{name}-{self._runs}"  # Helion's and Triton's own caches: fresh for each process
+        # Helion's and Triton's own caches: fresh for each process, unless `own` names another's (Helion
+        # alone on its warm local cache: the user's alternative to kcache for a second process)
+        own = own or self.work / f"{name}-{self._runs}"
+        self.last_own = own
         return {**base, **counting_assemblers(self.counted), "KT_KERNEL": self.kernel,
                 "PYTHONPATH": os.pathsep.join([str(PROJECT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                 "HELION_CACHE_DIR": str(own / "helion"), "TRITON_CACHE_DIR": str(own / "triton"),
@@ -91,16 +94,18 @@ class Lane:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(PROJECT),
                                 env={**env, **({"KT_GATE": "1"} if gate else {})})
 
-    def one(self, name: str, root: str | None, seed: int) -> dict[str, Any]:
-        """One fresh process: its result, and the compiles it ran."""
+    def one(self, name: str, root: str | None, seed: int, own: Path | None = None) -> dict[str, Any]:
+        """One fresh process: its result, and the compiles it ran (`own`: the local caches it shares)."""
         before = assembler_runs(self.counted)
-        env = self.env(name, root, seed)
+        env = self.env(name, root, seed, own)
         result = finish(self.start(env), self.logs / f"{name}-{self._runs}.log")
         return result | {"compiles": assembler_runs(self.counted) - before}
 
-    def herd(self, procs: int, root: str) -> dict[str, Any]:
+    def herd(self, procs: int, root: str | None) -> dict[str, Any]:
+        """`procs` processes at once: on kcache's `root`, or (None) Helion alone with one local cache."""
         before = assembler_runs(self.counted)
-        herd = [self.start(self.env(f"herd-{i}", root), gate=True) for i in range(procs)]
+        shared = None if root is not None else self.work / f"herd-alone-{self._runs}"
+        herd = [self.start(self.env(f"herd-{i}", root, own=shared), gate=True) for i in range(procs)]
         logs = [self.logs / f"herd-{i}.log" for i in range(procs)]
         for process in herd:
             if line_within(process, READY_WITHIN_S).strip() != "ready":
@@ -147,12 +152,15 @@ def measure(kernel: str, turns: int, procs: int, budget: TurnBudget,
             against_itself: bool = False) -> dict[str, Any]:
     lane = Lane(Path(tempfile.mkdtemp(prefix="kcache-bench-helion-")), kernel)
     print(f"  {kernel}: each process's stderr in {lane.logs}", flush=True)
-    herd = None
-    if not against_itself:
-        herd = lane.herd(procs, str(lane.work / "root-herd"))  # first, so that --within-s bounds only the turns
+    herd = herd_alone = None
+    if not against_itself:  # first, so that --within-s bounds only the turns
+        herd = lane.herd(procs, str(lane.work / "root-herd"))
+        herd_alone = lane.herd(procs, None)  # the user's alternative: Helion alone, one local cache
         print(f"  {kernel}: herd of {procs}: {herd['picks']} pick(s), {herd['compiles']} compiles, "
-              f"in {herd['wall_s']:.1f} s", flush=True)
+              f"in {herd['wall_s']:.1f} s; Helion alone {herd_alone['compiles']} compiles in "
+              f"{herd_alone['wall_s']:.1f} s", flush=True)
     plain: list[dict[str, Any]] = []
+    plain_warm: list[dict[str, Any]] = []  # Helion alone's second process, on the first's local cache
     first: list[dict[str, Any]] = []
     second: list[dict[str, Any]] = []
     for turn in range(turns):  # taking turns: a drift of the machine falls on both lanes
@@ -162,19 +170,22 @@ def measure(kernel: str, turns: int, procs: int, budget: TurnBudget,
             break
         begun = time.monotonic()
         root = str(lane.work / f"root-{turn}")
-        others = [("plain-b", first, None)] if against_itself else [("first", first, root), ("second", second, root)]
+        others = [("plain-b", first, None)] if against_itself else [("plain-warm", plain_warm, None),
+                                                                     ("first", first, root), ("second", second, root)]
+        plain_caches = None
         for name, readings, where in [("plain", plain, None), *others]:
-            readings.append(lane.one(name, where, SEED + turn))
+            readings.append(lane.one(name, where, SEED + turn, plain_caches if name == "plain-warm" else None))
+            plain_caches = plain_caches or lane.last_own  # the plain process's own caches
             # as it is taken: a run cut short by a time limit still shows its readings, and where it stopped
             timeouts = readings[-1]["timeouts"]
             print(f"  {kernel}, turn {turn + 1}: {name} ready in {readings[-1]['ready_s']:.2f} s, "
                   f"{readings[-1]['compiles']} compiles"
                   + (f", {timeouts} config(s) timed out in Helion's precompile" if timeouts else ""), flush=True)
         budget.took(time.monotonic() - begun)
-    every = plain + first + second
-    return {"kernel": kernel, "plain": plain, "first": first, "second": second, "herd": herd, "procs": procs,
-            "against_itself": against_itself,
-            "correct": all(r["correct"] for r in every) and (herd is None or herd["correct"]),
+    every = plain + plain_warm + first + second
+    return {"kernel": kernel, "plain": plain, "plain_warm": plain_warm, "first": first, "second": second, "herd": herd,
+            "herd_alone": herd_alone, "procs": procs, "against_itself": against_itself,
+            "correct": all(r["correct"] for r in every) and all(h is None or h["correct"] for h in (herd, herd_alone)),
             "same_pick": all(s["config"] == f["config"] for f, s in zip(first, second))}
 
 
@@ -193,14 +204,16 @@ def bench_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
     herd = found["herd"]
     return [
         row("helion", f"{kernel}: first tune, ready", median("first"), median("plain"), "s", "Helion alone (fork)"),
-        row("helion", f"{kernel}: second process, ready", median("second"), median("first"), "s",
-            "the first process under kcache"),
+        row("helion", f"{kernel}: second process, ready", median("second"), median("plain_warm"), "s",
+            "Helion alone on its warm local cache"),
         row("helion", f"{kernel}: second process, compiles", max(r["compiles"] for r in found["second"]), None,
             "runs", ""),
         # against turn 1's plain tune: the herd's draws (SEED); another turn's draws time out other configs
         row("helion", f"{kernel}: herd of {found['procs']}, compiles", herd["compiles"], found["plain"][0]["compiles"],
             "runs", "one plain tune"),
         row("helion", f"{kernel}: herd of {found['procs']}, distinct picks", herd["picks"], None, "picks", ""),
+        row("helion", f"{kernel}: herd of {found['procs']}, wall", herd["wall_s"], found["herd_alone"]["wall_s"], "s",
+            f"{found['procs']} Helion processes on its local cache"),
         timeouts,
     ]
 
