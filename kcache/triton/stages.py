@@ -4,13 +4,14 @@ A Triton compile is two halves. The front (`ASTSource.make_ir`) turns the user's
 Triton's IR: it runs the user's Python (the kernel's source, its globals, its constexprs), so it runs
 in the caller (kcache.triton.frontend). The back is Triton's own pipeline, in C++: MLIR's and LLVM's
 passes and ptxas, where a compiler's abort or segfault happens. It runs here, in a worker of the
-compile service (a fresh fork of a template that imported Triton before any thread existed), never in
-a fork of the caller, whose threads' locks, runtimes and signal handlers a fork would inherit.
+compile service (a fresh fork of a template that imported Triton before any thread existed), not in a
+fork of a program whose threads' locks and runtimes a fork would inherit (only a single-threaded
+caller forks itself for it, while the service is not warm: kcache.triton.isolation).
 
 What arrives (`StagesJob`, pickled by the caller): the IR as Triton printed it (the group's `.source`
 file), the caller's parsed options, target, initial metadata and environment, the values of Triton's
 knobs that the caller set in memory, and its stages hook. The loop below is `triton.compiler.compiler.compile`'s
-own (Triton 3.5 and 3.6), less the cache: each stage's output is kept as Triton's manager would have
+own (Triton 3.5 to 3.9), less the cache: each stage's output is kept as Triton's manager would have
 been handed it, and the group's files come back to the caller, which publishes them.
 """
 
