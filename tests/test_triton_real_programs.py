@@ -135,5 +135,24 @@ def test_a_private_copy_is_its_own_bytes_though_its_directory_is_swapped(tmp_pat
     assert Path(path).read_bytes() == b"the verified bytes"
     again = private.private_copy("ab" * 32, "launcher.so", b"the verified bytes")
     assert again != path and Path(again).read_bytes() == b"the verified bytes"  # afresh for each load
-    for fd in (private._copies.fd, *private._copies.open_memfds):
+    for fd in (private._copies.fd, *(memfd for memfd, _link in private._copies.open_memfds)):
         os.close(fd)
+
+
+def test_copies_past_the_bound_are_closed_with_their_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process loading thousands of launchers keeps OPEN_COPIES memory files open; an older one is
+    closed and its link goes with it, so no link is left to name whatever takes its descriptor next."""
+    from kcache.triton import private
+
+    monkeypatch.setattr(private, "_copies", private._Copies())
+    monkeypatch.setattr(private, "_bases", lambda: [tmp_path])
+    monkeypatch.setattr(private, "OPEN_COPIES", 2)
+    paths = [private.private_copy(f"{n:064x}", "launcher.so", f"copy {n}".encode()) for n in range(4)]
+    try:
+        (made,) = list(tmp_path.iterdir())
+        assert sorted(link.name for link in made.iterdir()) == sorted(Path(path).name for path in paths[2:])
+        assert [Path(path).read_bytes() for path in paths[2:]] == [b"copy 2", b"copy 3"]
+        assert not any(os.path.lexists(path) for path in paths[:2])
+    finally:
+        for fd in (private._copies.fd, *(memfd for memfd, _link in private._copies.open_memfds)):
+            os.close(fd)

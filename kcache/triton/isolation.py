@@ -153,7 +153,9 @@ def warm_workers(count: int) -> None:
         return
     try:
         pool = _compile_pool()
-        if hasattr(pool, "submit_to_service"):  # a ServicePool: the process's own pool warms as it goes
+        from kcache.compile.service.client import ServicePool  # loaded by _compile_pool where it is one
+
+        if isinstance(pool, ServicePool):  # the process's own pool warms as it goes
             pool.warm(count)
     except Exception as err:  # noqa: BLE001 - a warm-up is an optimization; its failure costs nothing
         log.debug("kcache: could not warm %d compile workers: %s", count, err)

@@ -58,7 +58,7 @@ class _Copies:
         self.directory: Path | None = None
         self.fd = -1
         self.count = 0
-        self.open_memfds: deque[int] = deque()
+        self.open_memfds: deque[tuple[int, str]] = deque()  # (memory file, the link to it)
         self.memory_refused = False  # the kernel refused executable memory files: plain files from now on
 
 
@@ -82,7 +82,7 @@ def private_copy(entry: str, name: str, data: bytes) -> str:
                 _copies.memory_refused = True
             else:
                 os.symlink(f"/proc/self/fd/{memfd}", link, dir_fd=directory_fd)
-                _keep_open(memfd)
+                _keep_open(memfd, link, directory_fd)
                 return f"/proc/self/fd/{directory_fd}/{link}"
         _write_all(os.open(link, _FLAGS, 0o500, dir_fd=directory_fd), data)
         return f"/proc/self/fd/{directory_fd}/{link}"
@@ -109,10 +109,14 @@ def _sealed_memory_file(name: str, data: bytes) -> int:
     return fd
 
 
-def _keep_open(memfd: int) -> None:
-    _copies.open_memfds.append(memfd)
+def _keep_open(memfd: int, link: str, directory_fd: int) -> None:
+    """Past OPEN_COPIES, the oldest memory file is closed and its link removed with it: a link left to a
+    closed descriptor would name whatever file took that number next."""
+    _copies.open_memfds.append((memfd, link))
     while len(_copies.open_memfds) > OPEN_COPIES:
-        os.close(_copies.open_memfds.popleft())
+        oldest, its_link = _copies.open_memfds.popleft()
+        os.unlink(its_link, dir_fd=directory_fd)
+        os.close(oldest)
 
 
 def _write_all(fd: int, data: bytes) -> None:
