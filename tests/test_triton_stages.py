@@ -58,3 +58,28 @@ def test_tritons_service_and_tilelangs_share_one_bound_of_compile_slots(tmp_path
         assert held is not None
         held.release()
     assert CompileSlots(tilelangs, 1).held() == 0
+
+
+def test_a_worker_forked_from_tritons_template_collects_none_of_the_templates_objects(runtime: Path) -> None:
+    """The template freezes what it made out of the collector before it forks (gc.freeze): a worker's
+    collection would otherwise walk the template's whole heap (Triton's modules, the warm-up's
+    compiler state), copying each page it touches."""
+    import gc
+
+    from kcache.compile.pool.process_pool import CompilePool
+    from kcache.compile.service import client
+    from kcache.compile.service import connection as service_connection
+    from kcache.triton.isolation import TRITON_PRELOAD
+
+    own = CompilePool(1, None, preload=())
+    pool = client.ServicePool(1, None, TRITON_PRELOAD, 60.0, lambda: own)
+    try:
+        pool.warm(1, wait=True)
+        template = service_connection.request(pool.name, ("status",))["template_pid"]
+        assert template is not None
+        frozen, parent = pool.run(gc.get_freeze_count, name="freeze count", timeout_s=60), pool.run(os.getppid, timeout_s=60)
+        assert parent == template  # a fork of the template ran it
+        assert frozen > 10_000, frozen  # Triton's objects, not the handful a worker makes
+    finally:
+        pool.close()
+        own.close()

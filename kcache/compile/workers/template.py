@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import json
 import os
 import socket
@@ -142,7 +143,12 @@ def restore_environment(values: dict[str, str | None]) -> None:
 
 
 def serve_forks(control: socket.socket) -> int:
-    """Answer fork and reap requests until the pool closes its end."""
+    """Answer fork and reap requests until the pool closes its end. First, everything the template
+    made is frozen out of the collector (`gc.freeze`, as Python's docs advise before forks): a worker's
+    collection would otherwise walk, and so copy, every page of the template's heap (the imported
+    compiler's objects), one copy-on-write fault a page, slow where faults are costly (gVisor)."""
+    gc.collect()  # the warm-up's garbage, not frozen with the rest
+    gc.freeze()
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(control, MESSAGE_BYTES, FORK_FDS)
