@@ -50,3 +50,38 @@ def test_every_file_of_every_group_is_plain_tritons(tmp_path: Path, ptxas: Path,
         expected = {"ttir", "ttgir", "llir"} if label.split()[0] in LOOPING else set()
         assert differing <= expected, (label, differing)
         assert {"cubin", "json", "ptx", "source"} <= set(files) - differing, label
+
+
+# A program that compiles two loop-free kernels (their dumps are the same text both ways).
+PRINTING = """
+import triton
+from triton.compiler import ASTSource
+from stress.programs.triton_program import KERNELS, TARGET
+for name in ("add", "softmax"):
+    fn, signature, constexprs = KERNELS[name]
+    triton.compile(ASTSource(fn, signature, constexprs), target=TARGET)
+"""
+# What Triton's users ask its stages to print: ptxas's report on stdout, MLIR's passes on stderr.
+DUMPS = {"TRITON_DUMP_PTXAS_LOG": "1", "MLIR_ENABLE_DUMP": "1"}
+
+
+def printed(env: dict[str, str]) -> tuple[list[str], list[str], str]:
+    """The program's stdout lines, less ptxas's timings; its stderr lines, less kcache's log; its stderr."""
+    done = subprocess.run([sys.executable, "-c", PRINTING], capture_output=True, text=True, env=env,
+                          cwd=str(PROJECT), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = [line for line in done.stdout.splitlines() if "Compile time" not in line]
+    return out, [line for line in done.stderr.splitlines() if not line.startswith("kcache")], done.stderr
+
+
+@pytest.mark.parametrize("lane", ["service", "cold start"])
+def test_what_a_compile_prints_reaches_the_program_as_plain_tritons(tmp_path: Path, ptxas: Path, lane: str,  # noqa: F811
+                                                                    runtime: Path) -> None:
+    """Triton's stages print in the worker; the caller prints it, each stream on its own."""
+    plain_out, plain_err, _ = printed(program_env(ptxas, tmp_path / "plain-root", **DUMPS))
+    assert sum("ptxas info" in line for line in plain_out) >= 8  # the dumps fired, in plain Triton
+    assert sum("IR Dump Before" in line for line in plain_err) >= 20
+    fork = {"KCACHE_CALLER_FORK": "0"} if lane == "service" else {"KCACHE_CALLER_FORK": "1"}
+    out, err, log = printed(program_env(ptxas, tmp_path / "root", KCACHE_LOG="info", **fork, **MANAGER, **DUMPS))
+    assert log.count("(in a worker)") == 2, log[-3000:]  # compiled away from the program
+    assert (out, err) == (plain_out, plain_err)

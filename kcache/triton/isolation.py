@@ -130,9 +130,9 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
         if reason is not None:
             from kcache.compile.fork.caller_fork import run_in_fork
 
-            files = run_in_fork(run_stages, (job,), name, timeout, relay=_relay)
+            result = run_in_fork(run_stages, (job,), name, timeout, relay=_relay)
         else:
-            files = _compile_pool().run(run_stages, job, name=name, timeout_s=timeout)
+            result = _compile_pool().run(run_stages, job, name=name, timeout_s=timeout)
     except (CompilerCrashed, CompileTimeout):
         raise
     except CompileAborted as err:
@@ -142,8 +142,11 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
         log.debug("kcache: Triton's compile of %s failed in its worker (%s: %s): compiling it here", name,
                   type(err).__name__, err)
         return None
+    from kcache.triton.stage_output import relay
+
+    relay(result.output, stderr_too=reason is None)  # run_in_fork relayed the fork's stderr whole
     source_name, source = frontend.source_file(job)
-    return {source_name: source, **files}
+    return {source_name: source, **result.files}
 
 
 def warm_workers(count: int) -> None:

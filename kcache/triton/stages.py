@@ -23,6 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from kcache.triton.stage_output import StageOutput, captured
+
 # Stages whose output Triton keeps when TRITON_STORE_BINARY_ONLY is set (its `compile`).
 BINARY_STAGES = ("cubin", "hsaco", "json")
 
@@ -45,9 +47,23 @@ class StagesJob:
     last_stage: str | None = None  # where to stop (the template's warm-up: before ptxas); None: every stage
 
 
-def run_stages(job: StagesJob) -> dict[str, bytes]:
+@dataclass(frozen=True)
+class StagesResult:
+    """The back half's answer: the group's files, and what its stages printed (kcache.triton.stage_output)."""
+
+    files: dict[str, bytes]
+    output: StageOutput
+
+
+def run_stages(job: StagesJob) -> StagesResult:
     """The group's files, by name, as Triton's in-process compile puts them (less `.source`, which the
-    caller has): each stage's output, then the metadata."""
+    caller has): each stage's output, then the metadata; and what the stages printed, for the caller."""
+    with captured() as output:
+        files = _stages(job)
+    return StagesResult(files, output)
+
+
+def _stages(job: StagesJob) -> dict[str, bytes]:
     _take_callers_settings(job)
     from triton._C.libtriton import ir
     from triton.compiler.compiler import make_backend, parse
