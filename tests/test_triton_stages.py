@@ -83,3 +83,59 @@ def test_a_worker_forked_from_tritons_template_collects_none_of_the_templates_ob
     finally:
         pool.close()
         own.close()
+
+
+# A single-threaded program whose stages hook holds a lock: cloudpickle cannot carry it to a worker, so
+# each compile's back half runs in a fork of the program (kcache.triton.isolation).
+HOOK_STAYS = """
+import threading
+import triton
+from triton import knobs
+from triton.compiler import ASTSource
+from stress.programs.triton_program import KERNELS, TARGET
+
+guard = threading.Lock()
+
+def hook(self=None, stages=None, options=None, language=None, capability=None):
+    if self is None and stages is None:
+        return "", ""
+    with guard:
+        pass
+
+knobs.runtime.add_stages_inspection_hook = hook
+fn, signature, constexprs = KERNELS["add"]
+triton.compile(ASTSource(fn, signature, constexprs), target=TARGET)
+print("compiled", flush=True)
+"""
+
+
+def test_a_fork_for_a_hook_that_cannot_travel_waits_for_a_compile_slot(tmp_path: Path, runtime: Path) -> None:
+    """The fork that compiles for a stages hook of the program's counts against the machine's bound as
+    the service's workers do: with the one slot held elsewhere, it waits, and compiles once it is free."""
+    import selectors
+
+    from kcache.compile.compile_slots import CompileSlots
+    from stress.programs.triton_program import assembler_runs, counting_assemblers
+
+    from .helpers import PROJECT
+    from .test_triton import MANAGER, program_env
+
+    counting_assemblers(tmp_path)
+    env = program_env(tmp_path, tmp_path / "root", KCACHE_LOG="debug", KCACHE_COMPILE_WORKERS="1", **MANAGER)
+    held = CompileSlots("elsewhere", 1).try_take()
+    assert held is not None
+    program = subprocess.Popen([sys.executable, "-c", HOOK_STAYS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env, cwd=str(PROJECT))
+    try:
+        waiting, seen = "waits for one", ""
+        with selectors.DefaultSelector() as selector:  # its log, line by line, until it says it waits
+            selector.register(program.stderr, selectors.EVENT_READ)  # type: ignore[arg-type]
+            while waiting not in seen and selector.select(timeout=120) and program.poll() is None:
+                seen += program.stderr.readline()  # type: ignore[union-attr]
+        assert waiting in seen, seen[-3000:]
+        assert assembler_runs(tmp_path) == 0  # the slot is held elsewhere: nothing assembled yet
+    finally:
+        held.release()
+    out, err = program.communicate(timeout=300)
+    assert program.returncode == 0 and out.strip() == "compiled", err[-3000:]
+    assert assembler_runs(tmp_path) == 1

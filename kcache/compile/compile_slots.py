@@ -1,9 +1,11 @@
 """The machine-wide bound on this user's compiles: `count` slot files, each flock'd by whoever runs a
 compile in it.
 
-Two kinds of compile share the bound (`KCACHE_COMPILE_WORKERS`, default the usable cores): a job
-the service runs in one of its workers (its scheduler holds a slot for the job's whole run), and a
-compile a client runs in a fork of itself while the service is not warm yet (`caller_fork`). Every
+Three kinds of compile share the bound (`KCACHE_COMPILE_WORKERS`, default the usable cores): a job
+the service runs in one of its workers (its scheduler holds a slot for the job's whole run), a
+compile a client runs in a fork of itself while the service is not warm yet (`caller_fork`), and a
+Triton compile whose stages hook cannot leave its program (kcache.triton.isolation, which waits for a
+slot). Every
 service of the user shares them (TileLang's and Triton's, whose templates import other compilers,
 and the services of other environments): a slot is a file `compile-slot-<i>` in the user's private
 runtime directory, named by no service, so that all of them together run at most as many compiles
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 from kcache.compile.runtime_dir import runtime_directory
 from kcache.store.locks import take_file_lock
@@ -64,6 +67,17 @@ class CompileSlots:
             if fd is not None:
                 return CompileSlot(fd)
         return None
+
+    def take(self, timeout_s: float, retry_s: float = 0.05) -> CompileSlot | None:
+        """A slot, waiting while every slot is held (a holder tells nobody when it lets go: looked for
+        again every `retry_s`), at most `timeout_s`; None past it."""
+        deadline = time.monotonic() + timeout_s
+        while (slot := self.try_take()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(retry_s, left))
+        return slot
 
     def held(self) -> int:
         """How many slots are held now: a snapshot for tests (it takes the free ones for a moment, so

@@ -32,6 +32,7 @@ warning: a fork of a threaded program can hang on a lock another thread held (do
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -130,7 +131,8 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
         if reason is not None:
             from kcache.compile.fork.caller_fork import run_in_fork
 
-            result = run_in_fork(run_stages, (job,), name, timeout, relay=_relay)
+            with _compile_slot(name, timeout):
+                result = run_in_fork(run_stages, (job,), name, timeout, relay=_relay)
         else:
             result = _compile_pool().run(run_stages, job, name=name, timeout_s=timeout)
     except (CompilerCrashed, CompileTimeout):
@@ -178,6 +180,29 @@ def _forkable(reason: str) -> bool:
                     "process could hang on that thread's locks). A crash of the compiler ends the program",
                     reason, unsafe)
     return False
+
+
+def _compile_slot(name: str, timeout_s: float | None) -> Any:
+    """One of the user's compile slots (kcache.compile.compile_slots), held by a fork of this process
+    that compiles outside the service, so that it counts against the machine's bound as the service's
+    workers do: waited for at most the compile's timeout, then the compile runs without one."""
+    from kcache.compile.compile_slots import CompileSlots
+    from kcache.compile.jobs import usable_cpu_count
+
+    slots = CompileSlots("triton-fork", values.env_count("KCACHE_COMPILE_WORKERS") or usable_cpu_count())
+    try:
+        slot = slots.try_take()
+        if slot is None:
+            log.debug("kcache: every compile slot is held; Triton's compile of %s waits for one", name)
+            slot = slots.take(timeout_s or values.DEFAULT_COMPILE_TIMEOUT_S)
+    except OSError as err:  # no private runtime directory: nothing to count against
+        log.debug("kcache: no compile slot for Triton's compile of %s (%s)", name, err)
+        return contextlib.nullcontext()
+    if slot is None:
+        log.warning("kcache: Triton's compile of %s waited KCACHE_COMPILE_TIMEOUT for a compile slot; it "
+                    "runs beside the others", name)
+        return contextlib.nullcontext()
+    return slot
 
 
 def _compile_pool() -> Any:
