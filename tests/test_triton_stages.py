@@ -139,3 +139,26 @@ def test_a_fork_for_a_hook_that_cannot_travel_waits_for_a_compile_slot(tmp_path:
     out, err = program.communicate(timeout=300)
     assert program.returncode == 0 and out.strip() == "compiled", err[-3000:]
     assert assembler_runs(tmp_path) == 1
+
+
+def test_what_crosses_between_caller_and_worker_is_checked_where_it_arrives() -> None:
+    """The IR is checked by the worker before it is parsed, the group's files by the caller before it
+    publishes them, each against the sha256 its sender made (kcache.triton.stages)."""
+    import hashlib
+
+    from kcache.triton.stage_output import StageOutput
+    from kcache.triton.stages import ArrivedChanged, StagesJob, StagesResult, run_stages
+
+    sent = "module { tt.func public @k() { tt.return } }"
+    job = StagesJob(source=sent + " ", ext="ttir", language=None, file_name="k", target=None, options=None,
+                    metadata={}, environ={}, knobs={}, store_only_binary=False,
+                    source_sha256=hashlib.sha256(sent.encode()).hexdigest())
+    with pytest.raises(ArrivedChanged, match="the IR of k arrived at its worker changed"):
+        run_stages(job)
+    made = {"k.cubin": b"\x7fELF made", "k.json": b"{}"}
+    sums = {name: hashlib.sha256(data).hexdigest() for name, data in made.items()}
+    assert StagesResult(made, sums, StageOutput()).verified_files() == made
+    with pytest.raises(ArrivedChanged, match="k.cubin arrived from its worker changed"):
+        StagesResult({**made, "k.cubin": b"\x7fELF else"}, sums, StageOutput()).verified_files()
+    with pytest.raises(ArrivedChanged, match="k.ptx"):  # a file the worker did not make
+        StagesResult({**made, "k.ptx": b"//"}, sums, StageOutput()).verified_files()

@@ -17,6 +17,7 @@ cannot travel (`needs_caller` names it) keeps the compile where the hook is (kca
 
 from __future__ import annotations
 
+import hashlib
 import os
 from types import FrameType
 from typing import Any
@@ -66,7 +67,8 @@ def stages_job(frame: FrameType) -> StagesJob:
     metadata["triton_version"] = __version__
     import triton.knobs as knobs
 
-    return StagesJob(source=str(module), ext=src.ext, language=src.language, file_name=local["file_name"],
+    text = str(module)
+    return StagesJob(source=text, source_sha256=hashlib.sha256(text.encode()).hexdigest(), ext=src.ext, language=src.language, file_name=local["file_name"],
                      target=target, options=options, metadata=metadata, environ=dict(os.environ),
                      knobs=_knobs_set_in_memory(), store_only_binary=bool(knobs.compilation.store_binary_only),
                      stages_hook=getattr(knobs.runtime, "add_stages_inspection_hook", None))

@@ -113,7 +113,7 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
     Raises CompilerCrashed or CompileTimeout."""
     from kcache.errors import CompileAborted, CompilerCrashed, CompileTimeout
     from kcache.triton import frontend
-    from kcache.triton.stages import run_stages
+    from kcache.triton.stages import ArrivedChanged, run_stages
 
     import_before_forking()
     reason = frontend.needs_caller()
@@ -135,8 +135,12 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
                 result = run_in_fork(run_stages, (job,), name, timeout, relay=_relay)
         else:
             result = _compile_pool().run(run_stages, job, name=name, timeout_s=timeout)
+        files = result.verified_files()
     except (CompilerCrashed, CompileTimeout):
         raise
+    except ArrivedChanged as err:
+        log.warning("kcache: %s: compiling Triton's %s in this process", err, name)
+        return None
     except CompileAborted as err:
         log.warning("kcache: Triton's compile of %s was stopped (%s): compiling it in this process", name, err)
         return None
@@ -148,7 +152,7 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
 
     relay(result.output, stderr_too=reason is None)  # run_in_fork relayed the fork's stderr whole
     source_name, source = frontend.source_file(job)
-    return {source_name: source, **result.files}
+    return {source_name: source, **files}
 
 
 def warm_workers(count: int) -> None:

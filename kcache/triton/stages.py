@@ -17,6 +17,7 @@ been handed it, and the group's files come back to the caller, which publishes t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -43,24 +44,40 @@ class StagesJob:
     environ: dict[str, str]  # the caller's environment: Triton's knobs read it at each use
     knobs: dict[str, dict[str, Any]]  # the knobs the caller set in memory, by group
     store_only_binary: bool
+    source_sha256: str  # of `source`, as the caller made it: checked before the worker parses it
     stages_hook: Any = None  # knobs.runtime.add_stages_inspection_hook of the caller
     last_stage: str | None = None  # where to stop (the template's warm-up: before ptxas); None: every stage
 
 
+class ArrivedChanged(Exception):
+    """What crossed between the caller and the worker is not what was sent: its sha256 differs."""
+
+
 @dataclass(frozen=True)
 class StagesResult:
-    """The back half's answer: the group's files, and what its stages printed (kcache.triton.stage_output)."""
+    """The back half's answer: the group's files with the sha256 of each as the worker made it, and what
+    its stages printed (kcache.triton.stage_output)."""
 
     files: dict[str, bytes]
+    sha256: dict[str, str]
     output: StageOutput
+
+    def verified_files(self) -> dict[str, bytes]:
+        """The files, each checked against its sha256 here, where they arrived; else ArrivedChanged."""
+        for name, data in self.files.items():
+            if hashlib.sha256(data).hexdigest() != self.sha256.get(name):
+                raise ArrivedChanged(f"the compile's file {name} arrived from its worker changed")
+        return self.files
 
 
 def run_stages(job: StagesJob) -> StagesResult:
     """The group's files, by name, as Triton's in-process compile puts them (less `.source`, which the
     caller has): each stage's output, then the metadata; and what the stages printed, for the caller."""
+    if hashlib.sha256(job.source.encode()).hexdigest() != job.source_sha256:
+        raise ArrivedChanged(f"the IR of {job.file_name} arrived at its worker changed")
     with captured() as output:
         files = _stages(job)
-    return StagesResult(files, output)
+    return StagesResult(files, {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}, output)
 
 
 def _stages(job: StagesJob) -> dict[str, bytes]:
@@ -139,6 +156,8 @@ def warm_up_template() -> None:
     backend.load_dialects(context)
     module = source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
                             context)
-    run_stages(StagesJob(source=str(module), ext=source.ext, language=source.language, file_name="warm_up_kernel",
+    text = str(module)
+    run_stages(StagesJob(source=text, ext=source.ext, language=source.language, file_name="warm_up_kernel",
                          target=target, options=options, metadata={"hash": "warm-up", "target": target},
-                         environ=dict(os.environ), knobs={}, store_only_binary=True, last_stage="ptx"))
+                         environ=dict(os.environ), knobs={}, store_only_binary=True,
+                         source_sha256=hashlib.sha256(text.encode()).hexdigest(), last_stage="ptx"))
