@@ -28,7 +28,7 @@ print(json.dumps({"threads": threading.active_count(), "tasks": len(os.listdir("
 
 def test_the_warm_up_compiles_and_leaves_one_thread_and_the_environment_and_runs_no_assembler(
         tmp_path: Path) -> None:
-    from stress.programs.triton_program import assembler_runs, counting_assemblers
+    from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers
 
     env = {**os.environ, **counting_assemblers(tmp_path)}  # the starter's TRITON_PTXAS_PATH, a counting one
     done = subprocess.run([sys.executable, "-c", WARM_UP], capture_output=True, text=True, timeout=300, env=env)

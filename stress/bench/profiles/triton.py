@@ -36,7 +36,7 @@ def child(kernel: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from stress.programs.triton_program import KERNELS
+    from stress.programs.triton_programs.compile import KERNELS
 
     started = time.perf_counter()
     if os.environ.get("TRITON_CACHE_MANAGER"):

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stress.procs import PROJECT, READY_WITHIN_S, line_within
-from stress.programs.triton_program import assembler_runs, counting_assemblers
+from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers
 
 from ..suite.rows import row, rows_option, write_rows
 
