@@ -35,7 +35,8 @@ from typing import Any
 from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
 
 from ..procs import Barrier, worker_handshake, worker_report
-from ..service_runtime import fresh_runtime, stop_services
+from ..service_runtime import own_services
+from .suite.rows import row
 
 # The service runs first: whatever the first run warms (page cache, nvcc's files) favours the pools.
 MODES = ("server", "pool")
@@ -98,7 +99,7 @@ class Monitor:
             self.peak_rss = max(self.peak_rss, sum(_status_kib(pid, "VmRSS:") for pid in everything) * 1024)
             tick += 1
             if tick % 5 == 0:
-                self.peak_pss = max(self.peak_pss, sum(_pss_kib(pid) for pid in everything) * 1024)
+                self.peak_pss = max(self.peak_pss, sum(_status_kib(pid, "Pss:", "smaps_rollup") for pid in everything) * 1024)
 
 
 def compile_processes() -> tuple[list[int], list[int]]:
@@ -141,22 +142,13 @@ def parents_of(pids: list[int]) -> dict[str, int]:
     return counts
 
 
-def _status_kib(pid: int, field: str) -> int:
+def _status_kib(pid: int, field: str, source: str = "status") -> int:
+    """The number after `field` in /proc/PID/`source` (status's fields, smaps_rollup's Pss:); 0 where
+    the process is gone."""
     try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
+        with open(f"/proc/{pid}/{source}") as fields:
+            for line in fields:
                 if line.startswith(field):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _pss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
                     return int(line.split()[1])
     except OSError:
         pass
@@ -168,15 +160,15 @@ def measure(procs: int, configs: int, env: dict[str, str]) -> dict[str, dict[str
     out: dict[str, dict[str, Any]] = {}
     for mode in MODES:
         work = Path(tempfile.mkdtemp(prefix="kcache-bench-many-"))
-        runtime = fresh_runtime("km-")  # this run's own service
-        extra = {**env, "KCACHE_COMPILE_ISOLATION": mode, "XDG_RUNTIME_DIR": str(runtime),
-                 "KCACHE_SERVER_IDLE": "30"}
         try:
-            barrier = Barrier("stress.bench.many", procs, ["--child", str(work / "root"), str(configs)], env=extra)
-            barrier.wait_ready()
-            with Monitor() as monitor:
-                release = barrier.release()
-                results = barrier.collect()
+            with own_services("km-") as runtime:  # this run's own service
+                extra = {**env, "KCACHE_COMPILE_ISOLATION": mode, "XDG_RUNTIME_DIR": str(runtime),
+                         "KCACHE_SERVER_IDLE": "30"}
+                barrier = Barrier("stress.bench.many", procs, ["--child", str(work / "root"), str(configs)], env=extra)
+                barrier.wait_ready()
+                with Monitor() as monitor:
+                    release = barrier.release()
+                    results = barrier.collect()
             for r in results:
                 if r.result is None or r.result["errors"]:
                     raise RuntimeError(f"many/{mode}: process {r.index} failed: "
@@ -186,24 +178,12 @@ def measure(procs: int, configs: int, env: dict[str, str]) -> dict[str, dict[str
                          "peak_rss_bytes": monitor.peak_rss,
                          "peak_pss_bytes": monitor.peak_pss, "compiles": procs * configs}
         finally:
-            stop_services(runtime)
             shutil.rmtree(work, ignore_errors=True)
     return out
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--index", type=int)
-    parser.add_argument("--child", nargs=2)
-    args = parser.parse_args()
-    child(args.child[0], int(args.child[1]))
-    sys.exit(0)
-
-
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     from kcache.compile.jobs import usable_cpu_count
-
-    from .suite.rows import row
 
     procs, configs = options.many_procs, options.many_configs
     m = measure(procs, configs, env)
@@ -220,3 +200,12 @@ def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[d
         row(scenario, "peak workers' PSS summed", server["peak_pss_bytes"] / 2**30, pool["peak_pss_bytes"] / 2**30,
             "GiB", baseline="per-process pools"),
     ]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--index", type=int)
+    parser.add_argument("--child", nargs=2)
+    args = parser.parse_args()
+    child(args.child[0], int(args.child[1]))
+    sys.exit(0)

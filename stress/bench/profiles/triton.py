@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(args.child)
         return
-    from ..suite.rows import bytecode_as_installed
+    from ..suite.children import bytecode_as_installed
 
     trees = {"this tree": Path(__file__).resolve().parents[3]}  # the checkout: stress/bench/profiles/ is three below it
     if args.against is not None:
