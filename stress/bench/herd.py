@@ -67,32 +67,30 @@ def bench_herd(work: Path, procs: int, repeats: int, env: dict[str, str]) -> lis
                 singles[backend].append(get_seconds(results)[0])
     wall = {v: statistics.median(walls[v]) for v in HERD_VARIANTS}
     single = {b: statistics.median(singles[b]) for b in BACKENDS}
-    rows = [
-        row("herd", f"compiler runs ({procs} procs, max of {repeats}), own pools", max(compiles["kcache, pool"]),
-            max(compiles["tilelang"]), "runs"),
-        row("herd", "  with the service: compiler runs", max(compiles["kcache, server"]), max(compiles["tilelang"]), "runs"),
-        row("herd", f"barrier to all ready, own pools, median of {repeats}", wall["kcache, pool"], wall["tilelang"], "s"),
-        row("herd", "  with the service: compiler runs, cache opened first", max(compiles["kcache, server, opened first"]),
-            max(compiles["tilelang"]), "runs"),
-        row("herd", "  with the service: compiler runs, service running", max(compiles["kcache, server running"]),
-            max(compiles["tilelang"]), "runs"),
-        row("herd", f"  with the service, median of {repeats}", wall["kcache, server"], wall["tilelang"], "s"),
-        row("herd", f"  with the service, cache opened first, median of {repeats}",
-            wall["kcache, server, opened first"], wall["tilelang"], "s"),
-        row("herd", f"  with the service running, median of {repeats}", wall["kcache, server running"],
-            wall["tilelang"], "s"),
-        row("herd", "one uncontended cold compile+load", single["kcache"], single["tilelang"], "s"),
-        row("herd", "all ready, own pools / one cold compile", wall["kcache, pool"] / single["kcache"],
-            wall["tilelang"] / single["tilelang"], "x"),
-        row("herd", "all ready, service / TileLang's one compile", wall["kcache, server"], single["tilelang"], "s",
-            baseline="one uncontended TileLang compile+load"),
-        row("herd", "all ready, service, cache opened first / TileLang's one compile",
-            wall["kcache, server, opened first"], single["tilelang"], "s",
-            baseline="one uncontended TileLang compile+load"),
-        row("herd", "all ready, service running / TileLang's one compile", wall["kcache, server running"],
-            single["tilelang"], "s", baseline="one uncontended TileLang compile+load"),
+    runs = {v: max(found) for v, found in compiles.items()}
+    alone = "one uncontended TileLang compile+load"
+    readings = [  # (metric, kcache's, the baseline's, unit[, the baseline's name])
+        (f"compiler runs ({procs} procs, max of {repeats}), own pools", runs["kcache, pool"], runs["tilelang"], "runs"),
+        ("  with the service: compiler runs", runs["kcache, server"], runs["tilelang"], "runs"),
+        (f"barrier to all ready, own pools, median of {repeats}", wall["kcache, pool"], wall["tilelang"], "s"),
+        ("  with the service: compiler runs, cache opened first", runs["kcache, server, opened first"],
+         runs["tilelang"], "runs"),
+        ("  with the service: compiler runs, service running", runs["kcache, server running"], runs["tilelang"],
+         "runs"),
+        (f"  with the service, median of {repeats}", wall["kcache, server"], wall["tilelang"], "s"),
+        (f"  with the service, cache opened first, median of {repeats}", wall["kcache, server, opened first"],
+         wall["tilelang"], "s"),
+        (f"  with the service running, median of {repeats}", wall["kcache, server running"], wall["tilelang"], "s"),
+        ("one uncontended cold compile+load", single["kcache"], single["tilelang"], "s"),
+        ("all ready, own pools / one cold compile", wall["kcache, pool"] / single["kcache"],
+         wall["tilelang"] / single["tilelang"], "x"),
+        ("all ready, service / TileLang's one compile", wall["kcache, server"], single["tilelang"], "s", alone),
+        ("all ready, service, cache opened first / TileLang's one compile", wall["kcache, server, opened first"],
+         single["tilelang"], "s", alone),
+        ("all ready, service running / TileLang's one compile", wall["kcache, server running"], single["tilelang"],
+         "s", alone),
     ]
-    return rows
+    return [row("herd", *reading) for reading in readings]
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

@@ -159,22 +159,24 @@ def main(argv: list[str] | None = None) -> None:
     from stress.service_runtime import own_services, service_name, stop_service, warm_service
 
     from ..suite.children import bytecode_as_installed
+    from ..suite.timing import take_turns
 
     work = Path(tempfile.mkdtemp(prefix="kcache-phases-"))
     env = {**bytecode_as_installed(), LOG_ENV: str(work / "events.jsonl"), "KCACHE_SERVER_IDLE": "600"}
     env.update(_tools(work, Path(env[LOG_ENV])))
-    samples: dict[str, list[dict[str, tuple[float, float]]]] = {lane: [] for lane in LANES}
+
+    def sample(lane: str, _turn: int) -> dict[str, tuple[float, float]]:
+        if "no service" in lane:
+            stop_service(name)
+        elif lane.endswith("running"):
+            warm_service()  # started, one worker warm
+        return _phases(_sample(lane, args.kernel, work, env))
+
     # The run's environment, wrappers included, for its service too: this process stops and starts it.
     try:
         with own_services("kph-") as runtime, environ({**env, "XDG_RUNTIME_DIR": str(runtime)}):
             name = service_name()
-            for _ in range(args.repeats):
-                for lane in LANES:
-                    if "no service" in lane:
-                        stop_service(name)
-                    elif lane.endswith("running"):
-                        warm_service()  # started, one worker warm
-                    samples[lane].append(_phases(_sample(lane, args.kernel, work, env)))
+            samples = take_turns(LANES, args.repeats, sample)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report: dict[str, dict[str, dict[str, float]]] = {}

@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         child(*args.child)
         return
     from ..suite.children import bytecode_as_installed
+    from ..suite.timing import take_turns
 
     work = Path(tempfile.mkdtemp(prefix="kcache-hit-phases-"))
     root = work / "kcache"
@@ -157,10 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     for which in ("kcache", "tilelang"):  # the misses that fill both caches
         subprocess.run([sys.executable, "-m", "stress.bench.profiles.disk", "--child", which, str(root)],
                        env={**os.environ, **env}, capture_output=True, timeout=600)
-    samples: dict[str, list[dict[str, float]]] = {"kcache": [], "tilelang": [], "floor": []}
-    for _ in range(args.repeats):
-        for which in samples:
-            samples[which].append(_sample(which, root, env))
+    samples = take_turns(("kcache", "tilelang", "floor"), args.repeats, lambda which, _turn: _sample(which, root, env))
     report: dict[str, dict[str, float]] = {}
     for which, runs in samples.items():
         print(f"\n{which}: medians of {len(runs)} fresh processes, ms")

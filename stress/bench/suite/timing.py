@@ -9,20 +9,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-Sample = TypeVar("Sample")
+Lane = TypeVar("Lane")
+Reading = TypeVar("Reading")
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The nearest-rank percentile (of an even count, p50 is the lower middle value)."""
+    """The value at rank round(q% of n - 1) of the sorted values, no interpolation (Python's round: half to
+    even; p50 of 10 values is the 5th, the lower middle one, of 4 the 3rd)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def take_turns(lanes: Sequence[Sample], turns: int,
-               sample: Callable[[Sample, int], float]) -> dict[Sample, list[float]]:
+def take_turns(lanes: Sequence[Lane], turns: int, sample: Callable[[Lane, int], Reading]) -> dict[Lane, list[Reading]]:
     """`sample(lane, turn)` of each lane, `turns` times, the lanes taking turns: a drift of the machine over
     the run (page cache, clocks, other tenants) then weighs on every lane alike instead of on one."""
-    found: dict[Sample, list[float]] = {lane: [] for lane in lanes}
+    found: dict[Lane, list[Reading]] = {lane: [] for lane in lanes}
     for turn in range(turns):
         for lane in lanes:
             found[lane].append(sample(lane, turn))
