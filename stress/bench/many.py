@@ -10,8 +10,9 @@ other (the service first, so what the first run warms favours the pools), each o
   run), whose workers are bounded machine-wide.
 
 A monitor in this process samples, every 0.2 s, the compile workers machine-wide (exec'd workers,
-and workers forked from a service's template, found by their process names) and their summed resident memory; every second their
-summed proportional set size (pages a forked worker shares with its template count once). Reported:
+and workers forked from a service's template, found by their process names) and their summed resident
+memory; every second their summed proportional set size (pages a forked worker shares with its template
+count once). Reported:
 wall from the barrier to the last process done, peak workers, peak RSS and PSS of the workers (the
 template included). A worker's child between its fork and its exec (nvcc starting) shows the
 worker's command line for a moment; it is not a worker and is not counted (the first H100 run,
@@ -36,6 +37,7 @@ from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
 
 from ..procs import Barrier, worker_handshake, worker_report
 from ..service_runtime import own_services
+from .suite.children import released
 from .suite.rows import row
 
 # The service runs first: whatever the first run warms (page cache, nvcc's files) favours the pools.
@@ -99,7 +101,8 @@ class Monitor:
             self.peak_rss = max(self.peak_rss, sum(_status_kib(pid, "VmRSS:") for pid in everything) * 1024)
             tick += 1
             if tick % 5 == 0:
-                self.peak_pss = max(self.peak_pss, sum(_status_kib(pid, "Pss:", "smaps_rollup") for pid in everything) * 1024)
+                pss = sum(_status_kib(pid, "Pss:", "smaps_rollup") for pid in everything)
+                self.peak_pss = max(self.peak_pss, pss * 1024)
 
 
 def compile_processes() -> tuple[list[int], list[int]]:
@@ -165,14 +168,8 @@ def measure(procs: int, configs: int, env: dict[str, str]) -> dict[str, dict[str
                 extra = {**env, "KCACHE_COMPILE_ISOLATION": mode, "XDG_RUNTIME_DIR": str(runtime),
                          "KCACHE_SERVER_IDLE": "30"}
                 barrier = Barrier("stress.bench.many", procs, ["--child", str(work / "root"), str(configs)], env=extra)
-                barrier.wait_ready()
-                with Monitor() as monitor:
-                    release = barrier.release()
-                    results = barrier.collect()
-            for r in results:
-                if r.result is None or r.result["errors"]:
-                    raise RuntimeError(f"many/{mode}: process {r.index} failed: "
-                                       f"{r.result and r.result['errors'][:2]} {r.stderr[-2000:]}")
+                monitor = Monitor()
+                release, results = released(barrier, f"many/{mode}: process", during=monitor)
             out[mode] = {"wall_s": max(r.result["end"] for r in results) - release,
                          "peak_workers": monitor.peak_workers, "peak_parents": monitor.peak_parents,
                          "peak_rss_bytes": monitor.peak_rss,

@@ -65,7 +65,7 @@ def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) ->
     from stress.service_runtime import own_services, service_names
 
     from ..herd import start_warm_service
-    from ..suite.children import run_workers
+    from ..suite.children import released, run_workers
 
     root = tempfile.mkdtemp(prefix="kp-root-", dir="/tmp")
     with own_services("kp-") as runtime:
@@ -79,11 +79,8 @@ def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) ->
             release = max(r["end"] for r in results) - wall
         else:
             barrier = Barrier("stress.bench.profiles.herd", procs, ["--child", root, mode], env=env)
-            barrier.wait_ready()
-            release = barrier.release()
-            results = [r.result for r in barrier.collect()]
-        if any(r is None for r in results):
-            raise RuntimeError(f"a process of the herd failed ({mode})")
+            release, done = released(barrier, f"a process of the herd ({mode})")
+            results = [r.result for r in done]
         with environ({"XDG_RUNTIME_DIR": str(runtime)}):  # the status of the herd's own service
             served = service_connection.request(service_names(runtime)[0], ("status",))
     (compiler,) = [r for r in results if r["compiles"]]

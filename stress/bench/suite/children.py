@@ -6,6 +6,7 @@ from __future__ import annotations
 import compileall
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +23,32 @@ def bytecode_as_installed() -> dict[str, str]:
     return {"PYTHONDONTWRITEBYTECODE": ""}
 
 
+def released(barrier: Barrier, what: str,
+             during: AbstractContextManager[Any] | None = None) -> tuple[float, list[WorkerResult]]:
+    """Every process behind `barrier` ready, then released together (within `during`: a monitor of
+    theirs) and collected: the release (time.monotonic()) and their results. One that failed, or
+    reported errors, raises, named `what` and its index."""
+    barrier.wait_ready()
+    with during or nullcontext():
+        release = barrier.release()
+        results = barrier.collect()
+    for r in results:
+        if r.result is None or r.result["errors"]:
+            raise RuntimeError(f"{what} {r.index} failed: {r.result and r.result['errors'][:2]} {r.stderr[-2000:]}")
+    return release, results
+
+
 def run_workers(backend: str, root: Path | None, procs: int, kernels: int, env: dict[str, str],
                 extra_args: tuple[str, ...] = (),
                 per_worker: Callable[[int], list[str]] | None = None) -> tuple[float, list[WorkerResult]]:
     """`procs` workers of `backend` on `root` (None: each names its own with `per_worker`), released
     together, each getting `kernels` kernels: the wall from the release to the last one's last
-    operation, and their results. A worker that failed or reported an error raises."""
+    operation, and their results."""
     where = ["--root", str(root)] if root is not None else []
     barrier = Barrier("stress.worker", procs, [*where, "--kernels", str(kernels), "--backend", backend, *extra_args],
                       env=env, per_worker=per_worker)
-    barrier.wait_ready()
-    release = barrier.release()
-    results = barrier.collect()
-    for r in results:
-        if r.result is None or r.result["errors"]:
-            raise RuntimeError(f"{backend} worker {r.index} failed: {r.result and r.result['errors']} "
-                               f"{r.stderr[-2000:]}")
-    wall = max(op["end"] for r in results for op in r.result["ops"]) - release
-    return wall, results
+    release, results = released(barrier, f"{backend} worker")
+    return max(op["end"] for r in results for op in r.result["ops"]) - release, results
 
 
 def get_seconds(results: list[Any]) -> list[float]:
