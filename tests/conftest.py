@@ -113,18 +113,13 @@ def _session_runtime() -> Iterator[None]:
     """The compile services that tests start by default (KCACHE_COMPILE_ISOLATION's default is `server`)
     live in a runtime directory of this session's own, exit after a minute idle, and are stopped at
     its end: nothing of the suite's keeps running, and no test reaches the developer's service."""
+    from stress.procs import environ
     from stress.service_runtime import stop_services
 
     directory = Path(tempfile.mkdtemp(prefix="ks-", dir="/tmp"))  # short: a socket's path has 107 bytes
     mark(directory)  # its services are stopped by the next session if this one is killed outright
-    saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "KCACHE_SERVER_IDLE")}
-    os.environ.update({"XDG_RUNTIME_DIR": str(directory), "KCACHE_SERVER_IDLE": "60"})
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with environ({"XDG_RUNTIME_DIR": str(directory), "KCACHE_SERVER_IDLE": "60"}):
+        yield
     stop_services(directory, wait=False)
 
 

@@ -26,12 +26,12 @@ GATED = "import sys, time; print('ready', flush=True); sys.stdin.readline(); pri
 
 def test_a_blocks_environment_is_set_and_unset_within_it_and_restored_however_it_ends(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KCACHE_BENCH_KEPT", "before")
-    monkeypatch.delenv("KCACHE_BENCH_ADDED", raising=False)
-    with pytest.raises(KeyError), environ({"KCACHE_BENCH_KEPT": None, "KCACHE_BENCH_ADDED": "within"}):
-        assert "KCACHE_BENCH_KEPT" not in os.environ and os.environ["KCACHE_BENCH_ADDED"] == "within"
+    monkeypatch.setenv("STRESS_SUITE_KEPT", "before")
+    monkeypatch.delenv("STRESS_SUITE_ADDED", raising=False)
+    with pytest.raises(KeyError), environ({"STRESS_SUITE_KEPT": None, "STRESS_SUITE_ADDED": "within"}):
+        assert "STRESS_SUITE_KEPT" not in os.environ and os.environ["STRESS_SUITE_ADDED"] == "within"
         raise KeyError("the block fails")
-    assert os.environ["KCACHE_BENCH_KEPT"] == "before" and "KCACHE_BENCH_ADDED" not in os.environ
+    assert os.environ["STRESS_SUITE_KEPT"] == "before" and "STRESS_SUITE_ADDED" not in os.environ
 
 
 def test_gated_programs_go_together_and_one_that_dies_first_raises_with_its_last_words() -> None:
