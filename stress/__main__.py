@@ -137,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     keep_root = bool(args.cache_dir or args.keep_root)
     try:
         with command_scope() as scope:
-            assert scope.runtime is not None
             if args.remote == LOCAL_S3:
                 from .servers.s3 import s3_server
 

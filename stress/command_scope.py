@@ -4,7 +4,7 @@ stress.bench.standalone.tune`), and everything it starts, stopped however it end
 Within `command_scope()`:
 - SIGINT and SIGTERM raise kcache.interruption.Interrupted in the main thread: every `with` and
   `finally` on the way out runs (the command then prints its one line);
-- with `own_runtime`, the command's compile services live in a runtime directory of its own
+- the command's compile services live in a runtime directory of its own
   (XDG_RUNTIME_DIR, inherited by every child), never in the user's, where `kcache server stop` would
   be the only way to stop them;
 - its children's temporary files go to a directory of its own (TMPDIR), removed at the end;
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -33,43 +32,33 @@ from kcache.compile.service.shared_pools import close_shared_service_pools
 from kcache.interruption import Interrupted, ignore_further_signals, interruptible, signals_deferred
 
 from .own_processes import stop_descendants
+from .procs import environ
 from .service_runtime import fresh_runtime, stop_services
 
 
 @dataclass
 class CommandScope:
-    runtime: Path | None  # the command's own XDG_RUNTIME_DIR, or None (the environment's)
+    runtime: Path  # the command's own XDG_RUNTIME_DIR
     children_tmp: Path  # its children's TMPDIR
 
 
 @contextlib.contextmanager
-def command_scope(*, own_runtime: bool = True) -> Iterator[CommandScope]:
+def command_scope() -> Iterator[CommandScope]:
     # The command's own temporary files stay where they were (tempfile remembers the directory at its
     # first use, made here): its children's go to a directory of the command's, removed at its end,
     # for what a killed compile leaves there (TileLang's and nvcc's temporaries).
     children_tmp = Path(tempfile.mkdtemp(prefix="kcache-tmp-", dir=tempfile.gettempdir()))
-    runtime = fresh_runtime() if own_runtime else None
-    previous = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "TMPDIR")}
-    os.environ["TMPDIR"] = str(children_tmp)
-    if runtime is not None:
-        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    try:
-        with interruptible():
-            try:
-                yield CommandScope(runtime, children_tmp)
-            finally:
-                with signals_deferred():  # a signal now is acted on once this is done, never cuts it short
-                    _stop_everything(runtime)
-                    shutil.rmtree(children_tmp, ignore_errors=True)
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    runtime = fresh_runtime()
+    with environ({"TMPDIR": str(children_tmp), "XDG_RUNTIME_DIR": str(runtime)}), interruptible():
+        try:
+            yield CommandScope(runtime, children_tmp)
+        finally:
+            with signals_deferred():  # a signal now is acted on once this is done, never cuts it short
+                _stop_everything(runtime)
+                shutil.rmtree(children_tmp, ignore_errors=True)
 
 
-def _stop_everything(runtime: Path | None) -> None:
+def _stop_everything(runtime: Path) -> None:
     # The services go away on purpose now: a client thread's warning that its service went away
     # (this process's own compiles were cut short) would only be noise after the command's last line.
     logging.getLogger("kcache").disabled = True
@@ -78,8 +67,7 @@ def _stop_everything(runtime: Path | None) -> None:
     close_shared_service_pools()
     close_all_pools()
     stop_descendants()  # then everything below: a worker left running would start a service again
-    if runtime is not None:
-        stop_services(runtime)
+    stop_services(runtime)
 
 
 def run_command(name: str, body: Callable[[], int]) -> int:

@@ -1,4 +1,5 @@
-"""Fresh interpreters started behind a barrier, speaking one JSON line each way.
+"""Fresh interpreters started behind a barrier, speaking one JSON line each way, and the environment
+they start with.
 
 Each worker does its imports, prints `ready`, blocks until the parent
 writes `go` to every worker (the start barrier: no sleeps), then works and
@@ -7,13 +8,14 @@ prints `result {...}`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,26 @@ class WorkerResult:
     returncode: int
     result: dict[str, Any] | None
     stderr: str
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str | None]) -> Iterator[None]:
+    """This process's os.environ with `values` (None: unset) within the block, as it was after: for
+    what reads its settings from the process's environment (kcache's clients, the services they start)."""
+    saved = {name: os.environ.get(name) for name in values}
+    _set_environ(values)
+    try:
+        yield
+    finally:
+        _set_environ(saved)
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -129,6 +151,21 @@ def line_within(proc: subprocess.Popen[str], seconds: float) -> str:
     return proc.stdout.readline()  # type: ignore[union-attr]
 
 
+def release_gated(processes: list[subprocess.Popen[str]]) -> float:
+    """Open the gate of programs started with KT_GATE=1 (each prints `ready`, then waits for a line):
+    every one ready, then every one sent its line at once. The release time (time.perf_counter())."""
+    for process in processes:
+        if line_within(process, READY_WITHIN_S).strip() != "ready":
+            process.kill()
+            said = process.communicate(timeout=60)[1] or ""
+            raise RuntimeError(f"a gated process exited or hung before its gate: {said[-2000:]}")
+    released = time.perf_counter()
+    for process in processes:
+        process.stdin.write("go\n")  # type: ignore[union-attr]
+        process.stdin.flush()  # type: ignore[union-attr]
+    return released
+
+
 def last_result(stdout: str) -> dict[str, Any] | None:
     """The payload of the last `result {json}` line a worker printed, or None."""
     payload = None
@@ -139,14 +176,15 @@ def last_result(stdout: str) -> dict[str, Any] | None:
 
 
 def run_for_result(command: list[str], what: str, env: dict[str, str] | None = None,
-                   timeout: float = 900) -> dict[str, Any]:
+                   timeout: float = 900) -> Any:
     """Run a fresh interpreter (`command`, in the project, with worker_env(env)) to its end and return
-    its last `result {json}`; RuntimeError naming `what`, with its stderr's tail, if it reports none."""
+    its last `result {json}`; RuntimeError naming `what`, with its output's tail, if it reports none."""
     done = subprocess.run(command, capture_output=True, text=True, env=worker_env(env), cwd=str(PROJECT),
                           timeout=timeout, check=False)
     payload = last_result(done.stdout)
     if done.returncode != 0 or payload is None:
-        raise RuntimeError(f"{what} failed (exit status {done.returncode}): {done.stderr[-3000:]}")
+        raise RuntimeError(f"{what} failed (exit status {done.returncode}): {done.stderr[-3000:]}\n"
+                           f"its output: {done.stdout[-2000:]}")
     return payload
 
 
@@ -159,5 +197,6 @@ def worker_handshake() -> str:
     return payload
 
 
-def worker_report(payload: dict[str, Any]) -> None:
+def worker_report(payload: Any) -> None:
+    """What a fresh process reports to its parent: one `result JSON` line (run_for_result, Barrier)."""
     print("result " + json.dumps(payload), flush=True)

@@ -8,11 +8,13 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
 
 from .own_processes import wait_gone
+from .procs import environ
 
 SERVICE_MARK = b"kcache.compile.service.server_process"
 STOP_WAIT_S = 10.0
@@ -30,6 +32,46 @@ def fresh_runtime(prefix: str = "ks-") -> Path:
     if len(os.fsencode(base)) > MAX_BASE_BYTES:
         base = "/tmp"
     return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+@contextlib.contextmanager
+def own_services(prefix: str = "ks-") -> Iterator[Path]:
+    """A fresh runtime directory for the block's compile services, which are stopped at its end."""
+    runtime = fresh_runtime(prefix)
+    try:
+        yield runtime
+    finally:
+        stop_services(runtime)
+
+
+def warm_service() -> None:
+    """The compile service of this process's environment started, with one worker forked and warm
+    (TileLang imported): as after any kcache process of this user ran here within the idle time."""
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
+    from kcache.compile.service.client import ServicePool
+
+    service = ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)
+    service.run(abs, -1)
+    service.close()
+
+
+def service_name() -> str:
+    """The name of the compile service that TileLang's processes of this process's environment use (its
+    settings are theirs: the runtime directory, the workers)."""
+    from kcache.compile.jobs import usable_cpu_count
+    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
+    from kcache.compile.service.address import identity
+
+    return identity(TILELANG_PRELOAD, int(os.environ.get("KCACHE_COMPILE_WORKERS") or usable_cpu_count()))
+
+
+def stop_service(name: str, within_s: float = 60.0) -> None:
+    """Ask the service `name` of this process's environment to stop, and wait until it has exited: the
+    next process finds none running. Nothing where none runs."""
+    from kcache.compile.service import connection as service_connection
+
+    with contextlib.suppress(OSError, EOFError):
+        wait_gone(service_connection.request(name, ("stop",)), within_s)
 
 
 def service_pids(runtime: Path) -> list[int]:
@@ -67,17 +109,10 @@ def stop_services(runtime: Path, *, wait: bool = True) -> None:
     the test suite only asks them to stop."""
     from kcache.compile.service import connection as service_connection
 
-    previous = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    try:
-        for socket_file in (runtime / "kcache").glob("*.sock"):
+    with environ({"XDG_RUNTIME_DIR": str(runtime)}):
+        for name in service_names(runtime):
             with contextlib.suppress(OSError, EOFError):
-                service_connection.request(socket_file.name.removeprefix("compile-").removesuffix(".sock"), ("stop",))
-    finally:
-        if previous is None:
-            os.environ.pop("XDG_RUNTIME_DIR", None)
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = previous
+                service_connection.request(name, ("stop",))
     # Gone before the next scenario measures (a service that lingers would count as its workers), and
     # before the command that started them ends: its workers and template too, which die with it
     # (PR_SET_PDEATHSIG), a moment after it.
@@ -88,3 +123,9 @@ def stop_services(runtime: Path, *, wait: bool = True) -> None:
                     os.kill(pid, signal.SIGKILL)
                 wait_gone(pid, STOP_WAIT_S)
     shutil.rmtree(runtime, ignore_errors=True)
+
+
+def service_names(runtime: Path) -> list[str]:
+    """The names of the services whose sockets are in this runtime directory."""
+    sockets = (runtime / "kcache").glob("*.sock")
+    return [socket.name.removeprefix("compile-").removesuffix(".sock") for socket in sockets]

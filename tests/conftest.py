@@ -56,8 +56,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # (docs/operations.md, "The tests"). Everything else runs in the full suite, the README's test command.
 QUICK_MODULES = frozenset({
     "test_arch_safety", "test_arrivals", "test_autotune_store", "test_bench_cli", "test_bench_library",
-    "test_bench_plots", "test_bench_record", "test_bundles", "test_cli", "test_deployment", "test_eviction",
-    "test_triton_stages", "test_settings_checked", "test_cli_abbreviations", "test_message_table",
+    "test_bench_suite", "test_bench_plots", "test_bench_record", "test_bundles", "test_cli", "test_deployment",
+    "test_eviction", "test_triton_stages", "test_settings_checked", "test_cli_abbreviations", "test_message_table",
     "test_import_hooks", "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance",
     "test_packed_blob", "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust",
     "test_user_errors", "test_why_miss", "test_pool_close", "test_service_scheduler", "test_tune_trials",
@@ -113,18 +113,13 @@ def _session_runtime() -> Iterator[None]:
     """The compile services that tests start by default (KCACHE_COMPILE_ISOLATION's default is `server`)
     live in a runtime directory of this session's own, exit after a minute idle, and are stopped at
     its end: nothing of the suite's keeps running, and no test reaches the developer's service."""
+    from stress.procs import environ
     from stress.service_runtime import stop_services
 
     directory = Path(tempfile.mkdtemp(prefix="ks-", dir="/tmp"))  # short: a socket's path has 107 bytes
     mark(directory)  # its services are stopped by the next session if this one is killed outright
-    saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "KCACHE_SERVER_IDLE")}
-    os.environ.update({"XDG_RUNTIME_DIR": str(directory), "KCACHE_SERVER_IDLE": "60"})
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with environ({"XDG_RUNTIME_DIR": str(directory), "KCACHE_SERVER_IDLE": "60"}):
+        yield
     stop_services(directory, wait=False)
 
 

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("helion", reason="the Helion tests need helion (pip install -e '.[test]')")
 
 from stress.procs import READY_WITHIN_S, line_within  # noqa: E402
-from stress.programs.triton_program import assembler_runs, counting_assemblers  # noqa: E402
+from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402
 

@@ -1,7 +1,7 @@
 """On a GPU: Triton's kernels on kcache's store (issue 38) launch and compute what plain Triton computes.
 
-Every process is a fresh `python -m stress.programs.triton_gpu_program`; compiles are counted by the runs of
-Triton's assemblers (counting wrappers, stress.programs.triton_program.counting_assemblers), not by kcache."""
+Every process is a fresh `python -m stress.programs.triton_programs.gpu`; compiles are counted by the runs of
+Triton's assemblers (counting wrappers, stress.programs.triton_programs.assemblers), not by kcache."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
 
-from stress.programs.triton_program import assembler_runs, counting_assemblers  # noqa: E402
+from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers  # noqa: E402
 
 from .faults import needs_root, tmpfs  # noqa: E402
 from .helpers import PROJECT, child_env  # noqa: E402
@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible; run these on the GPU machine"),
 ]
 MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
-PROGRAM = ["-m", "stress.programs.triton_gpu_program"]
+PROGRAM = ["-m", "stress.programs.triton_programs.gpu"]
 
 
 def program_env(work: Path, root: Path, inductor_dir: Path, **extra: str) -> dict[str, str]:

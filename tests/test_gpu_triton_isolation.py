@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
 
-from stress.programs.triton_program import most_at_once, timed_assemblers  # noqa: E402
+from stress.programs.triton_programs.assemblers import most_at_once, timed_assemblers  # noqa: E402
 
 from .helpers import PROJECT, child_env  # noqa: E402
 
@@ -38,8 +38,8 @@ def tune(tmp_path: Path, name: str, **extra: str) -> subprocess.CompletedProcess
                     TRITON_CACHE_DIR=str(tmp_path / f"{name}-plain"), KT_FIRED=str(tmp_path / f"{name}-fired"), **extra)
     if "TRITON_CACHE_MANAGER" not in extra:
         env.pop("TRITON_CACHE_MANAGER", None)
-    return subprocess.run([sys.executable, "-m", "stress.programs.triton_tune_program"], capture_output=True, text=True,
-                          env=env, cwd=str(PROJECT), timeout=600)
+    return subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.tune"], capture_output=True,
+                          text=True, env=env, cwd=str(PROJECT), timeout=600)
 
 
 def test_an_autotune_whose_config_aborts_completes_correct_with_its_configs_compiled_at_once(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ def test_a_program_that_imports_tilelang_gets_the_hooks_and_its_compile_goes_thr
 
 def test_a_triton_program_runs_through_kcache_where_tilelang_cannot_be_imported(tmp_path: Path) -> None:
     pytest.importorskip("triton", reason="the Triton program needs triton (pip install -e '.[test]')")
-    from stress.programs.triton_program import assembler_runs, counting_assemblers
+    from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers
 
     shadow = tmp_path / "no-tilelang" / "tilelang"
     shadow.mkdir(parents=True)
@@ -95,8 +95,9 @@ def test_a_triton_program_runs_through_kcache_where_tilelang_cannot_be_imported(
     assert check.returncode == 1 and "cannot be imported here" in check.stderr  # the shadow works
     outputs = []
     for _ in range(2):
-        done = subprocess.run([sys.executable, "-m", "kcache", "run", str(PROJECT / "stress" / "programs" / "triton_program.py"),
-                               "add"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+        program = PROJECT / "stress" / "programs" / "triton_programs" / "compile.py"
+        done = subprocess.run([sys.executable, "-m", "kcache", "run", str(program), "add"], capture_output=True,
+                              text=True, env=env, cwd=str(tmp_path), timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append(json.loads(done.stdout.splitlines()[-1]))
     assert assembler_runs(assemblers) == 1  # compiled once, then a hit

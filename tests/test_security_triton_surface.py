@@ -53,14 +53,14 @@ LONE_KEY = base64.b32encode(hashlib.sha256(b"a launcher's source").digest()).dec
 LONE_FILE = "__triton_launcher.so"
 LONE_BYTES = b"\x7fELF a launcher's bytes"
 
-# A node: compile the kernels named in argv[1] (stress.programs.triton_program's), then put and get the lone
+# A node: compile the kernels named in argv[1] (stress.programs.triton_programs.compile's), then put and get the lone
 # files of argv[2] through kcache's manager, as Triton's driver does for its launcher; print one JSON
 # object: each kernel's cubin sha256, and each lone file's sha256 as get_file returned it (or None).
 NODE = """
 import hashlib, json, sys
 sys.path.insert(0, {project!r})
 from kcache.triton.manager import CacheManager
-from stress.programs.triton_program import compile_kernel
+from stress.programs.triton_programs.compile import compile_kernel
 out = {{name: compile_kernel(name) for name in sys.argv[1].split(",") if name}}
 lone = json.loads(sys.argv[2])
 for key, name, data in lone.get("put", []):
@@ -605,7 +605,7 @@ def python_without_kcache(tmp_path: Path) -> Path:
     for source in (Path(triton.__file__).parent, Path(distribution("triton")._path)):  # noqa: SLF001
         shutil.copytree(source, site_packages / source.name, copy_function=os.link,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(PROJECT / "stress" / "programs" / "triton_program.py", tmp_path / "triton_program.py")
+    shutil.copy(PROJECT / "stress" / "programs" / "triton_programs" / "compile.py", tmp_path / "triton_program.py")
     return python
 
 

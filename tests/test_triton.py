@@ -1,5 +1,5 @@
 """Triton on kcache's store (`TRITON_CACHE_MANAGER=kcache.triton:CacheManager`, issue 38), on the CPU
-machine: Triton compiles for sm_90 without a GPU. Every process is a fresh `tests/triton_program.py`;
+machine: Triton compiles for sm_90 without a GPU. Every process is a fresh `stress/programs/triton_programs/compile.py`;
 compiles are counted by the runs of Triton's assembler (TRITON_PTXAS_PATH and, for Triton 3.9,
 TRITON_PTXAS_BLACKWELL_PATH name wrappers that count, then run Triton's own), not by kcache. Plain Triton (its FileCacheManager) runs beside kcache where the
 difference is the point: the herd, the foreign-owned CI cache."""
@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("triton", reason="the Triton tests need triton (pip install -e '.[test]')")
 
-from stress.programs.triton_program import assembler_runs, counting_assemblers  # noqa: E402
+from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers  # noqa: E402
 
 from .faults import fill_filesystem, needs_root, tmpfs  # noqa: E402
 from .helpers import PROJECT, child_env  # noqa: E402
@@ -28,13 +28,13 @@ from .s3_server import s3_server  # noqa: E402
 from .test_security import world_dir  # noqa: E402, F401 - a fixture
 from .unprivileged import UnprivilegedEnv  # noqa: E402
 
-PROGRAM = PROJECT / "stress" / "programs" / "triton_program.py"
+PROGRAM = PROJECT / "stress" / "programs" / "triton_programs" / "compile.py"
 MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 
 
 @pytest.fixture
 def ptxas(tmp_path: Path) -> Path:
-    """The folder of Triton's assemblers as counting wrappers (stress.programs.triton_program.counting_assemblers)."""
+    """The folder of Triton's assemblers as counting wrappers (stress.programs.triton_programs.assemblers)."""
     folder = tmp_path / "counting-assemblers"
     folder.mkdir()
     counting_assemblers(folder)
@@ -112,7 +112,7 @@ def test_a_herd_compiles_a_key_once_where_tritons_own_cache_compiles_it_in_every
 HIT_MODULES = """
 import json, sys
 sys.path.insert(0, {project!r})
-from stress.programs.triton_program import compile_kernel
+from stress.programs.triton_programs.compile import compile_kernel
 digest = compile_kernel("matmul")
 print(json.dumps({{"matmul": digest, "modules": sorted(m for m in sys.modules if m.startswith("kcache"))}}))
 """
@@ -271,7 +271,7 @@ except PermissionError as err:
 
 def users_running_triton(triton_users: tuple[UnprivilegedEnv, Path], world: Path):  # noqa: ANN201
     """The users, a folder whose `ptxas` counts its runs into `runs` (any user may run and append), and
-    `as_user(user, kernel, env) -> (printed JSON, stderr)`: stress.programs.triton_program as that user, a
+    `as_user(user, kernel, env) -> (printed JSON, stderr)`: stress.programs.triton_programs.compile as that user, a
     PermissionError printed as {"PermissionError": ...}."""
     users, users_triton = triton_users
     program = world / "triton_program.py"  # the project's checkout may be out of the users' reach

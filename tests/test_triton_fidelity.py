@@ -56,7 +56,7 @@ def test_every_file_of_every_group_is_plain_tritons(tmp_path: Path, ptxas: Path,
 PRINTING = """
 import triton
 from triton.compiler import ASTSource
-from stress.programs.triton_program import KERNELS, TARGET
+from stress.programs.triton_programs.compile import KERNELS, TARGET
 for name in ("add", "softmax"):
     fn, signature, constexprs = KERNELS[name]
     triton.compile(ASTSource(fn, signature, constexprs), target=TARGET)

@@ -216,7 +216,7 @@ import json, os, sys
 sys.path.insert(0, {project!r})
 import triton
 from triton.compiler import ASTSource
-from stress.programs.triton_program import add_kernel
+from stress.programs.triton_programs.compile import add_kernel
 from tests.triton_faults_program import TARGET
 signature = {{"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}}
 def compile_add(block):

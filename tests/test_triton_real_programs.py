@@ -60,7 +60,7 @@ def test_threads_racing_first_compiles_beside_threads_holding_locks_compile_what
 S3_PROGRAM = """
 import json
 from triton.runtime.build import compile_module_from_src
-from stress.programs.triton_program import compile_kernel
+from stress.programs.triton_programs.compile import compile_kernel
 # As Triton's driver starts in a GPU program (CudaUtils): its module is a lone file, looked up in the tier.
 SOURCE = (
     "#include <Python.h>\\n"

@@ -28,7 +28,7 @@ print(json.dumps({"threads": threading.active_count(), "tasks": len(os.listdir("
 
 def test_the_warm_up_compiles_and_leaves_one_thread_and_the_environment_and_runs_no_assembler(
         tmp_path: Path) -> None:
-    from stress.programs.triton_program import assembler_runs, counting_assemblers
+    from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers
 
     env = {**os.environ, **counting_assemblers(tmp_path)}  # the starter's TRITON_PTXAS_PATH, a counting one
     done = subprocess.run([sys.executable, "-c", WARM_UP], capture_output=True, text=True, timeout=300, env=env)
@@ -92,7 +92,7 @@ import threading
 import triton
 from triton import knobs
 from triton.compiler import ASTSource
-from stress.programs.triton_program import KERNELS, TARGET
+from stress.programs.triton_programs.compile import KERNELS, TARGET
 
 guard = threading.Lock()
 
@@ -115,7 +115,7 @@ def test_a_fork_for_a_hook_that_cannot_travel_waits_for_a_compile_slot(tmp_path:
     import selectors
 
     from kcache.compile.compile_slots import CompileSlots
-    from stress.programs.triton_program import assembler_runs, counting_assemblers
+    from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers
 
     from .helpers import PROJECT
     from .test_triton import MANAGER, program_env

@@ -23,7 +23,7 @@ pytest.importorskip("triton", reason="the Triton user's program needs triton (pi
 
 # What a TileLang install brings, and what must not come from the running environment (its kcache).
 HIDDEN = ("tilelang", "tvm", "apache_tvm_ffi", "__editable__", "kcache", "__pycache__")
-TRITON_PROGRAM = str(PROJECT / "stress" / "programs" / "triton_program.py")
+TRITON_PROGRAM = str(PROJECT / "stress" / "programs" / "triton_programs" / "compile.py")
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from stress.programs.triton_program import add_kernel  # the operator library's elementwise add
+from stress.programs.triton_programs.compile import add_kernel  # the operator library's elementwise add
 
 TARGET = GPUTarget("cuda", 90, 32)
 FAULTY_WARPS = 4

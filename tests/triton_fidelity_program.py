@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from stress.programs.triton_program import KERNELS
+from stress.programs.triton_programs.compile import KERNELS
 from tests.gluon_program import copy_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)

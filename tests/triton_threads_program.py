@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 
-from stress.programs.triton_program import KERNELS, compile_kernel
+from stress.programs.triton_programs.compile import KERNELS, compile_kernel
 
 
 def main() -> None:

@@ -37,9 +37,10 @@ from kcache.interruption import Interrupted, ignore_further_signals
 from ..command_scope import command_scope
 from ..procs import PROJECT
 from .cold import MODES as COLD_MODES
+from .suite.children import bytecode_as_installed
 from .suite.dataset import DATASET, record
 from .suite.needs import unavailable
-from .suite.rows import bytecode_as_installed, format_value
+from .suite.rows import print_table
 from .suite.scenarios import BY_NAME, IN_RUN, SCENARIOS
 
 PLOTS = PROJECT / "docs" / "img"
@@ -130,14 +131,6 @@ def own_run_recorded(name: str, passed_on: list[str], results: Path) -> int:
     readings = record(rows, results)
     print(f"stress.bench: {len(readings)} readings of {name} appended to {results}", flush=True)
     return status
-
-
-def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"{'scenario':<26} {'metric':<44} {'kcache':>10} {'baseline':>10} {'ratio':>7} unit  baseline")
-    for r in rows:
-        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-        print(f"{r['scenario']:<26} {r['metric']:<44} {format_value(r['kcache']):>10} "
-              f"{format_value(r['tilelang']):>10} {ratio:>7} {r['unit']:<5} {r['baseline']}")
 
 
 def measure(options: argparse.Namespace, names: list[str]) -> int:

@@ -16,26 +16,32 @@ The modes alternate sample by sample, so that drift in the machine hits them ali
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kcache.compile.protocol import readable_within
-
-from ..service_runtime import stop_services
+from ..procs import environ, run_for_result
+from ..service_runtime import own_services, service_name, stop_service, warm_service
+from .suite.rows import row
+from .suite.timing import take_turns
 
 MODES = ("tilelang", "pool", "server, running", "server, cold", "server, cold, cache opened first")
 KERNELS = ("add", "matmul")
 
 
-def child(mode: str, kernel: str, root: str) -> None:
+def compile_once(lane: str, kernel: str, root: str, clock: Callable[[], float] = time.perf_counter,
+                 instrument: Callable[[], None] | None = None) -> tuple[float, float]:
+    """A fresh process's first compile of `kernel` ("add" or "matmul"), its imports first as a program's:
+    TileLang's own (lane "tilelang"), else kcache's on `root`, whose cache opens before `import tilelang`
+    where the lane ends with "opened first". `instrument` runs just before the call; (start, end) of the
+    call on `clock`."""
     cache = None
-    if mode.endswith("opened first"):
+    if lane.endswith("opened first"):
         import kcache
 
         cache = kcache.KernelCache(root)  # starts the service in the background
@@ -44,85 +50,57 @@ def child(mode: str, kernel: str, root: str) -> None:
     from ..programs.kernels import CPU_TARGET, matmul, pool
 
     func = pool(1)[0].build() if kernel == "add" else matmul(1024, 1024, 1024, 128, 128, 32)
-    if mode != "tilelang" and cache is None:
+    if lane != "tilelang" and cache is None:
         import kcache
 
         cache = kcache.KernelCache(root)
-    started = time.perf_counter()
+    if instrument is not None:
+        instrument()
+    started = clock()
     if cache is None:
         tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
     else:
         cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
-    from .suite.rows import print_result  # after the timed call: the child imports no more before it
+    return started, clock()
 
-    print_result({"seconds": time.perf_counter() - started})
+
+def child(mode: str, kernel: str, root: str) -> None:
+    started, ended = compile_once(mode, kernel, root)
+    from ..procs import worker_report  # after the timed call: the child imports no more before it
+
+    worker_report({"seconds": ended - started})
 
 
 def _sample(mode: str, kernel: str, work: Path, env: dict[str, str]) -> float:
-    from .suite.rows import child_result
-
     root = Path(tempfile.mkdtemp(prefix="cold-", dir=work))
     extra = {"TILELANG_CACHE_DIR": str(root / "tilelang"),
              "KCACHE_COMPILE_ISOLATION": "pool" if mode == "pool" else "server"}
-    found = child_result([sys.executable, "-m", "stress.bench.cold", "--child", mode, kernel, str(root)],
-                         f"cold sample {mode}/{kernel}", env={**os.environ, **env, **extra}, timeout=600)
+    found = run_for_result([sys.executable, "-m", "stress.bench.cold", "--child", mode, kernel, str(root)],
+                           f"cold sample {mode}/{kernel}", {**env, **extra}, timeout=600)
     shutil.rmtree(root, ignore_errors=True)
     return float(found["seconds"])
-
-
-def _service(env: dict[str, str]) -> tuple[Any, str]:
-    """The service the children of this run use: its module and name (same settings as theirs)."""
-    os.environ.update(env)
-    from kcache.compile.jobs import usable_cpu_count
-    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
-    from kcache.compile.service import connection as service_connection
-    from kcache.compile.service.address import identity
-
-    workers = int(os.environ.get("KCACHE_COMPILE_WORKERS") or usable_cpu_count())
-    return service_connection, identity(TILELANG_PRELOAD, workers)
-
-
-def _stop(connection: Any, name: str) -> None:
-
-    try:
-        pid = connection.request(name, ("stop",))
-    except (OSError, EOFError):
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        readable_within(fd, 60)
-    finally:
-        os.close(fd)
 
 
 def measure(repeats: int, env: dict[str, str], modes: tuple[str, ...] = MODES) -> dict[tuple[str, str], list[float]]:
     """(mode, kernel) -> the seconds of `repeats` fresh processes, in the order measured."""
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-cold-"))
-    runtime = Path(tempfile.mkdtemp(prefix="kb-", dir="/tmp"))  # the run's own services
-    env = {**env, "XDG_RUNTIME_DIR": str(runtime), "KCACHE_SERVER_IDLE": "600"}
-    client, name = _service(env)
-    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
-    from kcache.compile.service import client as service_client  # the pool; `client` is the connection
 
-    samples: dict[tuple[str, str], list[float]] = {(m, k): [] for m in modes for k in KERNELS}
+    def sample(lane: tuple[str, str], _turn: int) -> float:
+        mode, kernel = lane
+        if mode.startswith("server, cold"):
+            stop_service(name)
+        elif mode == "server, running":
+            warm_service()
+        return _sample(mode, kernel, work, env)
+
+    # The run's own services, in this process's environment too: it stops and starts them between samples.
     try:
-        for _ in range(repeats):
-            for kernel in KERNELS:
-                for mode in modes:
-                    if mode.startswith("server, cold"):
-                        _stop(client, name)
-                    elif mode == "server, running":
-                        service = service_client.ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)
-                        service.run(abs, -1)  # started, and one worker warm (TileLang imported)
-                        service.close()
-                    samples[(mode, kernel)].append(_sample(mode, kernel, work, env))
+        with own_services("kb-") as runtime, environ({**env, "XDG_RUNTIME_DIR": str(runtime),
+                                                      "KCACHE_SERVER_IDLE": "600"}):
+            name = service_name()
+            return take_turns([(mode, kernel) for kernel in KERNELS for mode in modes], repeats, sample)
     finally:
-        stop_services(runtime)  # every service this run started, whatever its name
         shutil.rmtree(work, ignore_errors=True)
-    return samples
 
 
 def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
@@ -132,17 +110,13 @@ def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
     replacement's ready (the pool's `warm`, which waits for it)."""
     from kcache.compile.pool.process_pool import TILELANG_PRELOAD, CompilePool
     from kcache.compile.protocol import CallByName
+    from kcache.compile.service.client import ServicePool
 
-    runtime = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))
-    saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", *env)}
-    os.environ.update({**env, "XDG_RUNTIME_DIR": str(runtime)})
     segfault = CallByName("ctypes", "string_at")  # of address 0: the worker dies of SIGSEGV
     out: dict[str, list[float]] = {"server (fork)": [], "pool (exec)": []}
-    try:
-        _service(env)
-        from kcache.compile.service import client as service_client
-
-        service = service_client.ServicePool(1, None, TILELANG_PRELOAD, 600.0, lambda: None)
+    # The one-worker service has a name of its own (the worker count is in it): the run's services all stop.
+    with own_services("kr-") as runtime, environ({**env, "XDG_RUNTIME_DIR": str(runtime)}):
+        service = ServicePool(1, None, TILELANG_PRELOAD, 600.0, lambda: None)
         own = CompilePool(1, None, preload=TILELANG_PRELOAD)
         for runner, label, warm in ((service, "server (fork)", lambda: service.warm(1, wait=True)),
                                     (own, "pool (exec)", lambda: own.warm(1))):
@@ -157,27 +131,12 @@ def replacement_seconds(repeats: int, env: dict[str, str]) -> dict[str, float]:
                 out[label].append(time.perf_counter() - started)
         own.close()
         service.close()
-    finally:
-        # The one-worker service has a name of its own (the worker count is in it): stop them all.
-        stop_services(runtime)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return {label: sorted(values)[len(values) // 2] for label, values in out.items()}
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(*sys.argv[2:5])
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """The first compile per kernel and lane against TileLang's; `--cold-mode` narrows the lanes (TileLang's
     always runs), `--cold-without-pool` leaves out the per-process pool's, which no goal reads."""
-    from .suite.rows import row
-
     repeats = options.cold_repeats
     modes = MODES if not options.cold_without_pool else tuple(mode for mode in MODES if mode != "pool")
     if options.cold_mode:
@@ -194,3 +153,8 @@ def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[d
                           "samples": ours, "baseline_samples": baseline})  # in the order measured
     return [*found, row("cold (fresh process)", f"crashed worker replaced, p50 of {repeats}",
                         replaced["server (fork)"], replaced["pool (exec)"], "s", baseline="per-process pool (exec)")]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(*sys.argv[2:5])

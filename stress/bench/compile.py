@@ -23,6 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..procs import run_for_result, worker_report
+from .suite.rows import row
+
 # Matmul configs: sizes and tiles, every one a distinct kernel.
 VERBOSE = bool(os.environ.get("KCACHE_BENCH_VERBOSE"))
 CONFIGS = [(size, bm, bn, bk) for size in (512, 1024) for bm in (64, 128) for bn in (64, 128) for bk in (32, 64)]
@@ -94,24 +97,15 @@ def measure(sequential: int, parallel: int, workers: int | None) -> dict[str, An
 def main(argv: list[str]) -> int:
     sequential, parallel = int(argv[0]), int(argv[1])
     workers = int(argv[2]) if len(argv) > 2 and argv[2] != "auto" else None
-    from .suite.rows import print_result
-
-    print_result(measure(sequential, parallel, workers))
+    worker_report(measure(sequential, parallel, workers))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """Run in an interpreter of its own (`python -m stress.bench.compile`), so that the pool starts cold."""
-    from ..procs import PROJECT, worker_env
-    from .suite.rows import child_result, row
-
     sequential, parallel = options.sequential, options.parallel
-    r = child_result([sys.executable, "-m", "stress.bench.compile", str(sequential), str(parallel),
-                      options.compile_workers], "compile bench", env=worker_env(env), cwd=str(PROJECT))
+    r = run_for_result([sys.executable, "-m", "stress.bench.compile", str(sequential), str(parallel),
+                        options.compile_workers], "compile bench", env)
     scenario = f"compile ({r['workers']} workers)"
     return [
         row(scenario, f"pool start-up, {r['workers']} workers", r["pool_startup_s"], None, "s"),
@@ -120,3 +114,7 @@ def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[d
         row(scenario, f"{parallel} configs: parallel (pool) vs sequential", r["parallel_pool_wall_s"],
             r["parallel_inprocess_sequential_s"], "s", baseline="in-process"),
     ]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -8,24 +8,25 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .suite.rows import BACKENDS, get_seconds, percentile, row, run_workers
+from .suite.children import BACKENDS, get_seconds, run_workers
+from .suite.rows import row
+from .suite.timing import percentile, take_turns
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     repeats = options.repeats
-    samples: dict[str, list[float]] = {backend: [] for backend in BACKENDS}
     opens: list[float] = []
+
+    def hit_ms(backend: str, _turn: int) -> float:
+        """One fresh process's hit, in ms."""
+        _, (result,) = run_workers(backend, work / f"disk-{backend}", 1, 1, env)
+        if backend == "kcache":
+            opens.append(result.result["open_s"] * 1e3)
+        return get_seconds([result])[0] * 1e3
+
     for backend in BACKENDS:
         run_workers(backend, work / f"disk-{backend}", 1, 1, env)  # populate
-    # The backends take turns, one fresh process each: a drift of the machine over the run (page
-    # cache, clocks, other tenants) then weighs on both sides alike instead of on one.
-    for _ in range(repeats):
-        for backend in BACKENDS:
-            _, results = run_workers(backend, work / f"disk-{backend}", 1, 1, env)
-            samples[backend] += get_seconds(results)
-            if backend == "kcache":
-                opens += [r.result["open_s"] * 1e3 for r in results]
-    ms = {b: [s * 1e3 for s in v] for b, v in samples.items()}
+    ms = take_turns(BACKENDS, repeats, hit_ms)  # one fresh process each
     return [
         # Not part of the timed get: `import kcache` and KernelCache(root) (its modules, the gc check,
         # the backend, the toolchain identity). TileLang does its cache setup inside `import tilelang`.

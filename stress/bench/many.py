@@ -10,8 +10,9 @@ other (the service first, so what the first run warms favours the pools), each o
   run), whose workers are bounded machine-wide.
 
 A monitor in this process samples, every 0.2 s, the compile workers machine-wide (exec'd workers,
-and workers forked from a service's template, found by their process names) and their summed resident memory; every second their
-summed proportional set size (pages a forked worker shares with its template count once). Reported:
+and workers forked from a service's template, found by their process names) and their summed resident
+memory; every second their summed proportional set size (pages a forked worker shares with its template
+count once). Reported:
 wall from the barrier to the last process done, peak workers, peak RSS and PSS of the workers (the
 template included). A worker's child between its fork and its exec (nvcc starting) shows the
 worker's command line for a moment; it is not a worker and is not counted (the first H100 run,
@@ -35,7 +36,9 @@ from typing import Any
 from kcache.compile.workers.worker import TEMPLATE_NAME, WORKER_NAME
 
 from ..procs import Barrier, worker_handshake, worker_report
-from ..service_runtime import fresh_runtime, stop_services
+from ..service_runtime import own_services
+from .suite.children import released
+from .suite.rows import row
 
 # The service runs first: whatever the first run warms (page cache, nvcc's files) favours the pools.
 MODES = ("server", "pool")
@@ -98,7 +101,8 @@ class Monitor:
             self.peak_rss = max(self.peak_rss, sum(_status_kib(pid, "VmRSS:") for pid in everything) * 1024)
             tick += 1
             if tick % 5 == 0:
-                self.peak_pss = max(self.peak_pss, sum(_pss_kib(pid) for pid in everything) * 1024)
+                pss = sum(_status_kib(pid, "Pss:", "smaps_rollup") for pid in everything)
+                self.peak_pss = max(self.peak_pss, pss * 1024)
 
 
 def compile_processes() -> tuple[list[int], list[int]]:
@@ -141,22 +145,13 @@ def parents_of(pids: list[int]) -> dict[str, int]:
     return counts
 
 
-def _status_kib(pid: int, field: str) -> int:
+def _status_kib(pid: int, field: str, source: str = "status") -> int:
+    """The number after `field` in /proc/PID/`source` (status's fields, smaps_rollup's Pss:); 0 where
+    the process is gone."""
     try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
+        with open(f"/proc/{pid}/{source}") as fields:
+            for line in fields:
                 if line.startswith(field):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _pss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
                     return int(line.split()[1])
     except OSError:
         pass
@@ -168,42 +163,24 @@ def measure(procs: int, configs: int, env: dict[str, str]) -> dict[str, dict[str
     out: dict[str, dict[str, Any]] = {}
     for mode in MODES:
         work = Path(tempfile.mkdtemp(prefix="kcache-bench-many-"))
-        runtime = fresh_runtime("km-")  # this run's own service
-        extra = {**env, "KCACHE_COMPILE_ISOLATION": mode, "XDG_RUNTIME_DIR": str(runtime),
-                 "KCACHE_SERVER_IDLE": "30"}
         try:
-            barrier = Barrier("stress.bench.many", procs, ["--child", str(work / "root"), str(configs)], env=extra)
-            barrier.wait_ready()
-            with Monitor() as monitor:
-                release = barrier.release()
-                results = barrier.collect()
-            for r in results:
-                if r.result is None or r.result["errors"]:
-                    raise RuntimeError(f"many/{mode}: process {r.index} failed: "
-                                       f"{r.result and r.result['errors'][:2]} {r.stderr[-2000:]}")
+            with own_services("km-") as runtime:  # this run's own service
+                extra = {**env, "KCACHE_COMPILE_ISOLATION": mode, "XDG_RUNTIME_DIR": str(runtime),
+                         "KCACHE_SERVER_IDLE": "30"}
+                barrier = Barrier("stress.bench.many", procs, ["--child", str(work / "root"), str(configs)], env=extra)
+                monitor = Monitor()
+                release, results = released(barrier, f"many/{mode}: process", during=monitor)
             out[mode] = {"wall_s": max(r.result["end"] for r in results) - release,
                          "peak_workers": monitor.peak_workers, "peak_parents": monitor.peak_parents,
                          "peak_rss_bytes": monitor.peak_rss,
                          "peak_pss_bytes": monitor.peak_pss, "compiles": procs * configs}
         finally:
-            stop_services(runtime)
             shutil.rmtree(work, ignore_errors=True)
     return out
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--index", type=int)
-    parser.add_argument("--child", nargs=2)
-    args = parser.parse_args()
-    child(args.child[0], int(args.child[1]))
-    sys.exit(0)
-
-
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     from kcache.compile.jobs import usable_cpu_count
-
-    from .suite.rows import row
 
     procs, configs = options.many_procs, options.many_configs
     m = measure(procs, configs, env)
@@ -220,3 +197,12 @@ def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[d
         row(scenario, "peak workers' PSS summed", server["peak_pss_bytes"] / 2**30, pool["peak_pss_bytes"] / 2**30,
             "GiB", baseline="per-process pools"),
     ]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--index", type=int)
+    parser.add_argument("--child", nargs=2)
+    args = parser.parse_args()
+    child(args.child[0], int(args.child[1]))
+    sys.exit(0)

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT, worker_env
-from .suite.rows import child_result, percentile, print_result, row
+from ..procs import run_for_result, worker_report
+from .suite.rows import row
+from .suite.timing import percentile
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    us = child_result([sys.executable, "-m", "stress.bench.memory", str(work / "memory")], "memory-hit worker",
-                      env=worker_env(env), cwd=str(PROJECT))
+    us = run_for_result([sys.executable, "-m", "stress.bench.memory", str(work / "memory")], "memory-hit worker", env)
     return [
         row("memory hit", "same PrimFunc, p50", us["kcache_same_p50"], us["tilelang_same_p50"], "us"),
         row("memory hit", "same PrimFunc, p99", us["kcache_same_p99"], us["tilelang_same_p99"], "us"),
@@ -56,7 +56,7 @@ def child(work: Path, calls: int = 2000) -> None:
                 samples.append((time.perf_counter() - start) * 1e6)
             out[f"{name}_{mode}_p50"] = statistics.median(samples)
             out[f"{name}_{mode}_p99"] = percentile(samples, 99)
-    print_result(out)
+    worker_report(out)
 
 
 if __name__ == "__main__":

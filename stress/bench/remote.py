@@ -16,26 +16,21 @@ import argparse
 import statistics
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from ..nvcc_counter import NvccCounter
+from .suite.children import get_seconds, run_workers
+from .suite.rows import row
+from .suite.timing import take_turns
 
-def fresh_get(root: Path, url: str, env: dict[str, str], check_gpu: bool = False) -> dict[str, Any]:
+
+def fresh_get(root: Path, url: str, env: dict[str, str]) -> dict[str, Any]:
     """One fresh process on `root` with KCACHE_REMOTE=`url`: its get of the add kernel, from the call
     until the kernel is usable (the remote tier's client is imported inside it, as on a new node)."""
-    from ..procs import Barrier
-
-    barrier = Barrier("stress.worker", 1, ["--root", str(root), "--kernels", "1",
-                                           *(["--check-gpu"] if check_gpu else [])],
-                      env={**env, "KCACHE_REMOTE": url})
-    barrier.wait_ready()
-    barrier.release()
-    (result,) = barrier.collect()
-    if result.result is None or result.result["errors"]:
-        raise RuntimeError(f"{url}: the worker failed: {result.stderr[-2000:]}")
-    (op,) = result.result["ops"]
-    return {"ms": (op["end"] - op["start"]) * 1e3, "stats": result.result["stats"],
-            "wrong": result.result["wrong_results"]}
+    _, (result,) = run_workers("kcache", root, 1, 1, {**env, "KCACHE_REMOTE": url})
+    return {"ms": get_seconds([result])[0] * 1e3, "stats": result.result["stats"]}
 
 
 def latency(urls: dict[str, str], work: Path, repeats: int, env: dict[str, str]) -> dict[str, float]:
@@ -45,35 +40,25 @@ def latency(urls: dict[str, str], work: Path, repeats: int, env: dict[str, str])
     first = fresh_get(work / "node-a", everything, env)
     out: dict[str, float] = {"compile_ms": first["ms"]}
     out["disk_hit_ms"] = statistics.median(fresh_get(work / "node-a", everything, env)["ms"] for _ in range(repeats))
-    samples: dict[str, list[float]] = {name: [] for name in urls}
-    for index in range(repeats):
-        for name, url in urls.items():
-            got = fresh_get(work / f"node-{name}-{index}", url, env)
-            if got["stats"]["remote_hits"] != 1:
-                raise RuntimeError(f"{url}: a fresh root was no remote hit ({got['stats']})")
-            samples[name].append(got["ms"])
-    for name, values in samples.items():
+
+    def remote_hit_ms(name: str, turn: int) -> float:
+        got = fresh_get(work / f"node-{name}-{turn}", urls[name], env)
+        if got["stats"]["remote_hits"] != 1:
+            raise RuntimeError(f"{urls[name]}: a fresh root was no remote hit ({got['stats']})")
+        return got["ms"]
+
+    for name, values in take_turns(list(urls), repeats, remote_hit_ms).items():
         out[f"{name}_hit_ms"] = statistics.median(values)
     return out
 
 
 def herd(url: str | None, label: str, work: Path, procs: int, roots: int, env: dict[str, str],
          check_gpu: bool = False) -> dict[str, int]:
-    from ..nvcc_counter import NvccCounter
-    from ..procs import Barrier
-
     counter = NvccCounter(work / f"nvcc-{label}")
     extra = {**env, **counter.env(), **({"KCACHE_REMOTE": url} if url else {})}
-    barrier = Barrier("stress.worker", procs, ["--kernels", "1", *(["--check-gpu"] if check_gpu else [])], env=extra,
-                      per_worker=lambda i: ["--root", str(work / f"herd-{label}-{i % roots}")])
-    barrier.wait_ready()
-    barrier.release()
-    wrong = 0
-    for result in barrier.collect():
-        if result.result is None or result.result["errors"]:
-            raise RuntimeError(f"herd worker {result.index} failed: {result.stderr[-2000:]}")
-        wrong += result.result["wrong_results"]
-    return {"compiles": counter.count(), "wrong": wrong}
+    _, results = run_workers("kcache", None, procs, 1, extra, ("--check-gpu",) if check_gpu else (),
+                             per_worker=lambda i: ["--root", str(work / f"herd-{label}-{i % roots}")])
+    return {"compiles": counter.count(), "wrong": sum(r.result["wrong_results"] for r in results)}
 
 
 def measure(repeats: int, procs: int, roots: int, env: dict[str, str], *, s3: bool = True,
@@ -82,7 +67,7 @@ def measure(repeats: int, procs: int, roots: int, env: dict[str, str], *, s3: bo
     from ..servers.s3 import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-"))
-    with redis_server(work) as (redis_url, _server), (s3_server() if s3 else _nothing()) as bucket:
+    with redis_server(work) as (redis_url, _server), (s3_server() if s3 else nullcontext()) as bucket:
         urls = {"redis": redis_url}
         if bucket is not None:
             env = {**env, **bucket.env}
@@ -98,18 +83,9 @@ def measure(repeats: int, procs: int, roots: int, env: dict[str, str], *, s3: bo
     return out
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     from ..gpu import gpu_missing
     from ..servers.s3 import S3ServerMissing, check_installed
-    from .suite.rows import row
 
     try:
         check_installed()

@@ -10,19 +10,15 @@ kcache's other commands first.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from ..procs import worker_env
+from .suite.rows import row
+from .suite.timing import percentile, seconds_of, take_turns
+
 REPEATS = 15
-
-
-def seconds(command: list[str], env: dict[str, str], cwd: Path) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
 
 
 def measure(work: Path, env: dict[str, str], repeats: int = REPEATS) -> dict[str, list[float]]:
@@ -35,19 +31,12 @@ def measure(work: Path, env: dict[str, str], repeats: int = REPEATS) -> dict[str
         "kcache run": [sys.executable, "-m", "kcache", "run", str(program)],
         "kcache --dir run": [sys.executable, "-m", "kcache", "--dir", str(folder / "root"), "run", str(program)],
     }
-    samples: dict[str, list[float]] = {name: [] for name in commands}
-    for name, command in commands.items():
-        seconds(command, env, folder)  # the first start reads from disk: not a reading
-    for _ in range(repeats):  # in turns: a burst of load on the machine falls on every command alike
-        for name, command in commands.items():
-            samples[name].append(seconds(command, env, folder))
-    return samples
+    for command in commands.values():
+        seconds_of(command, env, folder)  # the first start reads from disk: not a reading
+    return take_turns(list(commands), repeats, lambda name, _turn: seconds_of(commands[name], env, folder))
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    from ..procs import worker_env
-    from .suite.rows import percentile, row
-
     samples = measure(work, worker_env(env))
     plain = percentile(samples["python"], 50)
     return [

@@ -1,25 +1,25 @@
 """`python -m stress.bench --only triton`: Triton's kernels with kcache's cache manager beside Triton's
-own (`FileCacheManager`), in one run, on the same kernels (stress.programs.triton_program; compiled for sm_90,
+own (`FileCacheManager`), in one run, on the same kernels (stress.programs.triton_programs.compile; compiled for sm_90,
 no GPU needed):
 - hit: a fresh process, the kernel in the cache, times its `triton.compile` call (from the call
   until the kernel is usable, Triton's own key computation included, as the user waits for it);
   kcache and Triton take turns, `repeats` each. Goal: kcache's p50 at most Triton's plus 1 ms.
 - herd: `procs` fresh processes miss one kernel at once (a start barrier after their imports);
-  compiles counted by wrappers of Triton's assemblers (stress.programs.triton_program). Goal: 1 compile, against Triton's one per
-  process.
+  compiles counted by wrappers of Triton's assemblers (stress.programs.triton_programs.assemblers). Goal: 1
+  compile, against Triton's one per process.
 - cold (issue 56): a fresh process's compile of the kernel on empty caches, kcache's in a fork of the
   process (kcache.triton.isolation) against Triton's in the process, taking turns, `repeats` each
   (at most 5). Goal: kcache's median at most 1.05x Triton's.
-- precompile (issue 57): Helion's default precompile, compile only (stress.programs.triton_precompile_program):
+- precompile (issue 57): Helion's default precompile, compile only (stress.programs.triton_programs.precompile):
   a caller compiles one config, then 8 forks of it compile a config each, at once; the time until the
   last is reaped, kcache's manager against Triton's, taking turns (at most 5 each). No goal of its own
   (Helion's first tune has one): what kcache costs in those forks.
 - autotune (issue 56, GPU only): the compile phase of a 16-config `@triton.autotune` matmul in a fresh
-  process (stress.programs.triton_tune_program: the first tune less the same tune with every config compiled),
+  process (stress.programs.triton_programs.tune: the first tune less the same tune with every config compiled),
   kcache's configs at once (their back halves in the compile service's workers) against Triton's one
   after another, 3 turns. Goal: at most 0.35x Triton's on a 16-core GPU machine.
 - tunes at once (issue 67, GPU only): 8 fresh processes, one machine's cache, each starting a different
-  16-config tune at the same moment (stress.programs.triton_tune_program, KT_VARIANT: each its own register
+  16-config tune at the same moment (stress.programs.triton_programs.tune, KT_VARIANT: each its own register
   cap, so no two share a key); the compile phases together: the longest of the processes' times spent
   compiling (within Triton's `compile` calls, as its compilation listener reports them, overlapping
   calls counted once: plain Triton's one after another between its benchmarks, kcache's at once
@@ -40,17 +40,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT, worker_env
-from ..programs.triton_precompile_program import CONFIGS as PRECOMPILE_CONFIGS
-from ..programs.triton_program import assembler_runs, counting_assemblers, most_at_once, timed_assemblers
-from .suite.rows import percentile, row
+from ..procs import PROJECT, release_gated, worker_env
+from ..programs.triton_programs.assemblers import assembler_runs, counting_assemblers, most_at_once, timed_assemblers
+from ..programs.triton_programs.precompile import CONFIGS as PRECOMPILE_CONFIGS
+from .suite.rows import row
+from .suite.timing import percentile
 
 KCACHE = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 KERNEL = "matmul"
 
 
 def run_program(env: dict[str, str], gated: bool = False) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "stress.programs.triton_program", KERNEL], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "stress.programs.triton_programs.compile", KERNEL], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
                             env={**env, "KT_TIMED": "1", "KT_GATE": "1" if gated else "0"})
 
@@ -58,7 +59,7 @@ def run_program(env: dict[str, str], gated: bool = False) -> subprocess.Popen[st
 def result(process: subprocess.Popen[str]) -> dict[str, Any]:
     out, _ = process.communicate(timeout=600)
     if process.returncode != 0:
-        raise RuntimeError(f"stress.programs.triton_program exited {process.returncode}")
+        raise RuntimeError(f"stress.programs.triton_programs.compile exited {process.returncode}")
     return json.loads(out.splitlines()[-1])
 
 
@@ -100,13 +101,7 @@ def hit_and_herd_rows(work: Path, caches: dict[str, dict[str, str]], repeats: in
         herd_env = {**cache_env, "KCACHE_DIR": str(work / f"herd-{name}"), "TRITON_CACHE_DIR": str(work / f"herd-{name}")}
         before = assembler_runs(work)
         processes = [run_program(herd_env, gated=True) for _ in range(procs)]
-        for process in processes:
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        started = time.perf_counter()
-        for process in processes:
-            assert process.stdin is not None
-            process.stdin.write("go\n")
-            process.stdin.flush()
+        started = release_gated(processes)
         outputs = {result(process)[KERNEL] for process in processes}
         wall = time.perf_counter() - started
         if len(outputs) != 1:
@@ -135,18 +130,18 @@ def cold_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> li
 
 
 def precompile_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int) -> list[dict[str, Any]]:
-    """Helion's precompile, compile only (stress.programs.triton_precompile_program): 8 forks of a caller that
+    """Helion's precompile, compile only (stress.programs.triton_programs.precompile): 8 forks of a caller that
     compiled once, each compiling a config at once, kcache's manager against Triton's, taking turns."""
     seconds: dict[str, list[float]] = {"kcache": [], "triton": []}
     for turn in range(repeats):
         for name, cache_env in caches.items():
             empty = str(work / f"precompile-{name}-{turn}")
-            done = subprocess.run([sys.executable, "-m", "stress.programs.triton_precompile_program"], capture_output=True,
+            done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.precompile"], capture_output=True,
                                   text=True, cwd=str(PROJECT), timeout=600,
                                   env={**cache_env, "KCACHE_DIR": empty, "TRITON_CACHE_DIR": empty})
             found = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else {}
             if found.get("statuses") != [0] * len(PRECOMPILE_CONFIGS):
-                raise RuntimeError(f"stress.programs.triton_precompile_program ({name}) failed: {done.stderr[-800:]}")
+                raise RuntimeError(f"stress.programs.triton_programs.precompile ({name}) failed: {done.stderr[-800:]}")
             seconds[name].append(found["children_s"])
     kcache, triton = statistics.median(seconds["kcache"]), statistics.median(seconds["triton"])
     print(f"triton: 8 forks of the caller compiling at once (Helion's precompile), median of {repeats}: kcache "
@@ -167,11 +162,11 @@ def autotune_rows(work: Path, env: dict[str, str], turns: int = 3) -> list[dict[
         for name, extra in (("kcache", KCACHE), ("triton", {})):
             folder = work / f"tune-{name}-{turn}"
             run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
-            done = subprocess.run([sys.executable, "-m", "stress.programs.triton_tune_program"], capture_output=True,
+            done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.tune"], capture_output=True,
                                   text=True, cwd=str(PROJECT), timeout=900,
                                   env={**run_env, **extra, "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
             if done.returncode != 0:
-                raise RuntimeError(f"stress.programs.triton_tune_program ({name}) exited {done.returncode}: {done.stderr[-800:]}")
+                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}) exited {done.returncode}: {done.stderr[-800:]}")
             phases[name].append(json.loads(done.stdout.splitlines()[-1])["compile_phase_s"])
     kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
     fronts = front_halves_s(work, env)
@@ -189,13 +184,13 @@ def front_halves_s(work: Path, env: dict[str, str]) -> float:
     kcache.triton.isolation logs it): a floor under kcache's compile phase, since they share the GIL."""
     folder = work / "tune-fronts"
     run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
-    done = subprocess.run([sys.executable, "-m", "stress.programs.triton_tune_program"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.tune"], capture_output=True, text=True,
                           cwd=str(PROJECT), timeout=900, env={**run_env, **KCACHE, "KCACHE_LOG": "debug",
                                                                "KT_LOG_TIMES": "1", "KCACHE_DIR": str(folder),
                                                                "TRITON_CACHE_DIR": str(folder)})
     (work / "tune-fronts.log").write_text(done.stderr)  # each line's time: where a tune's compile phase goes
     if done.returncode != 0:
-        raise RuntimeError(f"stress.programs.triton_tune_program (front halves) exited {done.returncode}: {done.stderr[-800:]}")
+        raise RuntimeError(f"stress.programs.triton_programs.tune (front halves) exited {done.returncode}: {done.stderr[-800:]}")
     taken = re.findall(r"front half of Triton's .* took ([0-9.]+) ms of CPU", done.stderr)
     return sum(float(ms) for ms in taken) / 1000
 
@@ -218,16 +213,16 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
             run_env.update(extra)
             run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
                            TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1")
-            processes = [subprocess.Popen([sys.executable, "-m", "stress.programs.triton_tune_program"], stdin=subprocess.PIPE,
+            processes = [subprocess.Popen([sys.executable, "-m", "stress.programs.triton_programs.tune"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
                                           env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
-            release_together(processes)
+            release_gated(processes)
             outputs = [process.communicate(timeout=900)[0] for process in processes]
             if any(process.returncode != 0 for process in processes):
-                raise RuntimeError(f"stress.programs.triton_tune_program ({name}, {procs} at once) failed")
+                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once) failed")
             results = [json.loads(out.splitlines()[-1]) for out in outputs]
             if not all(found["correct"] for found in results):
-                raise RuntimeError(f"stress.programs.triton_tune_program ({name}, {procs} at once): a wrong result")
+                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once): a wrong result")
             phases[name].append(max(found["compiling_s"] for found in results))
             at_once[name].append(most_at_once(folder))
     kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
@@ -241,16 +236,6 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
             row(f"triton {procs} tunes at once (16 configs each)", f"most assemblies at once (usable cores: {cores})",
                 max(at_once["kcache"]),
                 max(at_once["triton"]), "runs", "triton in-process compiles")]
-
-
-def release_together(processes: list[subprocess.Popen[str]]) -> None:
-    """Let every process go at once, each at its gate (it printed "ready")."""
-    for process in processes:
-        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    for process in processes:
-        assert process.stdin is not None
-        process.stdin.write("go\n")
-        process.stdin.flush()
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT
-from .suite.rows import child_result, percentile, print_result, row
+from ..procs import PROJECT, run_for_result, worker_report
+from .suite.rows import row
+from .suite.timing import percentile, take_turns
 
 MODES = ("kcache", "kcache-bundle", "tilelang")
 SECRET = "bench-warm-secret"
@@ -58,7 +59,7 @@ def child(mode: str, root: str, count: int, bundle: str) -> None:
             cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
         if cache.stats()["compiles"]:
             raise RuntimeError(f"{mode}: {cache.stats()['compiles']} compiles in a warm start")
-    print_result({"seconds": time.perf_counter() - started})
+    worker_report({"seconds": time.perf_counter() - started})
 
 
 def _populate(work: Path, count: int, env: dict[str, str]) -> None:
@@ -89,27 +90,24 @@ def _sample(mode: str, work: Path, count: int, env: dict[str, str]) -> float:
     root = work / ("kcache" if mode == "kcache" else "imported")
     shutil.rmtree(work / "imported", ignore_errors=True)
     command = [sys.executable, "-m", "stress.bench.warm", mode, str(root), str(count), str(work / "warm.bundle")]
-    found = child_result(command, f"warm start {mode}", timeout=1800, cwd=str(PROJECT),
-                         env={**os.environ, **env, "TILELANG_CACHE_DIR": str(work / "tilelang")})
+    found = run_for_result(command, f"warm start {mode}", {**env, "TILELANG_CACHE_DIR": str(work / "tilelang")},
+                           timeout=1800)
     return float(found["seconds"])
 
 
 def measure(work: Path, count: int, repeats: int, env: dict[str, str]) -> list[dict[str, Any]]:
     work.mkdir(parents=True, exist_ok=True)
     _populate(work, count, env)
-    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for _ in range(repeats):  # taking turns: a drift of the machine weighs on all alike
-        for mode in MODES:
-            samples[mode].append(_sample(mode, work, count, env))
+    samples = take_turns(MODES, repeats, lambda mode, _turn: _sample(mode, work, count, env))
     tilelang = samples["tilelang"]
     return [row(f"warm start ({count} kernels)", f"{label}, p{q} of {repeats}", percentile(samples[mode], q),
                 percentile(tilelang, q), "s")
             for mode, label in (("kcache", "on disk"), ("kcache-bundle", "bundle import + all")) for q in (50, 90)]
 
 
-if __name__ == "__main__":
-    child(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
-
-
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     return measure(work / "warm", options.warm_kernels, options.warm_repeats, env)
+
+
+if __name__ == "__main__":
+    child(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])

@@ -24,14 +24,10 @@ def _tune_with_kcache(a: Any, b: Any, target: dict) -> tuple[dict, Any, int]:
     import kcache
     from stress.programs.tune_kernels import CONFIGS, matmul
 
+    from .tune_worker import counted_profiler
+
     kcache.install()
-    measure = autotuner.cuda_event_profiler()
-    timed: list[Any] = []
-
-    def profiler(kernel: Any, inputs: Any) -> float:
-        timed.append(kernel)
-        return measure(kernel, inputs)
-
+    profiler, timed = counted_profiler()
     result = autotuner.tune(matmul, CONFIGS, inputs=[a, b], ref_prog=lambda x, y: x @ y, target=target,
                             out_idx=[2], profiler=profiler, verbose=False)
     return result.config, result.load_kernel(), len(timed)

@@ -7,9 +7,24 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stress.procs import worker_handshake, worker_report
+
+
+def counted_profiler() -> tuple[Callable[[Any, Any], float], list[Any]]:
+    """autotuner's CUDA-event profiler, and the kernels it has timed: a process that benchmarked timed some."""
+    import autotuner
+
+    measure = autotuner.cuda_event_profiler()
+    timed: list[Any] = []
+
+    def profiler(kernel: Any, inputs: Any) -> float:
+        timed.append(kernel)
+        return measure(kernel, inputs)
+
+    return profiler, timed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,13 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     a @ b  # the CUDA context and cuBLAS start before the barrier, as in a rank that already ran
     torch.cuda.synchronize()
     cache = kcache.KernelCache(args.root)
-    measure = autotuner.cuda_event_profiler()
-    timed: list[Any] = []
-
-    def profiler(kernel: Any, inputs: Any) -> float:
-        timed.append(kernel)
-        return measure(kernel, inputs)
-
+    profiler, timed = counted_profiler()
     worker_handshake()
     result = autotuner.tune(matmul, CONFIGS, inputs=[a, b], ref_prog=lambda x, y: x @ y, target=gpu_target(),
                             out_idx=[2], cache=cache, profiler=profiler, verbose=False)

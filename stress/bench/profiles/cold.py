@@ -23,14 +23,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-LOG_ENV = "KCACHE_PHASES_LOG"
+from .events import LOG_ENV, events_of, log_event, timed_steps
+
 LANES = ("tilelang", "kcache, in-process", "kcache, service running", "kcache, no service (fork)",
          "kcache, no service, cache opened first")
 
@@ -43,63 +43,6 @@ case " $* " in *" --version "*|*" -dumpmachine "*) what="{name} (probe)";; *) wh
 echo "{{\\"pid\\": $$, \\"ppid\\": $PPID, \\"what\\": \\"$what\\", \\"start\\": $s, \\"end\\": $e}}" >> "{log}"
 exit $rc
 """
-
-
-# This process's events, kept in memory between hold_events() and flush_events(); None: written at once.
-_held: list[tuple[str, float, float]] | None = None
-
-
-def log_event(what: str, start: float, end: float) -> None:
-    if _held is not None:
-        _held.append((what, start, end))
-        return
-    _append(_line(what, start, end))
-
-
-def _line(what: str, start: float, end: float) -> str:
-    return json.dumps({"pid": os.getpid(), "what": what, "start": start, "end": end}) + "\n"
-
-
-def hold_events() -> None:
-    """Keep this process's events in memory until flush_events(): a step's logging (its JSON, a file
-    opened, written and closed: about 20 us on the CPU machine) then adds about 1 us to the timed steps
-    around it. For a process that does not fork (a fork would take a copy of the held events)."""
-    global _held
-    _held = []
-
-
-def flush_events() -> None:
-    global _held
-    held, _held = _held, None
-    if held:
-        _append("".join(_line(*event) for event in held))
-
-
-def _append(text: str) -> None:
-    fd = os.open(os.environ[LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _timed(owner: Any, attribute: str, what: str) -> None:
-    original = getattr(owner, attribute)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.time()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            log_event(what, start, time.time())
-
-    setattr(owner, attribute, wrapper)
-
-
-def timed_steps(steps: list[tuple[Any, str, str]]) -> None:
-    """Wrap each (owner, attribute, what) so that its calls log `what` with their start and end."""
-    for owner, attribute, what in steps:
-        _timed(owner, attribute, what)
 
 
 def _note_service_warm() -> None:
@@ -156,27 +99,9 @@ def _instrument() -> None:
 
 
 def child(lane: str, kernel: str, root: str) -> None:
-    cache = None
-    if lane.endswith("opened first"):
-        import kcache
+    from ..cold import compile_once
 
-        cache = kcache.KernelCache(root)  # starts the service in the background
-    import tilelang
-
-    from stress.programs.kernels import CPU_TARGET, matmul, pool
-
-    func = pool(1)[0].build() if kernel == "add" else matmul(1024, 1024, 1024, 128, 128, 32)
-    if lane != "tilelang" and cache is None:
-        import kcache
-
-        cache = kcache.KernelCache(root)
-    _instrument()
-    started = time.time()
-    if cache is None:
-        tilelang.compile(func, out_idx=[2], target=CPU_TARGET, execution_backend="tvm_ffi")
-    else:
-        cache.get_or_compile(func, CPU_TARGET, out_idx=[2])
-    log_event("call", started, time.time())
+    log_event("call", *compile_once(lane, kernel, root, time.time, _instrument))
 
 
 def _tools(work: Path, log: Path) -> dict[str, str]:
@@ -195,16 +120,11 @@ def _tools(work: Path, log: Path) -> dict[str, str]:
 
 def _sample(lane: str, kernel: str, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="phase-", dir=work))
-    log = Path(env[LOG_ENV])
-    log.write_text("")
     extra = {"TILELANG_CACHE_DIR": str(root / "tilelang"),
              "KCACHE_COMPILE_ISOLATION": "inprocess" if lane.endswith("in-process") else "server"}
-    done = subprocess.run([sys.executable, "-m", "stress.bench.profiles.cold", "--child", lane, kernel, str(root)],
-                          env={**os.environ, **env, **extra}, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"sample {lane}/{kernel} failed: {done.stderr[-2000:]}")
+    found = events_of("cold", [lane, kernel, str(root)], {**env, **extra}, timeout=600)
     shutil.rmtree(root, ignore_errors=True)
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return found
 
 
 def _phases(events: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
@@ -235,33 +155,29 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(*args.child)
         return
-    from stress.service_runtime import stop_services
+    from stress.procs import environ
+    from stress.service_runtime import own_services, service_name, stop_service, warm_service
 
-    from ..cold import _service, _stop
-    from ..suite.rows import bytecode_as_installed
+    from ..suite.children import bytecode_as_installed
+    from ..suite.timing import take_turns
 
     work = Path(tempfile.mkdtemp(prefix="kcache-phases-"))
-    runtime = Path(tempfile.mkdtemp(prefix="kph-", dir="/tmp"))
-    env = {**bytecode_as_installed(), LOG_ENV: str(work / "events.jsonl"), "XDG_RUNTIME_DIR": str(runtime),
-           "KCACHE_SERVER_IDLE": "600"}
+    env = {**bytecode_as_installed(), LOG_ENV: str(work / "events.jsonl"), "KCACHE_SERVER_IDLE": "600"}
     env.update(_tools(work, Path(env[LOG_ENV])))
-    connection, name = _service(env)  # the run's environment, wrappers included, for the service too
-    from kcache.compile.pool.process_pool import TILELANG_PRELOAD
-    from kcache.compile.service import client as service_client
 
-    samples: dict[str, list[dict[str, tuple[float, float]]]] = {lane: [] for lane in LANES}
+    def sample(lane: str, _turn: int) -> dict[str, tuple[float, float]]:
+        if "no service" in lane:
+            stop_service(name)
+        elif lane.endswith("running"):
+            warm_service()  # started, one worker warm
+        return _phases(_sample(lane, args.kernel, work, env))
+
+    # The run's environment, wrappers included, for its service too: this process stops and starts it.
     try:
-        for _ in range(args.repeats):
-            for lane in LANES:
-                if "no service" in lane:
-                    _stop(connection, name)
-                elif lane.endswith("running"):
-                    service = service_client.ServicePool(None, None, TILELANG_PRELOAD, 600.0, lambda: None)
-                    service.run(abs, -1)  # started, one worker warm
-                    service.close()
-                samples[lane].append(_phases(_sample(lane, args.kernel, work, env)))
+        with own_services("kph-") as runtime, environ({**env, "XDG_RUNTIME_DIR": str(runtime)}):
+            name = service_name()
+            samples = take_turns(LANES, args.repeats, sample)
     finally:
-        stop_services(runtime)
         shutil.rmtree(work, ignore_errors=True)
     report: dict[str, dict[str, dict[str, float]]] = {}
     for lane, runs in samples.items():

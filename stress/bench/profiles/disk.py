@@ -35,9 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cold import timed_steps
-
-LOG_ENV = "KCACHE_PHASES_LOG"
+from .events import LOG_ENV, events_of, flush_events, hold_events, log_event, timed_steps
 
 
 def _instrument_kcache() -> None:
@@ -66,8 +64,6 @@ def _instrument_tilelang() -> None:
 
 
 def child(which: str, root: str) -> None:
-    from .cold import flush_events, hold_events
-
     hold_events()  # written at the end: logging a step costs the steps around it about 1 us
     try:
         _sample_steps(which, root)
@@ -76,8 +72,6 @@ def child(which: str, root: str) -> None:
 
 
 def _sample_steps(which: str, root: str) -> None:
-    from .cold import log_event
-
     clock = time.time
     start = clock()
     import tilelang
@@ -114,8 +108,6 @@ def _floor(cache: Any, func: Any, target: dict[str, str]) -> None:
     """Only the steps a hit that keeps every check needs, each logged, then their sum as "call"."""
     from kcache.keys import derive_key
 
-    from .cold import log_event
-
     clock = time.time
     backend, store = cache._tilelang(), cache.store
     toolchain = cache._toolchain_fingerprint(backend)  # memoized at the open
@@ -141,15 +133,8 @@ def _floor(cache: Any, func: Any, target: dict[str, str]) -> None:
 
 
 def _sample(which: str, root: Path, env: dict[str, str]) -> dict[str, float]:
-    log = Path(env[LOG_ENV])
-    log.write_text("")
-    done = subprocess.run([sys.executable, "-m", "stress.bench.profiles.disk", "--child", which, str(root)],
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"{which} sample failed: {done.stderr[-2000:]}")
     out: dict[str, float] = {}
-    for line in log.read_text().splitlines():
-        event = json.loads(line)
+    for event in events_of("disk", [which, str(root)], env, timeout=300):
         out[event["what"]] = out.get(event["what"], 0.0) + event["end"] - event["start"]
     return out
 
@@ -163,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(*args.child)
         return
-    from ..suite.rows import bytecode_as_installed
+    from ..suite.children import bytecode_as_installed
+    from ..suite.timing import take_turns
 
     work = Path(tempfile.mkdtemp(prefix="kcache-hit-phases-"))
     root = work / "kcache"
@@ -172,10 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     for which in ("kcache", "tilelang"):  # the misses that fill both caches
         subprocess.run([sys.executable, "-m", "stress.bench.profiles.disk", "--child", which, str(root)],
                        env={**os.environ, **env}, capture_output=True, timeout=600)
-    samples: dict[str, list[dict[str, float]]] = {"kcache": [], "tilelang": [], "floor": []}
-    for _ in range(args.repeats):
-        for which in samples:
-            samples[which].append(_sample(which, root, env))
+    samples = take_turns(("kcache", "tilelang", "floor"), args.repeats, lambda which, _turn: _sample(which, root, env))
     report: dict[str, dict[str, float]] = {}
     for which, runs in samples.items():
         print(f"\n{which}: medians of {len(runs)} fresh processes, ms")

@@ -32,6 +32,7 @@ from typing import Any
 from stress.procs import PROJECT
 
 from ..standalone.helion import KERNELS, SEED, Lane, finish
+from .events import timed
 
 TIMED = [
     "helion.runtime.kernel:BoundKernel.autotune", "helion.runtime.kernel:BoundKernel.compile_config",
@@ -56,7 +57,8 @@ def child() -> None:
             owner = getattr(importlib.import_module(module_name), owner_name)
         except (ImportError, AttributeError):
             continue  # a lane without kcache, or another version: not timed
-        wrapped = _timed(log, qualified, getattr(owner, name))
+        wrapped = timed(getattr(owner, name), lambda start, end, name=qualified: _append(log, name, end - start),
+                        time.perf_counter)
         setattr(owner, name, staticmethod(wrapped) if isinstance(owner.__dict__.get(name), staticmethod) else wrapped)
     from stress.programs import helion_program
 
@@ -68,17 +70,11 @@ def child() -> None:
     profiler.dump_stats(os.environ["KT_CPROFILE"])
 
 
-def _timed(log: str, name: str, original: Any) -> Any:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        begun = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            line = f"{os.getpid()} {name} {time.perf_counter() - begun:.6f}\n".encode()
-            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            os.write(fd, line)
-            os.close(fd)
-    return wrapper
+def _append(log: str, name: str, seconds: float) -> None:
+    """`pid name seconds` appended to `log`, as one write: the children append to it at once."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(fd, f"{os.getpid()} {name} {seconds:.6f}\n".encode())
+    os.close(fd)
 
 
 def run(lane: Lane, env: dict[str, str], log: Path, cprofile: Path | None) -> dict[str, Any]:
@@ -125,9 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: ready median {statistics.median(r['ready_s'] for r in readings):.3f} s ({each})")
         for side in ("parent", "children"):
             names = sorted({n for r in readings for n in r["sums"][side]})
-            for timed in names:
-                values = [r["sums"][side].get(timed, 0.0) for r in readings]
-                print(f"  {side:8} {timed:44} {statistics.median(values):8.3f} s  calls {readings[0]['calls'].get(timed, 0)}")
+            for call in names:
+                values = [r["sums"][side].get(call, 0.0) for r in readings]
+                print(f"  {side:8} {call:44} {statistics.median(values):8.3f} s  calls {readings[0]['calls'].get(call, 0)}")
         if args.cprofile and name in ("first", "second"):
             stats = pstats.Stats(str((args.keep or work) / f"{name}-0.prof"), stream=sys.stdout)
             stats.sort_stats("cumulative").print_stats("kcache", 25)

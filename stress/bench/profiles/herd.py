@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -62,17 +61,15 @@ def child(root: str, mode: str) -> None:
 
 def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) -> dict[str, Any]:
     from kcache.compile.service import connection as service_connection
-    from stress.procs import Barrier
-    from stress.service_runtime import fresh_runtime, stop_services
+    from stress.procs import Barrier, environ
+    from stress.service_runtime import own_services, service_names
 
     from ..herd import start_warm_service
-    from ..suite.rows import run_workers
+    from ..suite.children import released, run_workers
 
-    runtime = fresh_runtime("kp-")
     root = tempfile.mkdtemp(prefix="kp-root-", dir="/tmp")
-    env = {**extra_env, "KCACHE_COMPILE_ISOLATION": "server", "XDG_RUNTIME_DIR": str(runtime)}
-    served: dict[str, Any] = {}
-    try:
+    with own_services("kp-") as runtime:
+        env = {**extra_env, "KCACHE_COMPILE_ISOLATION": "server", "XDG_RUNTIME_DIR": str(runtime)}
         if running:
             start_warm_service(env)
         if mode == "bench-worker":
@@ -82,23 +79,10 @@ def one_herd(procs: int, mode: str, running: bool, extra_env: dict[str, str]) ->
             release = max(r["end"] for r in results) - wall
         else:
             barrier = Barrier("stress.bench.profiles.herd", procs, ["--child", root, mode], env=env)
-            barrier.wait_ready()
-            release = barrier.release()
-            results = [r.result for r in barrier.collect()]
-        if any(r is None for r in results):
-            raise RuntimeError(f"a process of the herd failed ({mode})")
-        sockets = list((runtime / "kcache").glob("*.sock"))
-        previous = os.environ.get("XDG_RUNTIME_DIR")
-        os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # the status of the herd's own service
-        try:
-            served = service_connection.request(sockets[0].name.removeprefix("compile-").removesuffix(".sock"),
-                                            ("status",))
-        finally:
-            os.environ.pop("XDG_RUNTIME_DIR", None)
-            if previous is not None:
-                os.environ["XDG_RUNTIME_DIR"] = previous
-    finally:
-        stop_services(runtime)
+            release, done = released(barrier, f"a process of the herd ({mode})")
+            results = [r.result for r in done]
+        with environ({"XDG_RUNTIME_DIR": str(runtime)}):  # the status of the herd's own service
+            served = service_connection.request(service_names(runtime)[0], ("status",))
     (compiler,) = [r for r in results if r["compiles"]]
     timed = mode != "bench-worker"  # the bench's worker reports no fingerprint time
     return {
@@ -127,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     extra_env: dict[str, str] = {}
     if args.as_bench:
-        from ..suite.rows import bytecode_as_installed
+        from ..suite.children import bytecode_as_installed
 
         extra_env = bytecode_as_installed()
     herds: list[dict[str, Any]] = []

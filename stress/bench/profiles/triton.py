@@ -22,6 +22,7 @@ import argparse
 import compileall
 import json
 import os
+import runpy
 import statistics
 import subprocess
 import sys
@@ -36,8 +37,9 @@ def child(kernel: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from stress.programs.triton_program import KERNELS
-
+    # The kernels of this tree's program, by path, which imports nothing of the project's: another
+    # version's tree (--against) may keep its programs elsewhere, or not have this one.
+    kernels = runpy.run_path(str(Path(__file__).resolve().parents[2] / "programs" / "triton_programs" / "compile.py"))
     started = time.perf_counter()
     if os.environ.get("TRITON_CACHE_MANAGER"):
         import kcache.triton.manager as manager
@@ -59,7 +61,7 @@ def child(kernel: str) -> None:
 
     manager_class.__init__ = timed("init_ms", manager_class.__init__)
     manager_class.get_group = timed("get_group_ms", manager_class.get_group)
-    fn, signature, constants = KERNELS[kernel]
+    fn, signature, constants = kernels["KERNELS"][kernel]
     begun = time.perf_counter()
     triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     timings["compile_ms"] = (time.perf_counter() - begun) * 1000
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(args.child)
         return
-    from ..suite.rows import bytecode_as_installed
+    from ..suite.children import bytecode_as_installed
+    from ..suite.timing import take_turns
 
     trees = {"this tree": Path(__file__).resolve().parents[3]}  # the checkout: stress/bench/profiles/ is three below it
     if args.against is not None:
@@ -93,11 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         own_env["TRITON_CACHE_DIR"] = f"{root}/triton"
         _hit(trees["this tree"], args.kernel, env)  # the misses
         _hit(trees["this tree"], args.kernel, own_env)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*trees, TRITON_OWN]}
-        for _ in range(args.repeats):  # taking turns: a drift of the machine weighs on each
-            for name, tree in trees.items():
-                runs[name].append(_hit(tree, args.kernel, env))
-            runs[TRITON_OWN].append(_hit(trees["this tree"], args.kernel, own_env))
+        runs = take_turns([*trees, TRITON_OWN], args.repeats, lambda name, _turn: _hit(
+            trees.get(name, trees["this tree"]), args.kernel, own_env if name == TRITON_OWN else env))
     totals = {}
     for name, hits in runs.items():
         print(f"{name} ({trees[name]}):" if name in trees else f"{name}:")
@@ -134,6 +134,7 @@ def _hit(tree: Path, kernel: str, env: dict[str, str]) -> dict[str, Any]:
 def _ms(run: dict[str, Any], what: str) -> float:
     value = run[what]
     return float(sum(value)) if isinstance(value, list) else float(value)
+
 
 if __name__ == "__main__":
     main()

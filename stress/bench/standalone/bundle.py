@@ -12,18 +12,18 @@ and `sync -f`: what the disk does for the same files, unverified). Prints one li
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from ..suite.rows import row, rows_option, write_rows
+from stress.procs import worker_report
+
+from ..suite.own_run import own_parser, run_own, write_rows
+from ..suite.rows import row
 
 
 def rate_rows(entries: int, entry_kb: int, rates: dict[str, float]) -> list[dict[str, Any]]:
@@ -35,11 +35,10 @@ def rate_rows(entries: int, entry_kb: int, rates: dict[str, float]) -> list[dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.bundle")
+    parser = own_parser("bundle")
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--entry-kb", type=int, default=512)
     parser.add_argument("--dir", help="where to work (default: the temporary directory)")
-    rows_option(parser)
     args = parser.parse_args(argv)
     os.environ["KCACHE_SYNTHETIC_COMPILE_S"] = "0"
     import dataclasses
@@ -75,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         imported = import_bundle(bundle, root=work / "b", secret="bench", toolchain=None)
         gb = imported.bytes / 1e9
         rates = {"import": gb / imported.seconds, "copy": bundle.stat().st_size / 1e9 / copy_s, "tar": gb / tar_s}
-        print("result " + json.dumps({
+        worker_report({
             "entries": imported.imported, "bytes": imported.bytes, "bundle_bytes": bundle.stat().st_size,
             "export_s": round(export_s, 3), "import_s": round(imported.seconds, 3),
             "import_gb_per_s": round(rates["import"], 3), "stage_s": round(imported.stage_seconds, 3),
             "publish_s": round(imported.publish_seconds, 3), "copy_s": round(copy_s, 3),
             "tar_extract_sync_s": round(tar_s, 3), "tar_gb_per_s": round(rates["tar"], 3),
             "copy_gb_per_s": round(rates["copy"], 3), "exported": exported.entries,
-        }), flush=True)
+        })
         write_rows(args.rows, rate_rows(imported.imported, args.entry_kb, rates))
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -90,6 +89,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from stress.command_scope import run_command
-
-    sys.exit(run_command("python -m stress.bench.standalone.bundle", main))
+    run_own("bundle", main)

@@ -25,7 +25,6 @@ anything, refused a kernel, or computed another output than A.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -37,10 +36,12 @@ from typing import Any
 
 from stress.gpu import gpu_missing, tilelang_target_env
 from stress.nvcc_counter import NvccCounter
-from stress.procs import PROJECT, run_for_result, worker_env
-from stress.service_runtime import fresh_runtime, stop_services
+from stress.procs import PROJECT, run_for_result, worker_env, worker_report
+from stress.service_runtime import own_services
 
-from ..suite.rows import row, rows_option, write_rows
+from ..suite.own_run import own_parser, run_own, write_rows
+from ..suite.rows import row
+from ..suite.timing import utc_now
 
 PROGRAMS = ("gemm", "elementwise", "attention")
 BUNDLE_SECRET = "bench-deploy"
@@ -56,17 +57,14 @@ def run_machine(work: Path, name: str, root: Path, *, launch: bool, plain: bool 
     home = work / name
     (home / "outputs").mkdir(parents=True)
     counter = NvccCounter(home)
-    runtime = fresh_runtime("kd-")
     command = [sys.executable, "-m", "stress.bench.jobs.deploy_machine", "--outputs", str(home / "outputs"),
                *(word for program in PROGRAMS for word in ("--program", program)),
                *(["--no-launch"] if not launch else []), *(["--plain"] if plain else [])]
-    machine_env = {**MACHINE_DEFAULTS, "KCACHE_DIR": str(root), "TILELANG_CACHE_DIR": str(home / "tilelang"),
-                   "XDG_RUNTIME_DIR": str(runtime), **counter.env(), **tilelang_target_env(), **(env or {})}
-    started = time.time()
-    try:
+    with own_services("kd-") as runtime:
+        machine_env = {**MACHINE_DEFAULTS, "KCACHE_DIR": str(root), "TILELANG_CACHE_DIR": str(home / "tilelang"),
+                       "XDG_RUNTIME_DIR": str(runtime), **counter.env(), **tilelang_target_env(), **(env or {})}
+        started = time.time()
         result = run_for_result(command, f"machine {name}", machine_env, timeout=1800)
-    finally:
-        stop_services(runtime)
     ready = [row["ready_at"] - started for row in result["programs"] if "ready_at" in row]
     stats = result["stats"]
     return {**result, "machine": name, "imports_s": result["imported_at"] - started,
@@ -153,7 +151,7 @@ def print_table(result: dict[str, Any], device: str) -> None:
         return "-" if value is None else f"{value:.2f}"
 
     print(f"deploy: {', '.join(PROGRAMS)} on {device}, {'launched' if result['launched'] else 'not launched'}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{utc_now()}")
     print(f"{'machine':24} {'compiles':>8} {'nvcc':>5} {'imports s':>9} {'first ready s':>13} {'all ready s':>11}  "
           "call to ready s, per program")
     labels = {"A": "A: record", "B": "B: bundle, guard=error", "C": "C: kcache cold", "plain": "TileLang alone, cold"}
@@ -178,13 +176,12 @@ def print_table(result: dict[str, Any], device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.deploy")
+    parser = own_parser("deploy")
     parser.add_argument("--no-launch", action="store_true",
                         help="no GPU here: build and load the kernels, run none (outputs are not compared)")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--dir", help="where to work (default: the temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the roots, bundle and outputs")
-    rows_option(parser)
     args = parser.parse_args(argv)
     launch = not args.no_launch
     missing = gpu_missing()
@@ -221,13 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     write_rows(args.rows, bench_rows(result))
-    print("result " + json.dumps(result), flush=True)
+    worker_report(result)
     served = (result["compiles_on_b"] == 0 and result["nvcc_runs_on_b"] == 0 and not result["refused_on_b"]
               and result["sources_equal"] and result["outputs_equal"] is not False)
     return 0 if served else 1
 
 
 if __name__ == "__main__":
-    from stress.command_scope import run_command
-
-    sys.exit(run_command("python -m stress.bench.standalone.deploy", main))
+    run_own("deploy", main)

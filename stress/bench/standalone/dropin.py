@@ -13,11 +13,8 @@ Prints one line "result {json}" with the ratios (kcache / TileLang; below 1 is b
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from stress.gpu import tilelang_target_env
-from stress.procs import worker_env
+from stress.procs import run_for_result, worker_env, worker_report
 from stress.programs import TILELANG_PROGRAMS
 
-from ..suite.rows import percentile, row, rows_option, write_rows
+from ..suite.own_run import own_parser, run_own, write_rows
+from ..suite.rows import row
+from ..suite.timing import percentile
 
 PROGRAM = TILELANG_PROGRAMS
 ARGS = (1024, 1024, 1024, 128, 128, 32)
@@ -43,17 +42,13 @@ if {with_kcache}:
 from gemm import matmul
 start = time.perf_counter()
 matmul(*{args!r})
-print("seconds", json.dumps(time.perf_counter() - start), flush=True)
+print("result", json.dumps(time.perf_counter() - start), flush=True)
 """
 
 
 def first_call_seconds(with_kcache: bool, env: dict[str, str]) -> float:
     code = FIRST_CALL.format(programs=str(PROGRAM), with_kcache=with_kcache, args=ARGS)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    line = next((line for line in done.stdout.splitlines() if line.startswith("seconds ")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"the timed child failed: {done.stderr[-3000:]}")
-    return float(line.split(" ", 1)[1])
+    return float(run_for_result([sys.executable, "-c", code], "the timed child", env, timeout=600))
 
 
 def seen_call_seconds(matmul, calls: int = 20_000) -> float:
@@ -75,9 +70,7 @@ def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.dropin")
-    rows_option(parser)
-    rows: Path | None = parser.parse_args(argv).rows
+    rows: Path | None = own_parser("dropin").parse_args(argv).rows
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-dropin-"))
     env = worker_env({"KCACHE_DIR": str(work / "kcache"), "TILELANG_CACHE_DIR": str(work / "tilelang"),
                       **tilelang_target_env()})
@@ -110,12 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         out[f"{name}_first_call_ms_p90"] = percentile(samples, 90) * 1e3
     out["ratio_seen_call"] = out["kcache_seen_call_us"] / out["tilelang_seen_call_us"]
     out["ratio_first_call_p50"] = out["kcache_first_call_ms_p50"] / out["tilelang_first_call_ms_p50"]
-    print("result " + json.dumps(out), flush=True)
+    worker_report(out)
     write_rows(rows, bench_rows(out))
     return 0
 
 
 if __name__ == "__main__":
-    from stress.command_scope import run_command
-
-    sys.exit(run_command("python -m stress.bench.standalone.dropin", main))
+    run_own("dropin", main)

@@ -36,7 +36,6 @@ With no GPU visible, or without Helion, one line saying why, and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -47,10 +46,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from stress.procs import PROJECT, READY_WITHIN_S, line_within
-from stress.programs.triton_program import assembler_runs, counting_assemblers
+from stress.procs import PROJECT, release_gated
+from stress.programs.triton_programs.assemblers import assembler_runs, counting_assemblers
 
-from ..suite.rows import row, rows_option, write_rows
+from ..suite.own_run import own_parser, print_readings, run_own, skipped, write_rows
+from ..suite.rows import row
+from ..suite.timing import utc_now
 
 CONFIGS = 8  # stress.programs.helion_program's RandomSearch count
 KERNELS = ("matmul", "softmax", "layer_norm")  # stress.programs.helion_program's examples (KT_KERNEL)
@@ -107,13 +108,7 @@ class Lane:
         shared = None if root is not None else self.work / f"herd-alone-{self._runs}"
         herd = [self.start(self.env(f"herd-{i}", root, own=shared), gate=True) for i in range(procs)]
         logs = [self.logs / f"herd-{i}.log" for i in range(procs)]
-        for process in herd:
-            if line_within(process, READY_WITHIN_S).strip() != "ready":
-                raise RuntimeError(f"a herd process did not start: {process.communicate(timeout=60)[1][-2000:]}")
-        released = time.perf_counter()
-        for process in herd:
-            process.stdin.write("go\n")  # type: ignore[union-attr]
-            process.stdin.flush()  # type: ignore[union-attr]
+        released = release_gated(herd)
         results = [finish(process, log) for process, log in zip(herd, logs)]
         return {"wall_s": time.perf_counter() - released, "compiles": assembler_runs(self.counted) - before,
                 "picks": len({r["config"] for r in results}), "correct": all(r["correct"] for r in results)}
@@ -219,7 +214,7 @@ def bench_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.helion")
+    parser = own_parser("helion")
     parser.add_argument("--kernel", action="append", choices=KERNELS)
     parser.add_argument("--turns", type=int, default=3, help="readings of each lane, taking turns (medians)")
     parser.add_argument("--procs", type=int, default=8)
@@ -227,13 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against-itself", action="store_true",
                         help="the floor: a second lane of Helion alone in place of kcache's, no herd")
     parser.add_argument("--readings", type=Path, help="write every process's reading here (JSON)")
-    rows_option(parser)
     args = parser.parse_args(argv)
     from ..suite.needs import unavailable
 
-    missing = unavailable("helion")
-    if missing is not None:
-        print(f"helion: skipped: {missing}", flush=True)
+    if skipped("helion", unavailable("helion")):
         return 0
     import torch
 
@@ -246,11 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     write_rows(args.rows, rows)
     taken = ", ".join(f"{one['kernel']} {len(one['first'])}" for one in found)
     print(f"helion: {CONFIGS} configs, RandomSearch, turns taken: {taken}, {torch.cuda.get_device_name()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    for r in rows:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
-        baseline = "-" if r["tilelang"] is None else f"{r['tilelang']:.4g}"
-        print(f"  {r['metric']:40} {r['kcache']:>9.4g} {r['unit']:4} vs {baseline:>8}  {ratio}")
+          f"{utc_now()}")
+    print_readings(rows, 40)
     for one in found:
         herd = one["herd"]
         print(f"  {one['kernel']}: correct {one['correct']}" + ("" if herd is None else
@@ -260,6 +249,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from stress.command_scope import run_command
-
-    sys.exit(run_command("python -m stress.bench.standalone.helion", main))
+    run_own("helion", main)

@@ -18,7 +18,6 @@ fewer than 2 GPUs visible, one line saying why, and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -30,9 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from stress.nvcc_counter import NvccCounter
+from stress.service_runtime import own_services
 
-from ..suite.rows import row, rows_option, write_rows
-from ..suite.tune_notes import kill_the_tuner
+from ..suite.own_run import own_parser, run_own, skipped, write_rows
+from ..suite.rows import row
+from ..suite.timing import utc_now
+from ..suite.tune_notes import kill_the_tuner, killed_note
 
 SCENARIOS = ("cold", "warm", "killed", "takeover", "tilelang")
 JOB_TIMEOUT_S = 600
@@ -44,30 +46,25 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 def run_job(work: Path, name: str, gpus: int, mode: str, env: dict[str, str],
             kill_root: Path | None = None) -> dict[str, Any]:
     """One torchrun job of `gpus` ranks; with `kill_root`, SIGKILL the rank that tunes on it."""
-    from stress.service_runtime import fresh_runtime, stop_services
-
     counter = NvccCounter(work / f"nvcc-{name}")
     out = work / f"out-{name}"
     out.mkdir()
-    runtime = fresh_runtime("km-")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                "-m", "stress.bench.jobs.torchrun_job", "--mode", mode, "--out", str(out)]
-    full_env = {**os.environ, **NCCL_ENV, **env, **counter.env(), "XDG_RUNTIME_DIR": str(runtime)}
-    started = time.monotonic()
     killed = None
-    try:
+    with own_services("km-") as runtime:
+        started = time.monotonic()
+        full_env = {**os.environ, **NCCL_ENV, **env, **counter.env(), "XDG_RUNTIME_DIR": str(runtime)}
         job = subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                start_new_session=True)
-        if kill_root is not None:
-            killed = _kill_the_tuner(kill_root, job)
+        if kill_root is not None:  # the rank whose note in `<root>/.locks/tune-*.lock` says it is benchmarking
+            killed = kill_the_tuner(kill_root, lambda: job.poll() is None, JOB_TIMEOUT_S, since=time.monotonic())
         try:
             log, _ = job.communicate(timeout=JOB_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(job.pid, signal.SIGKILL)
             log, _ = job.communicate()
             raise RuntimeError(f"{name}: the job did not finish in {JOB_TIMEOUT_S} s (a hang)") from None
-    finally:
-        stop_services(runtime)
     wall = time.monotonic() - started
     (work / f"{name}.log").write_bytes(log)
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
@@ -88,14 +85,6 @@ def run_job(work: Path, name: str, gpus: int, mode: str, env: dict[str, str],
     }
 
 
-def _kill_the_tuner(root: Path, job: subprocess.Popen) -> dict[str, Any]:
-    """SIGKILL the rank whose note in `<root>/.locks/tune-*.lock` says it is benchmarking."""
-    started = time.monotonic()
-    killed = kill_the_tuner(root, lambda: job.poll() is None, within_s=JOB_TIMEOUT_S)
-    after_s = killed.pop("killed_at") - started
-    return {**killed, "after_s": after_s}
-
-
 def bench_rows(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each finished kcache job's compiler runs and ready time, against the TileLang job's where it ran."""
     tilelang = next((job for job in jobs if job["mode"] == "tilelang"), {})
@@ -113,16 +102,14 @@ def bench_rows(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.multigpu")
+    parser = own_parser("multigpu")
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", help="write the rows here")
-    rows_option(parser)
     args = parser.parse_args(argv)
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus < 2:
-        print(f"multi-GPU job: skipped: {gpus} CUDA GPU(s) visible, needs 2 or more", flush=True)
+    if skipped("multi-GPU job", f"{gpus} CUDA GPU(s) visible, needs 2 or more" if gpus < 2 else None):
         return 0
     only = args.only or list(SCENARIOS)
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-multigpu-"))
@@ -151,20 +138,16 @@ def main(argv: list[str] | None = None) -> int:
                                               indent=1))
     write_rows(args.rows, bench_rows(rows))
     print(f"multi-GPU job: torchrun, {gpus} x {device}, 16 matmul configs + 4 kernels, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{utc_now()}")
     print(f"{'scenario':9} {'rc':>3} {'ranks':>5} {'picks':>5} {'compiles':>8} {'tuned':>5} {'ready s':>8} "
           f"{'job s':>7} correct equal")
     for r in rows:
         ready = "-" if r["ready_s"] is None else f"{r['ready_s']:.2f}"
         print(f"{r['scenario']:9} {r['returncode']:>3} {r['finished']:>5} {len(r['picks']):>5} "
               f"{r['compiler_runs']:>8} {r['ranks_that_benchmarked']:>5} {ready:>8} {r['job_wall_s']:>7.2f} "
-              f"{r['all_correct']!s:7} {r['checksums_equal']}"
-              + (f"  killed pid {r['killed']['pid']} after {r['killed']['benchmarked_before_kill']}"
-                 f"/{r['killed']['of']} configs" if r.get("killed") else ""))
+              f"{r['all_correct']!s:7} {r['checksums_equal']}{killed_note(r)}")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    from stress.command_scope import run_command
-
-    sys.exit(run_command("python -m stress.bench.standalone.multigpu", main))
+    run_own("multigpu", main)

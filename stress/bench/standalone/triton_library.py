@@ -25,7 +25,6 @@ verdict differs, records that count as a reading (goal: 0) and exits 1. Each run
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import secrets
@@ -43,8 +42,11 @@ from typing import Any
 from stress.procs import PROJECT, worker_env
 from stress.service_runtime import fresh_runtime, stop_services
 
+from ..suite.children import bytecode_as_installed
 from ..suite.dataset import this_machine
-from ..suite.rows import bytecode_as_installed, row, rows_option, write_rows
+from ..suite.own_run import own_parser, print_readings, run_own, skipped, write_rows
+from ..suite.rows import row
+from ..suite.timing import utc_now
 from .library_verdicts import differing, summary, verdicts
 
 LIBRARY = PROJECT / ".gpu" / "library" / "fla"
@@ -214,12 +216,8 @@ def bench_rows(library: Library, runs: list[Run]) -> list[dict[str, Any]]:
 def report(library: Library, runs: list[Run], rows: list[dict[str, Any]]) -> int:
     """The table and the verdicts' comparison; 1 where a verdict differs between runs."""
     device, cores = this_machine()
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    print(f"triton-library: {library.label}, {device}, {cores} cores, {when}")
-    for r in rows:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
-        baseline = "-" if r["tilelang"] is None else f"{r['tilelang']:.4g}"
-        print(f"  {r['metric']:70} {r['kcache']:>8.4g} {r['unit']:5} vs {baseline:>8}  {ratio}")
+    print(f"triton-library: {library.label}, {device}, {cores} cores, {utc_now()}")
+    print_readings(rows, 70)
     different = differing({run.name: run.verdicts for run in runs})
     if not different:
         print(f"  verdicts identical in all {len(runs)} runs: {summary(runs[0].verdicts)}")
@@ -232,7 +230,7 @@ def report(library: Library, runs: list[Run], rows: list[dict[str, Any]]) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.triton_library", description=__doc__.splitlines()[0])
+    parser = own_parser("triton_library", description=__doc__.splitlines()[0])
     parser.add_argument("--library", type=Path, default=LIBRARY, help="the folder of the library's tests "
                         f"(default {LIBRARY.relative_to(PROJECT)}: bash .ci/gpu-library.sh puts them there)")
     parser.add_argument("--tests", default=TESTS, help=f"the test module, in that folder (default {TESTS})")
@@ -243,7 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--within-s", type=float, help="start no turn that could end after this many seconds")
     parser.add_argument("--logs", type=Path, help="keep each run's output here (default: in the work directory)")
     parser.add_argument("--no-s3", action="store_true", help="leave out the first and second machine")
-    rows_option(parser)
     args = parser.parse_args(argv)
     from stress.gpu import gpu_missing
 
@@ -254,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = gpu_missing() or ("" if version else f"{args.dist} is not installed (.ci/gpu-library.sh: its wheel)")
     if not missing and not (args.library / args.tests).exists():
         missing = f"no {args.library / args.tests} (.ci/gpu-library.sh puts the library's tests there)"
-    if missing:
-        print(f"triton-library: skipped: {missing}", flush=True)
+    if skipped("triton-library", missing):
         return 0
     s3 = not args.no_s3
     if s3:
@@ -294,6 +290,4 @@ def lane_base_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    from stress.command_scope import run_command
-
-    sys.exit(run_command("python -m stress.bench.standalone.triton_library", main))
+    run_own("triton_library", main)

@@ -11,7 +11,6 @@ SIGTERM: one line naming the tunes that finished, exit status 130 or 143, nothin
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -24,7 +23,8 @@ from typing import Any
 from kcache.interruption import Interrupted, ignore_further_signals
 from stress.command_scope import command_scope
 
-from ..suite.rows import row, rows_option, write_rows
+from ..suite.own_run import own_parser, skipped, write_rows
+from ..suite.rows import row
 
 
 def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -37,14 +37,10 @@ def bench_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.tune")
-    rows_option(parser)
-    rows: Path | None = parser.parse_args(argv).rows
+    rows: Path | None = own_parser("tune").parse_args(argv).rows
     from stress.gpu import gpu_missing
 
-    missing = gpu_missing()
-    if missing is not None:
-        print(f"tune: skipped: {missing}", flush=True)
+    if skipped("tune", gpu_missing()):
         return 0
     work = tempfile.mkdtemp(prefix="kcache-bench-tune-")
     out: dict[str, object] = {}

@@ -17,19 +17,19 @@ runs, and its wall against the alone run's). With no GPU visible, one line sayin
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from stress.nvcc_counter import NvccCounter
 from stress.procs import Barrier
+from stress.service_runtime import own_services
 
-from ..suite.rows import row, rows_option, write_rows
-from ..suite.tune_notes import kill_the_tuner
+from ..suite.own_run import own_parser, run_own, skipped, write_rows
+from ..suite.rows import row
+from ..suite.timing import utc_now
+from ..suite.tune_notes import kill_the_tuner, killed_note
 
 SCENARIOS = ("alone", "herd", "killed", "cluster")
 
@@ -38,20 +38,17 @@ def run_herd(work: Path, name: str, roots: list[Path], env: dict[str, str],
              kill_in_benchmark: bool = False) -> dict[str, Any]:
     """Start one tune_worker per root in `roots`, release them together, collect; optionally kill the
     tuner once its note says it is benchmarking (and has timed at least one config)."""
-    from stress.service_runtime import fresh_runtime, stop_services
-
     counter = NvccCounter(work / f"nvcc-{name}")
-    runtime = fresh_runtime("kt-")
-    try:
-        barrier = Barrier("stress.bench.jobs.tune_worker", len(roots), [], env={**env, **counter.env(),
-                                                                     "XDG_RUNTIME_DIR": str(runtime)},
+    with own_services("kt-") as runtime:
+        barrier = Barrier("stress.bench.jobs.tune_worker", len(roots), [],
+                          env={**env, **counter.env(), "XDG_RUNTIME_DIR": str(runtime)},
                           per_worker=lambda i: ["--root", str(roots[i])])
         barrier.wait_ready()
         released = barrier.release()
-        killed = _kill_the_tuner(roots[0], barrier, released) if kill_in_benchmark else None
+        killed = kill_the_tuner(roots[0], lambda: True, 900, since=released) if kill_in_benchmark else None
+        if killed is not None:
+            killed["index"] = next(i for i, p in enumerate(barrier.procs) if p.pid == killed["pid"])
         results = barrier.collect(timeout=1800)
-    finally:
-        stop_services(runtime)
     finished = [r.result for r in results if r.result is not None]
     failed = [(r.index, r.returncode, r.stderr[-1500:]) for r in results
               if r.result is None and (killed is None or r.index != killed["index"])]
@@ -67,14 +64,6 @@ def run_herd(work: Path, name: str, roots: list[Path], env: dict[str, str],
         "all_correct": all(r["correct"] for r in finished),
         "killed": killed,
     }
-
-
-def _kill_the_tuner(root: Path, barrier: Barrier, released: float) -> dict[str, Any]:
-    """SIGKILL the process whose note in `<root>/.locks/tune-*.lock` says it is benchmarking."""
-    killed = kill_the_tuner(root, lambda: True, within_s=900)
-    after_s = killed.pop("killed_at") - released
-    index = next(i for i, p in enumerate(barrier.procs) if p.pid == killed["pid"])
-    return {"index": index, **killed, "after_s": after_s}
 
 
 def bench_rows(herds: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -94,17 +83,14 @@ def bench_rows(herds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stress.bench.standalone.tune_once")
+    parser = own_parser("tune_once")
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", help="write the rows here")
-    rows_option(parser)
     args = parser.parse_args(argv)
     from stress.gpu import gpu_missing
 
-    missing = gpu_missing()
-    if missing is not None:
-        print(f"tune once: skipped: {missing}", flush=True)
+    if skipped("tune once", gpu_missing()):
         return 0
     only = args.only or list(SCENARIOS)
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-tune-once-"))
@@ -139,19 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
     write_rows(args.rows, bench_rows(rows))
-    print(f"tune once: {args.procs} processes, 16 matmul configs, {device}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"tune once: {args.procs} processes, 16 matmul configs, {device}, {utc_now()}")
     print(f"{'scenario':10} {'finished':>8} {'picks':>5} {'compiles':>8} {'benchmarked':>11} {'wall s':>8} {'/alone':>7} correct")
     for r in rows:
         ratio = r.get("wall_over_alone")
         shown = "-" if ratio is None else f"{ratio:.3f}"
         print(f"{r['scenario']:10} {r['finished']:>8} {r['distinct_picks']:>5} {r['compiler_runs']:>8} "
-              f"{r['benchmarked']:>11} {r['wall_s']:>8.2f} {shown:>7} "
-              f"{r['all_correct']}" + (f"  killed pid {r['killed']['pid']} after {r['killed']['benchmarked_before_kill']}"
-                                      f"/{r['killed']['of']} configs" if r.get("killed") else ""))
+              f"{r['benchmarked']:>11} {r['wall_s']:>8.2f} {shown:>7} {r['all_correct']}{killed_note(r)}")
     return 0
 
 
 if __name__ == "__main__":
-    from stress.command_scope import run_command
-
-    sys.exit(run_command("python -m stress.bench.standalone.tune_once", main))
+    run_own("tune_once", main)

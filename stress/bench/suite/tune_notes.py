@@ -27,16 +27,24 @@ def benchmarking_tuner(root: Path) -> dict[str, Any] | None:
     return None
 
 
-def kill_the_tuner(root: Path, running: Callable[[], bool], within_s: float) -> dict[str, Any]:
+def kill_the_tuner(root: Path, running: Callable[[], bool], within_s: float, since: float) -> dict[str, Any]:
     """SIGKILL the process whose note under `root` says it is benchmarking, once it has timed a config:
-    {"pid", "benchmarked_before_kill", "of", "killed_at"} (time.monotonic() at the kill). Polled while
-    `running()`, for at most `within_s`."""
+    {"pid", "benchmarked_before_kill", "of", "after_s"} (seconds from `since`, a time.monotonic(), to
+    the kill). Polled while `running()`, for at most `within_s`."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline and running():
         note = benchmarking_tuner(root)
         if note is not None:
             os.kill(int(note["pid"]), signal.SIGKILL)
             return {"pid": int(note["pid"]), "benchmarked_before_kill": note["done"], "of": note["total"],
-                    "killed_at": time.monotonic()}
+                    "after_s": time.monotonic() - since}
         time.sleep(0.05)  # the bench's monitor polls the note; the tuners do not wait on it
     raise RuntimeError(f"no process reached the tune's benchmark phase within {within_s:g} s")
+
+
+def killed_note(reading: dict[str, Any]) -> str:
+    """The end of a report's line for a run whose tuner was killed: which, and how far it had got."""
+    killed = reading.get("killed")
+    if not killed:
+        return ""
+    return f"  killed pid {killed['pid']} after {killed['benchmarked_before_kill']}/{killed['of']} configs"

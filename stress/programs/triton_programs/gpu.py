@@ -2,7 +2,7 @@
 `@triton.jit` kernels launched from Python (add, softmax, a `tl.dot` matmul), an `@triton.autotune`d
 one, and a function compiled by Inductor (`torch.compile`).
 
-    python -m stress.programs.triton_gpu_program jit|inductor    (KT_GATE=1: wait for a line on stdin first)
+    python -m stress.programs.triton_programs.gpu jit|inductor    (KT_GATE=1: wait for a line on stdin first)
 
 Prints one JSON object: for each kernel, whether its output equals torch's (eager for Inductor) and
 the sha256 of its output's bytes. Whichever cache manager Triton is told to use (TRITON_CACHE_MANAGER)
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_program import add_kernel, matmul_kernel, softmax_kernel
+from .compile import add_kernel, matmul_kernel, softmax_kernel
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK": block}, num_warps=warps) for block in (256, 1024)

@@ -1,6 +1,6 @@
 """A 16-config `@triton.autotune` fp16 matmul on the GPU, as an operator library tunes one (issue 56).
 
-    python -m stress.programs.triton_tune_program      (KT_ABORT=1: one config's compile aborts, in its `llir` stage;
+    python -m stress.programs.triton_programs.tune      (KT_ABORT=1: one config's compile aborts, in its `llir` stage;
                                                KT_VARIANT=N: a tune of its own, every config's `maxnreg`
                                                232 - 8 N, so that N processes tune N sets of keys;
                                                KT_GATE=1: print "ready" and wait for a line first;
@@ -24,7 +24,7 @@ import torch
 import triton
 from triton import knobs
 
-from .triton_program import matmul_kernel as plain_matmul_kernel
+from .compile import matmul_kernel as plain_matmul_kernel
 
 M = N = K = 2048
 # 16 configs; the one with num_stages=5 is the only one of its kind: KT_ABORT aborts its compile.
@@ -38,7 +38,8 @@ if os.environ.get("KT_VARIANT"):  # another tune: the same configs, each with a 
                              maxnreg=232 - 8 * int(os.environ["KT_VARIANT"])) for config in CONFIGS]
 
 
-# The blocked tl.dot matmul of stress.programs.triton_program, tuned over CONFIGS as an operator library tunes it.
+# The blocked tl.dot matmul of stress.programs.triton_programs.compile, tuned over CONFIGS as an operator library
+# tunes it.
 matmul_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(plain_matmul_kernel)
 
 

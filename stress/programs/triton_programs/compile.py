@@ -1,8 +1,9 @@
 """A program that compiles Triton kernels for sm_90 (no GPU needed) as an operator library's tests
-would: an elementwise add, a softmax with row reductions and a blocked matmul with `tl.dot`.
+would: an elementwise add, a softmax with row reductions and a blocked matmul with `tl.dot`. It imports
+nothing of the project's: the tests also run a copy of this file alone, by path.
 
-    python -m stress.programs.triton_program NAME[,NAME...]   (KT_GATE=1: wait for a line on stdin first;
-                                                     KT_TIMED=1: also each compile call's seconds;
+    python -m stress.programs.triton_programs.compile NAME[,NAME...]   (KT_GATE=1: wait for a line on stdin
+                                                     first; KT_TIMED=1: also each compile call's seconds;
                                                      KT_OPTIONS='{"num_warps": 8}': Triton's options)
 
 Prints one JSON object: each kernel's name -> sha256 of its cubin. Whichever cache manager Triton is
@@ -15,7 +16,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import triton
 import triton.language as tl
@@ -66,59 +66,6 @@ KERNELS = {
                {"BM": 128, "BN": 128, "BK": 64}),
 }
 TARGET = GPUTarget("cuda", 90, 32)
-# Triton's assemblers: ptxas, and the ptxas-blackwell with which Triton 3.9 assembles sm_90 too.
-ASSEMBLERS = {"TRITON_PTXAS_PATH": "ptxas", "TRITON_PTXAS_BLACKWELL_PATH": "ptxas-blackwell"}
-
-
-def counting_assemblers(folder: Path, triton_dir: Path | None = None) -> dict[str, str]:
-    """Wrappers in `folder` of the assemblers of Triton at `triton_dir` (default: this one's), each
-    appending a line to `folder/runs` per assembly (not per `--version`); the environment that makes
-    Triton run them. A compile counted by the tool Triton runs, not by any cache."""
-    triton_dir = triton_dir or Path(triton.__file__).parent
-    env = {}
-    for variable, name in ASSEMBLERS.items():
-        real = triton_dir / "backends" / "nvidia" / "bin" / name
-        if real.exists():
-            wrapper = folder / name
-            wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *--version*) ;; *) echo $$ >> {folder / 'runs'} ;; esac\n"
-                               f"exec {real} \"$@\"\n")
-            wrapper.chmod(0o755)
-            env[variable] = str(wrapper)
-    return env
-
-
-def timed_assemblers(folder: Path) -> dict[str, str]:
-    """Like counting_assemblers, each wrapper also appending `+ NS` as an assembly starts and `- NS` as it
-    ends (nanoseconds since the epoch) to `folder/spans`: how many ran at once (`most_at_once`)."""
-    env = counting_assemblers(folder)
-    for variable, wrapper in env.items():
-        text = Path(wrapper).read_text()
-        real = text.rsplit("exec ", 1)[1].split(" ", 1)[0]
-        spans = folder / "spans"
-        Path(wrapper).write_text(
-            f"#!/bin/sh\ncase \"$*\" in *--version*) exec {real} \"$@\" ;; esac\necho $$ >> {folder / 'runs'}\n"
-            f"echo \"+ $(date +%s%N)\" >> {spans}\n{real} \"$@\"\nstatus=$?\necho \"- $(date +%s%N)\" >> {spans}\n"
-            "exit $status\n")
-    return env
-
-
-def most_at_once(folder: Path) -> int:
-    """The most assemblies that ran at once, from `folder/spans` (timed_assemblers)."""
-    spans = folder / "spans"
-    events = sorted((int(stamp), 1 if sign == "+" else -1) for sign, stamp in
-                    (line.split() for line in spans.read_text().splitlines() if line.strip())) if spans.exists() else []
-    running = most = 0
-    for _stamp, step in events:
-        running += step
-        most = max(most, running)
-    return most
-
-
-def assembler_runs(folder: Path) -> int:
-    runs = folder / "runs"
-    return len(runs.read_text().splitlines()) if runs.exists() else 0
-
-
 def compile_kernel(name: str) -> str:
     fn, signature, constexprs = KERNELS[name]
     options = json.loads(os.environ.get("KT_OPTIONS") or "{}")  # e.g. {"num_warps": 8}: another key

@@ -1,10 +1,11 @@
 """Helion's precompile, compile only, for sm_90 (no GPU needed): the caller compiles one config first
 (Helion's baseline), then forks one child per config, all at once, and each child compiles its config
-in place (stress.programs.triton_program's softmax, 8 configs), as Helion's default `autotune_precompile="fork"`
-does. Under kcache's manager the caller's compile runs in a fork of its own, and a child compiles in
-place (KCACHE_TRITON_ISOLATION=off here; kcache finds Helion's children by their frames).
+in place (stress.programs.triton_programs.compile's softmax, 8 configs), as Helion's default
+`autotune_precompile="fork"` does. Under kcache's manager the caller's compile runs in a fork of its own,
+and a child compiles in place (KCACHE_TRITON_ISOLATION=off here; kcache finds Helion's children by their
+frames).
 
-    python -m stress.programs.triton_precompile_program
+    python -m stress.programs.triton_programs.precompile
 
 Prints one JSON object: `children_s`, from the first fork until the last child is reaped, and each
 child's exit status (`statuses`, 0 when its compile succeeded)."""
@@ -18,7 +19,7 @@ import time
 import triton
 from triton.compiler import ASTSource
 
-from stress.programs.triton_program import KERNELS, TARGET
+from stress.programs.triton_programs.compile import KERNELS, TARGET
 
 CONFIGS = [(block, warps) for block in (256, 512, 1024, 2048) for warps in (2, 4)]
 
