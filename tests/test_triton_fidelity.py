@@ -75,8 +75,8 @@ def printed(env: dict[str, str]) -> tuple[list[str], list[str], str]:
 
 
 @pytest.mark.parametrize("lane", ["service", "cold start"])
-def test_what_a_compile_prints_reaches_the_program_as_plain_tritons(tmp_path: Path, ptxas: Path, lane: str,  # noqa: F811
-                                                                    runtime: Path) -> None:
+def test_what_a_compile_prints_reaches_the_program_as_plain_tritons(
+        tmp_path: Path, ptxas: Path, lane: str, runtime: Path) -> None:  # noqa: F811 - ptxas, a fixture
     """Triton's stages print in the worker; the caller prints it, each stream on its own."""
     plain_out, plain_err, _ = printed(program_env(ptxas, tmp_path / "plain-root", **DUMPS))
     assert sum("ptxas info" in line for line in plain_out) >= 8  # the dumps fired, in plain Triton

@@ -77,7 +77,8 @@ def test_a_worker_forked_from_tritons_template_collects_none_of_the_templates_ob
         pool.warm(1, wait=True)
         template = service_connection.request(pool.name, ("status",))["template_pid"]
         assert template is not None
-        frozen, parent = pool.run(gc.get_freeze_count, name="freeze count", timeout_s=60), pool.run(os.getppid, timeout_s=60)
+        frozen = pool.run(gc.get_freeze_count, name="freeze count", timeout_s=60)
+        parent = pool.run(os.getppid, name="its parent", timeout_s=60)
         assert parent == template  # a fork of the template ran it
         assert frozen > 10_000, frozen  # Triton's objects, not the handful a worker makes
     finally:

@@ -68,7 +68,8 @@ def stages_job(frame: FrameType) -> StagesJob:
     import triton.knobs as knobs
 
     text = str(module)
-    return StagesJob(source=text, source_sha256=hashlib.sha256(text.encode()).hexdigest(), ext=src.ext, language=src.language, file_name=local["file_name"],
+    return StagesJob(source=text, source_sha256=hashlib.sha256(text.encode()).hexdigest(), ext=src.ext,
+                     language=src.language, file_name=local["file_name"],
                      target=target, options=options, metadata=metadata, environ=dict(os.environ),
                      knobs=_knobs_set_in_memory(), store_only_binary=bool(knobs.compilation.store_binary_only),
                      stages_hook=getattr(knobs.runtime, "add_stages_inspection_hook", None))

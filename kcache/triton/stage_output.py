@@ -35,9 +35,9 @@ class StageOutput:
 
 @contextlib.contextmanager
 def captured() -> Iterator[StageOutput]:
-    """Within it, what this process writes to descriptors 1 and 2 is also kept in the StageOutput it
-    yields (stdout only there, stderr still in its file as well). Where a descriptor is no regular file
-    (a terminal, a pipe), that stream is left alone and not kept."""
+    """Within it, what this process writes to descriptors 1 and 2 is kept in the StageOutput it yields:
+    stdout only there, stderr in its file as well. A stderr that is no regular file (a terminal, a
+    pipe) is left alone and not kept."""
     output = StageOutput()
     _flush()
     stderr_start = _offset_of(2)
