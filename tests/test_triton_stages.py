@@ -86,6 +86,25 @@ def test_a_worker_forked_from_tritons_template_collects_none_of_the_templates_ob
         own.close()
 
 
+
+def test_a_wait_for_a_compile_slot_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`CompileSlots.take` waits at most its timeout while every slot is held, then answers None; a
+    free slot it takes at once."""
+    import time
+
+    from kcache.compile.compile_slots import CompileSlots
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    held = CompileSlots("elsewhere", 1).try_take()
+    assert held is not None
+    started = time.monotonic()
+    assert CompileSlots("waiting", 1).take(0.3) is None
+    assert 0.3 <= time.monotonic() - started < 5
+    held.release()
+    taken = CompileSlots("waiting", 1).take(0.3)
+    assert taken is not None
+    taken.release()
+
 # A single-threaded program whose stages hook holds a lock: cloudpickle cannot carry it to a worker, so
 # each compile's back half runs in a fork of the program (kcache.triton.isolation).
 HOOK_STAYS = """

@@ -68,15 +68,17 @@ class CompileSlots:
                 return CompileSlot(fd)
         return None
 
-    def take(self, timeout_s: float, retry_s: float = 0.05) -> CompileSlot | None:
-        """A slot, waiting while every slot is held (a holder tells nobody when it lets go: looked for
-        again every `retry_s`), at most `timeout_s`; None past it."""
+    def take(self, timeout_s: float, retry_s: float = 0.05, retry_max_s: float = 0.5) -> CompileSlot | None:
+        """A slot, waiting while every slot is held, at most `timeout_s`; None past it. A holder tells
+        nobody when it lets go: the slots are looked at again after `retry_s`, doubled each time up to
+        `retry_max_s` (a long wait costs a few looks a second, not twenty)."""
         deadline = time.monotonic() + timeout_s
         while (slot := self.try_take()) is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             time.sleep(min(retry_s, left))
+            retry_s = min(2 * retry_s, retry_max_s)
         return slot
 
     def held(self) -> int:
