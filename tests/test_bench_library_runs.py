@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench.standalone.triton_library import Lanes, Library, bench_rows, lane_base_env, measure, report
+from stress.bench.standalone.triton_library import (Lanes, Library, bench_rows, lane_base_env, measure, report,
+                                                    untuned)
 
 KERNEL_TEST = '''
 import triton
@@ -83,7 +84,7 @@ def test_three_ways_with_identical_verdicts_and_the_second_machine_compiling_not
     ran = lanes(tmp_path)
     measure(found, ran, turns=1, warm_runs=1, s3=True)
     assert [run.lane for run in ran.runs] == ["plain cold", "kcache cold", "first machine", "second machine",
-                                              "plain warm", "kcache warm"]
+                                              "tuning alone", "plain warm", "kcache warm"]
     expected = {"tests.ops.test_kernel::test_compiles": "passed", "tests.ops.test_other::test_passes": "passed",
                 "tests.ops.test_other::test_fails": "failed", "tests.ops.test_other::test_skipped": "skipped"}
     for run in ran.runs:
@@ -98,13 +99,26 @@ def test_three_ways_with_identical_verdicts_and_the_second_machine_compiling_not
         "cold, wall median s", "warm, wall median s",
         "second machine (empty root, the first's entries in S3), wall median s",
         "first machine (empty root, uploading to S3), wall median s",
-        "Triton compiles, second machine (most of a turn)", "tests whose verdict differs between runs (6 runs)"]
+        "tuning alone (every kernel compiled, no tune's result), wall median s: the floor of a cold run",
+        "Triton compiles, second machine (most of a turn)", "tests whose verdict differs between runs (7 runs)"]
     assert rows[-1]["kcache"] == 0 and rows[-2]["kcache"] == 0
     assert report(found, ran.runs, rows) == 0
     out = capsys.readouterr().out
-    assert "verdicts identical in all 6 runs: 4 tests: 1 failed, 2 passed, 1 skipped" in out
+    assert "verdicts identical in all 7 runs: 4 tests: 1 failed, 2 passed, 1 skipped" in out
     logs = sorted(path.name for path in ran.logs.iterdir())
-    assert len(logs) == 8 and logs[2] == "03-plain-cold-turn1.log"  # two warm-ups first, then each run's
+    assert len(logs) == 9 and logs[2] == "03-plain-cold-turn1.log"  # two warm-ups first, then each run's
+
+
+def test_the_floor_lane_runs_on_triton_s_cache_less_its_tunes_results(tmp_path: Path) -> None:
+    cache = tmp_path / "plain-triton"
+    for name, data in {"KEY1/matmul_kernel.cubin": b"cubin", "KEY1/matmul_kernel.json": b"{}",
+                       "KEY2/matmul_kernel.autotune.json": b'{"configs_timings": []}'}.items():
+        (cache / name).parent.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_bytes(data)
+    copy = untuned(cache)
+    assert sorted(str(path.relative_to(copy)) for path in copy.rglob("*") if path.is_file()) == [
+        "KEY1/matmul_kernel.cubin", "KEY1/matmul_kernel.json"]
+    assert (cache / "KEY2" / "matmul_kernel.autotune.json").exists()  # the plain lane's own cache is left whole
 
 
 def test_a_verdict_that_depends_on_the_lane_fails_the_report(tmp_path: Path,
@@ -113,9 +127,10 @@ def test_a_verdict_that_depends_on_the_lane_fails_the_report(tmp_path: Path,
     ran = lanes(tmp_path)
     measure(found, ran, turns=1, warm_runs=1, s3=False)
     assert {run.lane: run.verdicts["tests.ops.test_lane::test_without_kcache"] for run in ran.runs} == {
-        "plain cold": "passed", "kcache cold": "failed", "plain warm": "passed", "kcache warm": "failed"}
+        "plain cold": "passed", "kcache cold": "failed", "tuning alone": "passed", "plain warm": "passed",
+        "kcache warm": "failed"}
     rows = bench_rows(found, ran.runs)
-    assert rows[-1]["metric"] == "tests whose verdict differs between runs (4 runs)" and rows[-1]["kcache"] == 1
+    assert rows[-1]["metric"] == "tests whose verdict differs between runs (5 runs)" and rows[-1]["kcache"] == 1
     assert report(found, ran.runs, rows) == 1
     assert "VERDICTS DIFFER: 1 tests" in capsys.readouterr().err
 

@@ -27,21 +27,25 @@ from .test_triton import MANAGER, program_env, ptxas  # noqa: E402, F401 - a fix
 LOOPING = ("matmul", "tma_matmul", "fp8_matmul")
 
 
-def compiled(env: dict[str, str]) -> tuple[dict[str, dict[str, str]], str]:
+def compiled(env: dict[str, str]) -> tuple[dict[str, dict[str, str]], dict[str, int], str]:
+    """Every file's sha256 of every kernel and config; each kernel's front halves made; the stderr."""
     done = subprocess.run([sys.executable, "-m", "tests.triton_fidelity_program"], capture_output=True, text=True,
                           env=env, cwd=str(PROJECT), timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    return found["files"], found["fronts"], done.stderr
 
 
 @pytest.mark.parametrize("lane", ["service", "cold start"])
 def test_every_file_of_every_group_is_plain_tritons(tmp_path: Path, ptxas: Path, lane: str,  # noqa: F811
                                                     runtime: Path) -> None:
-    plain, _ = compiled(program_env(ptxas, tmp_path / "plain-root"))
-    # "service": every back half in the service's workers; "cold start": the first in a fork of the
-    # caller (no service runs yet, one thread), the later ones wherever the client sends them.
-    fork = {"KCACHE_CALLER_FORK": "0"} if lane == "service" else {"KCACHE_CALLER_FORK": "1"}
-    ours, log = compiled(program_env(ptxas, tmp_path / "root", KCACHE_LOG="info", **fork, **MANAGER))
+    plain, plain_fronts, _ = compiled(program_env(ptxas, tmp_path / "plain-root"))
+    # "service": every config at once, from threads, as a tune's compile-ahead (their front halves shared
+    # where their IR is the same), each back half in the service's workers; "cold start": one after
+    # another, the first in a fork of the caller (no service runs yet, one thread), the later ones
+    # wherever the client sends them.
+    lanes = {"service": {"KCACHE_CALLER_FORK": "0", "KT_AT_ONCE": "1"}, "cold start": {"KCACHE_CALLER_FORK": "1"}}
+    ours, fronts, log = compiled(program_env(ptxas, tmp_path / "root", KCACHE_LOG="info", **lanes[lane], **MANAGER))
     assert log.count("(in a worker)") == len(plain), log[-3000:]  # each compiled away from the program
     assert set(ours) == set(plain)
     for label, files in plain.items():
@@ -50,6 +54,13 @@ def test_every_file_of_every_group_is_plain_tritons(tmp_path: Path, ptxas: Path,
         expected = {"ttir", "ttgir", "llir"} if label.split()[0] in LOOPING else set()
         assert differing <= expected, (label, differing)
         assert {"cubin", "json", "ptx", "source"} <= set(files) - differing, label
+    assert ours["warps w4"]["cubin"] != ours["warps w8"]["cubin"]  # the kernel that reads num_warps
+    assert plain_fronts["matmul_kernel"] == plain_fronts["warps_kernel"] == 2  # one a config, in plain Triton
+    if lane == "service":  # configs that differ only in what the front half does not read share it
+        assert (fronts["add_kernel"], fronts["softmax_kernel"], fronts["matmul_kernel"]) == (1, 1, 1), fronts
+        assert fronts["warps_kernel"] == 2 and fronts["tma_matmul_kernel"] == 3, fronts
+    else:  # outside a tune's compile-ahead: one a config, as Triton makes them
+        assert fronts == plain_fronts
 
 
 # A program that compiles two loop-free kernels (their dumps are the same text both ways).

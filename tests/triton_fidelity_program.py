@@ -2,16 +2,23 @@
 configs: the operator library's add, softmax and blocked matmul (`tl.dot`, on Hopper's wgmma), a
 grouped matmul with TMA descriptors (`tl.make_tensor_descriptor`), an fp8 matmul, an Inductor-style
 fused kernel (a persistent reduction with `tl.where` and libdevice) and a Gluon copy (Gluon's front half
-makes TTGIR, not TTIR). Prints one JSON object: for each kernel and config, the sha256 of every file
-of its group, read through the paths Triton's `compile` got (`CompiledKernel.metadata_group`).
+makes TTGIR, not TTIR), and a kernel whose code reads its `num_warps`. Prints one JSON object: for
+each kernel and config, the sha256 of every file of its group, read through the paths Triton's `compile`
+got (`CompiledKernel.metadata_group`); and for each kernel, how many front halves were made
+(`ASTSource.make_ir` calls, in this process).
 
-    python tests/triton_fidelity_program.py
+    python tests/triton_fidelity_program.py      (KT_AT_ONCE=1: every config at once, each from a thread
+                                                  of its own, in kcache's `shared_fronts.sharing()` as a
+                                                  tune's compile-ahead compiles them)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import triton
@@ -75,6 +82,13 @@ def fused_norm_gelu_kernel(in_ptr, weight_ptr, out_ptr, xnumel, rnumel, XBLOCK: 
     tl.store(out_ptr + (rindex + rnumel * xindex), gelu, xmask & rmask)
 
 
+@triton.jit
+def warps_kernel(out, BLOCK: tl.constexpr):
+    # Its IR depends on num_warps: no config may take another's front half.
+    offsets = tl.arange(0, BLOCK)
+    tl.store(out + offsets, offsets * tl.extra.cuda.num_warps())
+
+
 def sources() -> dict[str, tuple[object, dict]]:
     """Each kernel and config: (its source, Triton's options)."""
     found: dict[str, tuple[object, dict]] = {}
@@ -96,15 +110,41 @@ def sources() -> dict[str, tuple[object, dict]]:
              "XBLOCK": "constexpr", "RBLOCK": "constexpr"}
     found["fused_norm_gelu"] = (ASTSource(fused_norm_gelu_kernel, fused, {"XBLOCK": 8, "RBLOCK": 512}),
                                 {"num_warps": 4})
+    for warps in (4, 8):
+        found[f"warps w{warps}"] = (ASTSource(warps_kernel, {"out": "*i32", "BLOCK": "constexpr"}, {"BLOCK": 128}),
+                                    {"num_warps": warps})
     found["gluon copy"] = (GluonASTSource(copy_kernel, {"x": "*fp32", "out": "*fp32", "BLOCK": "constexpr"},
                                           {"BLOCK": 128}), {"num_warps": 4})
     return found
 
 
-if __name__ == "__main__":
-    digests: dict[str, dict[str, str]] = {}
-    for label, (source, options) in sources().items():
+def compile_all(at_once: bool) -> dict[str, dict[str, str]]:
+    """Each config compiled, one after another or at once; the sha256 of each file of its group."""
+    def digests(source: object, options: dict) -> dict[str, str]:
         compiled = triton.compile(source, target=TARGET, options=options)
-        digests[label] = {Path(path).name.rsplit(".", 1)[-1]: hashlib.sha256(Path(path).read_bytes()).hexdigest()
-                          for path in compiled.metadata_group.values()}
-    print(json.dumps(digests), flush=True)
+        return {Path(path).name.rsplit(".", 1)[-1]: hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                for path in compiled.metadata_group.values()}
+
+    found = sources()
+    if not at_once:
+        return {label: digests(*job) for label, job in found.items()}
+    from kcache.triton.shared_fronts import sharing
+
+    with sharing(), ThreadPoolExecutor(len(found)) as pool:
+        futures = {label: pool.submit(digests, *job) for label, job in found.items()}
+        return {label: future.result() for label, future in futures.items()}
+
+
+if __name__ == "__main__":
+    from triton.compiler.compiler import ASTSource as TritonsASTSource
+
+    fronts: Counter[str] = Counter()
+    make_ir = TritonsASTSource.make_ir
+
+    def counted_make_ir(self, *args, **kwargs):  # noqa: ANN001, ANN202 - Triton's own signature
+        fronts[self.fn.__name__] += 1
+        return make_ir(self, *args, **kwargs)
+
+    TritonsASTSource.make_ir = counted_make_ir
+    files = compile_all(os.environ.get("KT_AT_ONCE") == "1")
+    print(json.dumps({"files": files, "fronts": dict(fronts)}), flush=True)

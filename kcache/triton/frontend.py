@@ -22,6 +22,7 @@ import os
 from types import FrameType
 from typing import Any
 
+from kcache.triton import shared_fronts
 from kcache.triton.stages import StagesJob
 
 # Knob groups of Triton 3.5 and 3.6 (triton.knobs) whose values a compile may read.
@@ -57,17 +58,20 @@ def stages_job(frame: FrameType) -> StagesJob:
     local = frame.f_locals
     src, target, options, backend = local["src"], local["target"], local["options"], local["backend"]
     env_vars = local["env_vars"]
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    module = src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
-                         context)
+
+    def make(options_read: Any) -> str:
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        return str(src.make_ir(target, options_read, backend.get_codegen_implementation(options_read),
+                               backend.get_module_map(), context))
+
+    text = shared_fronts.ir_text(src, target, options, env_vars, make)  # a tune's configs share equal ones
     # `compile`'s own initial metadata, in its order (json.dumps keeps it).
     metadata = {"hash": local["hash"], "target": target, **options.__dict__, **env_vars}
     metadata["triton_version"] = __version__
     import triton.knobs as knobs
 
-    text = str(module)
     return StagesJob(source=text, source_sha256=hashlib.sha256(text.encode()).hexdigest(), ext=src.ext,
                      language=src.language, file_name=local["file_name"],
                      target=target, options=options, metadata=metadata, environ=dict(os.environ),

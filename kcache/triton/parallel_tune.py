@@ -85,10 +85,11 @@ def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list) -> None:
 
     workers = max(1, min(len(configs), len(os.sched_getaffinity(0))))
     log.debug("kcache: compiling the %d configs of %s at once (%d at a time)", len(configs), tuner.fn, workers)
+    from kcache.triton import shared_fronts
     from kcache.triton.isolation import warm_workers
 
     warm_workers(len(configs))  # the service forks its workers while the front halves run here
-    with ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
+    with shared_fronts.sharing(), ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
         with _async_compile.AsyncCompileMode(pool, ignore_errors=True):
             for config in configs:
                 warm(config)

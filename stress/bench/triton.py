@@ -24,8 +24,11 @@ no GPU needed):
   cap, so no two share a key); the compile phases together: the longest of the processes' times spent
   compiling (within Triton's `compile` calls, as its compilation listener reports them, overlapping
   calls counted once: plain Triton's one after another between its benchmarks, kcache's at once
-  ahead of them); and the most assemblies (ptxas) that ran at once. Goals: at most 0.55x plain Triton's (0.5x is the limit: plain Triton keeps 8 cores busy,
-  kcache 16), with at most as many compiles at once as the machine has usable cores.
+  ahead of them); and the most assemblies (ptxas) that ran at once. Goals: at most 0.55x plain Triton's
+  (0.5x is the limit: plain Triton keeps 8 cores busy, kcache 16), with at most as many compiles at once
+  as the machine has usable cores. Beside them, each turn, the machine's floor, with no kcache and no
+  tune (stress.programs.triton_programs.wide_floor): the same 128 compiles from one queue in as many
+  processes as cores, against 8 processes compiling 16 each one after another.
 """
 
 from __future__ import annotations
@@ -206,6 +209,7 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
         return []
     phases: dict[str, list[float]] = {"kcache": [], "triton": []}
     at_once: dict[str, list[int]] = {"kcache": [], "triton": []}
+    floors: list[dict[str, float]] = []
     for turn in range(turns):
         for name, extra in (("kcache", KCACHE), ("triton", {})):
             folder = work / f"tunes-{name}-{turn}"
@@ -226,17 +230,33 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
                 raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once): a wrong result")
             phases[name].append(max(found["compiling_s"] for found in results))
             at_once[name].append(most_at_once(folder))
+        floors.append(wide_floor(env))
     kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
     cores = len(os.sched_getaffinity(0))
+    wide, eight = (statistics.median(floor[part] for floor in floors) for part in ("wide_s", "eight_s"))
     print(f"triton: {procs} different 16-config tunes at once, compile phases together, median of {turns}: kcache "
           f"{kcache:.3f} s, Triton {triton:.3f} s, {kcache / triton:.3f}x (goal: at most 0.55x); most assemblies at "
           f"once: kcache {max(at_once['kcache'])}, Triton {max(at_once['triton'])} (goal: at most {cores}, the usable "
-          f"cores)", flush=True)
+          f"cores); the machine's floor, plain Triton's 128 compiles from one queue in {cores} processes against "
+          f"8 processes one after another: {wide:.3f} s against {eight:.3f} s, {wide / eight:.3f}x", flush=True)
     return [row(f"triton {procs} tunes at once (16 configs each)", "compile phases together median s", kcache, triton,
                 "s", "triton in-process compiles"),
+            row(f"triton {procs} tunes at once (16 configs each)", f"the floor: their 128 compiles, plain, {cores} "
+                "processes from one queue, median s", wide, eight, "s", "plain, 8 processes, 16 compiles each"),
             row(f"triton {procs} tunes at once (16 configs each)", f"most assemblies at once (usable cores: {cores})",
                 max(at_once["kcache"]),
                 max(at_once["triton"]), "runs", "triton in-process compiles")]
+
+
+def wide_floor(env: dict[str, str]) -> dict[str, float]:
+    """The machine's floor under the tunes at once (stress.programs.triton_programs.wide_floor), no kcache."""
+    run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
+    done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.wide_floor",
+                           str(len(os.sched_getaffinity(0)))], capture_output=True, text=True, cwd=str(PROJECT),
+                          timeout=900, env=run_env)
+    if done.returncode != 0:
+        raise RuntimeError(f"stress.programs.triton_programs.wide_floor exited {done.returncode}: {done.stderr[-800:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

@@ -17,6 +17,10 @@ the user waits for); plain Triton's runs with an empty TRITON_CACHE_DIR, kcache'
   Goal: at most 0.3x plain Triton's cold run.
 - warm: plain Triton on its cold run's cache and kcache on its cold run's root, `--warm-runs` each, in
   turns. Goal: at most 1.05x.
+- tuning alone: plain Triton on a copy of its cold run's cache less the tunes' results (Triton's
+  `*.autotune.json`): every kernel is compiled and every tune benchmarks again. No goal: the floor
+  under the cold run of any cache that keeps the program's tunes (a cold run tunes; a cache of
+  compiled kernels takes away the compiles, never the benchmarks).
 Medians over the turns (`--turns`; `--within-s` starts no turn that could end after it). pytest's verdicts
 (every test's outcome, from its JUnit XML) must be identical in every run: the bench lists every test whose
 verdict differs, records that count as a reading (goal: 0) and exits 1. Each run's output is kept in
@@ -181,10 +185,22 @@ def measure(library: Library, lanes: Lanes, turns: int, warm_runs: int, s3: bool
                     name = lane.split()[0]
                     lanes.run(library, lane, turn, True, {**tier, "KCACHE_DIR": str(own / f"{name}-root"),
                                                           "TRITON_CACHE_DIR": str(own / f"{name}-triton")})
+            lanes.run(library, "tuning alone", turn, False, {"TRITON_CACHE_DIR": str(untuned(own / "plain-triton"))})
             for _ in range(warm_runs):
                 lanes.run(library, "plain warm", turn, False, plain)
                 lanes.run(library, "kcache warm", turn, True, kcache)
             longest = max(longest, time.monotonic() - begun)
+
+
+def untuned(cache: Path) -> Path:
+    """A copy of Triton's cache `cache` less its tunes' results (`<kernel>.autotune.json`, Triton 3.3
+    and later): a run on it compiles nothing and tunes again. Empty where the cold run made none."""
+    copy = cache.with_name(f"{cache.name}-untuned")
+    if cache.exists():
+        shutil.copytree(cache, copy, ignore=shutil.ignore_patterns("*.autotune.json"))
+    else:
+        copy.mkdir(parents=True)
+    return copy
 
 
 def bench_rows(library: Library, runs: list[Run]) -> list[dict[str, Any]]:
@@ -205,6 +221,8 @@ def bench_rows(library: Library, runs: list[Run]) -> list[dict[str, Any]]:
         ("second machine (empty root, the first's entries in S3), wall median s", median("second machine"), cold,
          "s", PLAIN),
         ("first machine (empty root, uploading to S3), wall median s", median("first machine"), cold, "s", PLAIN),
+        ("tuning alone (every kernel compiled, no tune's result), wall median s: the floor of a cold run",
+         median("tuning alone"), cold, "s", PLAIN),
         ("Triton compiles, second machine (most of a turn)", compiles("second machine"), compiles("first machine"),
          "runs", "the first machine's"),
         (f"tests whose verdict differs between runs ({len(runs)} runs)",
