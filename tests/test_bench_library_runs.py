@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench.standalone.triton_library import (Lanes, Library, bench_rows, lane_base_env, measure, report,
-                                                    untuned)
+from stress.bench.standalone.triton_library import Lanes, Library, bench_rows, lane_base_env, measure, report, untuned
 
 KERNEL_TEST = '''
 import triton

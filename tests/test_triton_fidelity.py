@@ -2,13 +2,14 @@
 caller, the back half in a worker of the compile service or, at a cold start, a fork of the caller.
 
 tests/triton_fidelity_program.py compiles a corpus of kernels as real libraries write them (blocked and
-TMA matmuls on wgmma, fp8, an Inductor-style fused reduction, a Gluon kernel, a kernel that reads its num_warps) in several configs, in a
-fresh process each way; every file of every group is compared. In the service's lane every config is
-compiled at once, as a tune's compile-ahead compiles them, so configs whose IR is the same share one front
-half (kcache.triton.shared_fronts): counted, and still plain Triton's, byte for byte. The one known difference is cosmetic:
-MLIR's text does not carry block arguments' names, so a kernel with a loop has its IR texts name the
-loop's values `%arg12` where Triton's in-process text says `%k` (docs/design/triton.md): its `.ttir`
-with Triton 3.6, and from Triton 3.7 on, where the names reach them, its `.ttgir` and `.llir` too. The
+TMA matmuls on wgmma, fp8, an Inductor-style fused reduction, a Gluon kernel, a kernel that reads its
+num_warps) in several configs, in a fresh process each way; every file of every group is compared. In
+the service's lane every config is compiled at once, as a tune's compile-ahead compiles them, so configs
+whose IR is the same share one front half (kcache.triton.shared_fronts): counted, and still plain
+Triton's, byte for byte. The one known difference is cosmetic: MLIR's text does not carry block
+arguments' names, so a kernel with a loop has its IR texts name the loop's values `%arg12` where
+Triton's in-process text says `%k` (docs/design/triton.md): its `.ttir` with Triton 3.6, and from
+Triton 3.7 on, where the names reach them, its `.ttgir` and `.llir` too. The
 cubin, the PTX, the source IR and the metadata are the same, always."""
 
 from __future__ import annotations

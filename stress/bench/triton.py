@@ -18,17 +18,18 @@ no GPU needed):
 - autotune (issue 56, GPU only): the compile phase of a 16-config `@triton.autotune` matmul in a fresh
   process (stress.programs.triton_programs.tune: the first tune less the same tune with every config compiled),
   kcache's configs at once (their back halves in the compile service's workers) against Triton's one
-  after another, 3 turns. Goal: at most 0.35x Triton's on a 16-core GPU machine.
+  after another, taking turns, `repeats` each (at most 5: a fresh process's tune spreads by 10-20% on the
+  GPU machine). Goal: at most 0.35x Triton's on a 16-core GPU machine.
 - tunes at once (issue 67, GPU only): 8 fresh processes, one machine's cache, each starting a different
   16-config tune at the same moment (stress.programs.triton_programs.tune, KT_VARIANT: each its own register
-  cap, so no two share a key); the compile phases together: the longest of the processes' times spent
-  compiling (within Triton's `compile` calls, as its compilation listener reports them, overlapping
-  calls counted once: plain Triton's one after another between its benchmarks, kcache's at once
-  ahead of them); and the most assemblies (ptxas) that ran at once. Goals: at most 0.55x plain Triton's
-  (0.5x is the limit: plain Triton keeps 8 cores busy, kcache 16), with at most as many compiles at once
-  as the machine has usable cores. Beside them, each turn, the machine's floor, with no kcache and no
-  tune (stress.programs.triton_programs.wide_floor): the same 128 compiles from one queue in as many
-  processes as cores, against 8 processes compiling 16 each one after another.
+  cap, so no two share a key), taking turns (at most 3 each); the compile phases together: the longest
+  of the processes' times spent compiling (within Triton's `compile` calls, as its compilation listener
+  reports them, overlapping calls counted once: plain Triton's one after another between its
+  benchmarks, kcache's at once ahead of them); and the most assemblies (ptxas) that ran at once. Goals:
+  at most 0.55x plain Triton's (0.5x is the limit: plain Triton keeps 8 cores busy, kcache 16), with at
+  most as many compiles at once as the machine has usable cores. Beside them, each turn, the machine's
+  floor, with no kcache and no tune (stress.programs.triton_programs.wide_floor): the same 128 compiles
+  from one queue in as many processes as cores, against 8 processes compiling 16 each one after another.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str], only: tup
     rows = hit_and_herd_rows(work, caches, repeats, procs) if "hit" in only else []
     rows += cold_rows(work, caches, min(repeats, 9)) if "cold" in only else []
     rows += precompile_rows(work, caches, min(repeats, 5)) if "precompile" in only else []
-    rows += autotune_rows(work, env) if "autotune" in only else []
-    return rows + (tunes_at_once_rows(work, env) if "tunes" in only else [])
+    rows += autotune_rows(work, env, min(repeats, 5)) if "autotune" in only else []
+    return rows + (tunes_at_once_rows(work, env, turns=min(repeats, 3)) if "tunes" in only else [])
 
 
 def hit_and_herd_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int,
