@@ -81,6 +81,10 @@ def test_outside_a_tunes_compile_ahead_every_front_half_is_made_with_the_options
     assert seen == [options, options] and all(type(given) is Options for given in seen)
     with sharing():
         text(Maker("debug"), options)
+        assert shared_fronts._fronts  # held while the sharing lasts
+        unkeyed = [ir_text(object(), "cuda:90", options, {}, lambda given: seen.append(given) or "ir")
+                   for _ in range(2)]
+        assert unkeyed == ["ir", "ir"] and seen[-2:] == [options, options]  # no hash() to key it: made each time
     assert not shared_fronts._fronts  # forgotten when the last sharing ends
 
 

@@ -72,8 +72,8 @@ def sharing() -> Iterator[None]:
 def ir_text(source: Any, target: Any, options: Any, env_vars: dict[str, Any], make: Callable[[Any], str]) -> str:
     """The text of the front half of `source` for `target` and `options`: `make(options)`'s, or, while
     sharing, that of an earlier compile of the same source which read nothing that differs."""
-    if not _active or not hasattr(options, "__dict__"):
-        return make(options)
+    if not _active or not hasattr(options, "__dict__") or not callable(getattr(source, "hash", None)):
+        return make(options)  # outside a compile-ahead, or what this cannot key: made as Triton makes it
     key = (source.hash(), repr(target), tuple(sorted((name, repr(value)) for name, value in env_vars.items())))
     mine = _claim(key, options)
     if isinstance(mine, str):
