@@ -117,3 +117,26 @@ def test_threads_making_the_same_front_half_at_once_make_it_once() -> None:
         first.join(30)
         second.join(30)
     assert results == ["ir debug=False"] * 2 and calls == ["Options"]  # a recording copy, of the same type's name
+
+
+def test_a_front_half_waited_for_past_its_bound_is_made_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_fronts, "WAIT_S", 0.05)
+    started, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def stuck(options: Options) -> str:  # the first caller's, held until the second has made its own
+        calls.append(options.num_warps)
+        started.set()
+        assert release.wait(30)
+        return "ir"
+
+    results: list[str] = []
+    with sharing():
+        first = threading.Thread(target=lambda: results.append(ir_text(Source("k"), "t", Options(4), {}, stuck)))
+        first.start()
+        assert started.wait(30)
+        own = ir_text(Source("k"), "t", Options(8), {}, lambda options: calls.append(options.num_warps) or "own")
+        assert own == "own"
+        release.set()
+        first.join(30)
+    assert calls == [4, 8] and results == ["ir"]

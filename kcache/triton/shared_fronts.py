@@ -101,10 +101,10 @@ def _claim(key: tuple[Any, ...], options: Any) -> str | _Front:
                 mine = _Front(options)
                 made.append(mine)
                 return mine
-        if not pending.done.wait(WAIT_S):
+        if not pending.done.wait(WAIT_S):  # made alone, and kept for others (the sharing may have ended)
             with _lock:
                 mine = _Front(options)
-                _fronts[key].append(mine)
+                _fronts.setdefault(key, []).append(mine)
             return mine
 
 

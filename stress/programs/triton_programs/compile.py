@@ -66,6 +66,11 @@ KERNELS = {
                {"BM": 128, "BN": 128, "BK": 64}),
 }
 TARGET = GPUTarget("cuda", 90, 32)
+# The matmul's 16 tuning configs, (BM, BN, BK, num_warps, num_stages), as stress.programs.triton_programs.tune
+# tunes them and .wide_floor compiles them; the one with num_stages=5 is the only one of its kind.
+MATMUL_CONFIGS = [(bm, bn, bk, warps, stages) for bm, bn in ((128, 128), (128, 64), (64, 128), (64, 64))
+                  for bk, warps, stages in ((32, 4, 3), (64, 4, 3), (32, 8, 4), (64, 8, 4))]
+MATMUL_CONFIGS[5] = (128, 64, 64, 4, 5)
 def compile_kernel(name: str) -> str:
     fn, signature, constexprs = KERNELS[name]
     options = json.loads(os.environ.get("KT_OPTIONS") or "{}")  # e.g. {"num_warps": 8}: another key

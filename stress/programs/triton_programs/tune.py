@@ -24,14 +24,13 @@ import torch
 import triton
 from triton import knobs
 
+from .compile import MATMUL_CONFIGS
 from .compile import matmul_kernel as plain_matmul_kernel
 
 M = N = K = 2048
 # 16 configs; the one with num_stages=5 is the only one of its kind: KT_ABORT aborts its compile.
 CONFIGS = [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=warps, num_stages=stages)
-           for bm, bn in ((128, 128), (128, 64), (64, 128), (64, 64))
-           for bk, warps, stages in ((32, 4, 3), (64, 4, 3), (32, 8, 4), (64, 8, 4))]
-CONFIGS[5] = triton.Config({"BM": 128, "BN": 64, "BK": 64}, num_warps=4, num_stages=5)
+           for bm, bn, bk, warps, stages in MATMUL_CONFIGS]
 ABORTED = CONFIGS[5]
 if os.environ.get("KT_VARIANT"):  # another tune: the same configs, each with a register cap of its own
     CONFIGS = [triton.Config(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages,

@@ -22,26 +22,22 @@ import time
 import triton
 from triton.compiler import ASTSource
 
-from stress.programs.triton_programs.compile import KERNELS, TARGET
+from stress.programs.triton_programs.compile import KERNELS, MATMUL_CONFIGS, TARGET
 
 TUNES = 8
-# The tune program's configs (BM, BN, BK, num_warps, num_stages), without importing it (it needs torch).
-CONFIGS = [(bm, bn, bk, warps, stages) for bm, bn in ((128, 128), (128, 64), (64, 128), (64, 64))
-           for bk, warps, stages in ((32, 4, 3), (64, 4, 3), (32, 8, 4), (64, 8, 4))]
-CONFIGS[5] = (128, 64, 64, 4, 5)
 
 
 def compile_config(job: tuple[int, int]) -> None:
     variant, index = job
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kcache-wide-floor-")
-    bm, bn, bk, warps, stages = CONFIGS[index]
+    bm, bn, bk, warps, stages = MATMUL_CONFIGS[index]
     fn, signature, _ = KERNELS["matmul"]
     triton.compile(ASTSource(fn, signature, {"BM": bm, "BN": bn, "BK": bk}), target=TARGET,
                    options={"num_warps": warps, "num_stages": stages, "maxnreg": 232 - 8 * variant})
 
 
 def one_tune(variant: int) -> None:
-    for index in range(len(CONFIGS)):
+    for index in range(len(MATMUL_CONFIGS)):
         compile_config((variant, index))
 
 
@@ -57,7 +53,7 @@ def main() -> None:
     wide = int(sys.argv[1])
     compile_config((TUNES, 0))  # a key no timed job has: Triton's first-compile initialization, once
     eight = timed(TUNES, one_tune, list(range(TUNES)))
-    every = [(variant, index) for variant in range(TUNES) for index in range(len(CONFIGS))]
+    every = [(variant, index) for variant in range(TUNES) for index in range(len(MATMUL_CONFIGS))]
     print(json.dumps({"eight_s": eight, "wide_s": timed(wide, compile_config, every)}), flush=True)
 
 
