@@ -2,7 +2,8 @@
 
 - `@triton.autotune` over 16 matmul configs, one of whose compiles aborts (Triton's stage hook): plain
   Triton dies; under kcache the tune completes, its pick is correct against torch, the abort fired in
-  another process (a worker of the compile service), and the configs compiled at once (Triton's assembler runs overlapping in time).
+  another process (a worker of the compile service), and the configs compiled at once (Triton's assembler runs overlapping in time);
+  Triton's launcher built once, by the C compiler, beside the tune's assemblies (its build began before the last ended).
 - Inductor (`torch.compile`) with every kernel's compile aborting: Inductor's error, wrapping kcache's
   TritonCompilerCrashed, and the process lives; plain Triton dies.
 """
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,10 +33,32 @@ pytestmark = [
 MANAGER = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 
 
+def timed_c_compiler(folder: Path) -> dict[str, str]:
+    """CC for Triton's C builds (its driver's module, its launchers): a wrapper appending `SOURCE START END`
+    (nanoseconds since the epoch) to `folder/cc-runs` per build."""
+    real = shutil.which("gcc") or shutil.which("clang")
+    wrapper = folder / "cc"
+    wrapper.write_text(f'#!/bin/sh\nstart=$(date +%s%N)\n{real} "$@"\nstatus=$?\n'
+                       f'echo "$(basename "$1") $start $(date +%s%N)" >> {folder / "cc-runs"}\nexit $status\n')
+    wrapper.chmod(0o755)
+    return {"CC": str(wrapper)}
+
+
+def c_builds(folder: Path, source: str) -> list[tuple[int, int]]:
+    """(start, end) of each C build of `source` (a file name) that the wrapper of timed_c_compiler ran."""
+    runs = folder / "cc-runs"
+    lines = runs.read_text().splitlines() if runs.exists() else []
+    return [(int(start), int(end)) for name, start, end in (line.split() for line in lines) if name == source]
+
+
+def last_assembly_end(folder: Path) -> int:
+    return max(int(line.split()[1]) for line in (folder / "spans").read_text().splitlines() if line.startswith("-"))
+
+
 def tune(tmp_path: Path, name: str, **extra: str) -> subprocess.CompletedProcess[str]:
     folder = tmp_path / f"{name}-ptxas"
     folder.mkdir()
-    env = child_env(**timed_assemblers(folder), KCACHE_DIR=str(tmp_path / f"{name}-root"),
+    env = child_env(**timed_assemblers(folder), **timed_c_compiler(folder), KCACHE_DIR=str(tmp_path / f"{name}-root"),
                     TRITON_CACHE_DIR=str(tmp_path / f"{name}-plain"), KT_FIRED=str(tmp_path / f"{name}-fired"), **extra)
     if "TRITON_CACHE_MANAGER" not in extra:
         env.pop("TRITON_CACHE_MANAGER", None)
@@ -55,6 +79,8 @@ def test_an_autotune_whose_config_aborts_completes_correct_with_its_configs_comp
     assert skipped and "num_stages=5" in skipped[0] and "skips this config" in skipped[0], done.stderr[-3000:]
     assert most_at_once(tmp_path / "kcache-ptxas") >= 2, "the configs compiled one after another"
     assert most_at_once(tmp_path / "plain-ptxas") == 1  # plain Triton's: one at a time
+    launcher = c_builds(tmp_path / "kcache-ptxas", "__triton_launcher.c")
+    assert len(launcher) == 1 and launcher[0][0] < last_assembly_end(tmp_path / "kcache-ptxas"), launcher
 
 
 INDUCTOR = """
