@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from stress.bench.standalone import triton_library
+from stress.bench.standalone.library_rows import bench_rows
+from stress.bench.standalone.library_run import Library, Run
 from stress.bench.standalone.library_verdicts import ABSENT, differing, summary, verdicts
-from stress.bench.standalone.triton_library import Library, Run, bench_rows
 from stress.bench.suite.dataset import reading
 from stress.bench.suite.scenarios import scenario_of
 

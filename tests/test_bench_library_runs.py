@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench.standalone.triton_library import Lanes, Library, bench_rows, lane_base_env, measure, report, untuned
+from stress.bench.standalone.library_floors import compiled_at_once_s, untuned
+from stress.bench.standalone.library_rows import bench_rows, report
+from stress.bench.standalone.triton_library import Lanes, Library, lane_base_env, measure
 
 KERNEL_TEST = '''
 import triton
@@ -30,6 +32,38 @@ def test_compiles():
     signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
     compiled = triton.compile(ASTSource(add_kernel, signature, {"BLOCK": 1024}), target=GPUTarget("cuda", 90, 32))
     assert compiled.asm["cubin"]
+'''
+# A real `Autotuner.run` over two configs whose kernel call compiles for sm_90 (no GPU to launch on, none to
+# benchmark on: its benchmark calls the kernel once), as a library's tune compiles each config it benchmarks.
+TUNE_TEST = '''
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.autotuner import Autotuner
+
+
+@triton.jit
+def scale_kernel(x, out, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offsets, tl.load(x + offsets, mask=offsets < n) * 2.0, mask=offsets < n)
+
+
+class Compiling:
+    fn = scale_kernel  # the autotuner finds the Python function below it
+
+    def run(self, *args, BLOCK, num_warps, **options):
+        signature = {"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+        triton.compile(ASTSource(scale_kernel, signature, {"BLOCK": BLOCK}), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps})
+
+
+def test_tunes():
+    configs = [triton.Config({"BLOCK": block}, num_warps=4) for block in (256, 512)]
+    tuner = Autotuner(Compiling(), ["x", "out", "n"], configs, ["n"], None, None,
+                      do_bench=lambda kernel_call, quantiles: (kernel_call(), [1.0, 1.0, 1.0])[1])
+    tuner.run(1, 2, 4096)
+    assert tuner.best_config in configs
 '''
 OTHER_TESTS = '''
 import os
@@ -79,31 +113,43 @@ def test_three_ways_with_identical_verdicts_and_the_second_machine_compiling_not
         check_installed()
     except S3ServerMissing as missing:
         pytest.skip(str(missing))
-    found = library(tmp_path / "library", {"test_kernel.py": KERNEL_TEST, "test_other.py": OTHER_TESTS})
+    found = library(tmp_path / "library", {"test_kernel.py": KERNEL_TEST, "test_tune.py": TUNE_TEST,
+                                           "test_other.py": OTHER_TESTS})
     ran = lanes(tmp_path)
     measure(found, ran, turns=1, warm_runs=1, s3=True)
     assert [run.lane for run in ran.runs] == ["plain cold", "kcache cold", "first machine", "second machine",
                                               "tuning alone", "plain warm", "kcache warm"]
-    expected = {"tests.ops.test_kernel::test_compiles": "passed", "tests.ops.test_other::test_passes": "passed",
+    expected = {"tests.ops.test_kernel::test_compiles": "passed", "tests.ops.test_tune::test_tunes": "passed",
+                "tests.ops.test_other::test_passes": "passed",
                 "tests.ops.test_other::test_fails": "failed", "tests.ops.test_other::test_skipped": "skipped"}
     for run in ran.runs:
         assert run.verdicts == expected, run.lane
         assert run.wall_s > 0
     triton = {run.lane: run.stats["lookups"]["triton"] for run in ran.runs if run.stats}
-    assert triton["kcache cold"]["compiles"] == 1 and triton["first machine"]["compiles"] == 1
-    assert (triton["second machine"]["compiles"], triton["second machine"]["hits"]) == (0, 1)  # from S3
-    assert (triton["kcache warm"]["compiles"], triton["kcache warm"]["hits"]) == (1, 1)  # the cold run's compile
+    assert triton["kcache cold"]["compiles"] == 3 and triton["first machine"]["compiles"] == 3
+    assert (triton["second machine"]["compiles"], triton["second machine"]["hits"]) == (0, 4)  # from S3
+    assert (triton["kcache warm"]["compiles"], triton["kcache warm"]["hits"]) == (3, 5)  # the root counts both runs
+    # Plain Triton's cold run timed its compiles, by tune: the two configs', and the one outside a tune.
+    spans = {run.lane: run.compile_spans for run in ran.runs if run.compile_spans is not None}
+    assert list(spans) == ["plain cold"]
+    tunes, alone = spans["plain cold"]["tunes"], spans["plain cold"]["alone"]
+    assert len(tunes) == 1 and [len(times) for times in tunes.values()] == [2] and len(alone) == 1, spans
+    assert all(0 < took < 60 for took in [*alone, *next(iter(tunes.values()))])
     rows = bench_rows(found, ran.runs)
     assert [r["metric"] for r in rows] == [
         "cold, wall median s", "warm, wall median s",
         "second machine (empty root, the first's entries in S3), wall median s",
         "first machine (empty root, uploading to S3), wall median s",
         "tuning alone (every kernel compiled, no tune's result), wall median s: the floor of a cold run",
+        "tuning alone and each tune's longest compile, s: the floor of a cold run whose tunes' configs compile "
+        "at once",
         "Triton compiles, second machine (most of a turn)", "tests whose verdict differs between runs (7 runs)"]
+    alone_run = next(run for run in ran.runs if run.lane == "tuning alone")
+    assert rows[5]["kcache"] == pytest.approx(alone_run.wall_s + max(*next(iter(tunes.values()))) + alone[0])
     assert rows[-1]["kcache"] == 0 and rows[-2]["kcache"] == 0
     assert report(found, ran.runs, rows) == 0
     out = capsys.readouterr().out
-    assert "verdicts identical in all 7 runs: 4 tests: 1 failed, 2 passed, 1 skipped" in out
+    assert "verdicts identical in all 7 runs: 5 tests: 1 failed, 3 passed, 1 skipped" in out
     logs = sorted(path.name for path in ran.logs.iterdir())
     assert len(logs) == 9 and logs[2] == "03-plain-cold-turn1.log"  # two warm-ups first, then each run's
 
@@ -118,6 +164,11 @@ def test_the_floor_lane_runs_on_triton_s_cache_less_its_tunes_results(tmp_path: 
     assert sorted(str(path.relative_to(copy)) for path in copy.rglob("*") if path.is_file()) == [
         "KEY1/matmul_kernel.cubin", "KEY1/matmul_kernel.json"]
     assert (cache / "KEY2" / "matmul_kernel.autotune.json").exists()  # the plain lane's own cache is left whole
+
+
+def test_where_every_tunes_configs_compile_at_once_a_cold_run_adds_each_tunes_longest_and_every_lone_compile() -> None:
+    spans = {"tunes": {"a (1024,)": [0.5, 2.0, 1.0], "a (2048,)": [0.25], "b (1024,)": []}, "alone": [0.5, 0.75]}
+    assert compiled_at_once_s(spans) == 2.0 + 0.25 + 0.5 + 0.75
 
 
 def test_a_verdict_that_depends_on_the_lane_fails_the_report(tmp_path: Path,

@@ -20,7 +20,8 @@ the user waits for); plain Triton's runs with an empty TRITON_CACHE_DIR, kcache'
 - tuning alone: plain Triton on a copy of its cold run's cache less the tunes' results (Triton's
   `*.autotune.json`): every kernel is compiled and every tune benchmarks again. No goal: the floor
   under the cold run of any cache that keeps the program's tunes (a cold run tunes; a cache of
-  compiled kernels takes away the compiles, never the benchmarks).
+  compiled kernels takes away the compiles, never the benchmarks). With each tune's longest compile in
+  plain Triton's cold run: the floor where a tune's configs compile at once (library_floors).
 Medians over the turns (`--turns`; `--within-s` starts no turn that could end after it). pytest's verdicts
 (every test's outcome, from its JUnit XML) must be identical in every run: the bench lists every test whose
 verdict differs, records that count as a reading (goal: 0) and exits 1. Each run's output is kept in
@@ -33,7 +34,6 @@ import importlib.metadata
 import json
 import secrets
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,42 +47,16 @@ from stress.procs import PROJECT, worker_env
 from stress.service_runtime import fresh_runtime, stop_services
 
 from ..suite.children import bytecode_as_installed
-from ..suite.dataset import this_machine
-from ..suite.own_run import own_parser, print_readings, run_own, skipped, write_rows
-from ..suite.rows import row
-from ..suite.timing import utc_now
-from .library_verdicts import differing, summary, verdicts
+from ..suite.own_run import own_parser, run_own, skipped, write_rows
+from .library_floors import untuned
+from .library_rows import bench_rows, report
+from .library_run import Library, Run
+from .library_verdicts import summary, verdicts
 
 LIBRARY = PROJECT / ".gpu" / "library" / "fla"
 DIST = "fla-core"
 TESTS = "tests/ops/test_hgrn.py"
-PLAIN = "plain Triton, cold (empty TRITON_CACHE_DIR)"
 RUN_TIMEOUT_S = 1200.0  # one pytest run; a cold run of the default module takes a few minutes on an H200
-
-
-@dataclass
-class Run:
-    name: str  # numbered, as its log: "03-kcache-cold-turn1"
-    lane: str
-    turn: int
-    wall_s: float
-    verdicts: dict[str, str]  # test -> its outcome(s)
-    stats: dict[str, Any]  # a kcache run's root's `kcache stats --json` after it (cumulative); {} for Triton's
-
-
-@dataclass
-class Library:
-    """What is run: the folder of the library's tests, the module in it, pytest's -k, and the library."""
-    folder: Path
-    tests: str
-    keyword: str | None
-    dist: str
-    version: str
-
-    @property
-    def label(self) -> str:
-        selected = f" -k {self.keyword!r}" if self.keyword else ""
-        return f"triton-library ({self.dist} {self.version}: {self.tests}{selected})"
 
 
 @dataclass
@@ -96,9 +70,10 @@ class Lanes:
     started: int = 0  # runs started, the warm-up's too: each run's folder and log are numbered
 
     def run(self, library: Library, lane: str, turn: int, kcache: bool, env: dict[str, str],
-            collect_only: bool = False) -> Run:
+            collect_only: bool = False, spans: Path | None = None) -> Run:
         """One fresh pytest of the module on a fresh copy of the library's folder, recorded in `runs`
-        unless `collect_only` (a run that only imports: not timed, nothing recorded)."""
+        unless `collect_only` (a run that only imports: not timed, nothing recorded); with `spans`, its
+        compiles timed there by stress.bench.jobs.compile_spans."""
         self.started += 1
         name = f"{self.started:02d}-{lane.replace(' ', '-')}-turn{turn + 1}"
         folder = self.work / name
@@ -109,7 +84,10 @@ class Lanes:
         (copy / "pytest.ini").write_text("[pytest]\n")
         command = [sys.executable, *(["-m", "kcache", "run"] if kcache else []), "-m", "pytest", "-q",
                    "-p", "no:cacheprovider", "--rootdir", str(copy), "--junitxml", str(junit), library.tests,
-                   *(["-k", library.keyword] if library.keyword else []), *(["--collect-only"] if collect_only else [])]
+                   *(["-k", library.keyword] if library.keyword else []), *(["--collect-only"] if collect_only else []),
+                   *(["-p", "stress.bench.jobs.compile_spans"] if spans else [])]
+        if spans:
+            env = {**env, "KT_COMPILE_SPANS": str(spans)}
         log = self.logs / f"{name}.log"
         runtime = fresh_runtime("kl-") if kcache else None  # a compile service of its own, as a fresh machine's
         try:
@@ -135,7 +113,8 @@ class Lanes:
             said = log.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{lane}: pytest exited {status} (output in {log}):\n{said}")
         stats = {} if collect_only or not kcache else self.stats(env["KCACHE_DIR"])
-        found = Run(name, lane, turn, wall, verdicts(junit), stats)
+        found = Run(name, lane, turn, wall, verdicts(junit), stats,
+                    json.loads(spans.read_text()) if spans and spans.exists() else None)
         if not collect_only:
             self.runs.append(found)
             got = found.stats.get("lookups", {}).get("triton")
@@ -176,9 +155,9 @@ def measure(library: Library, lanes: Lanes, turns: int, warm_runs: int, s3: bool
             own = lanes.work / f"turn-{turn}"
             plain = {"TRITON_CACHE_DIR": str(own / "plain-triton")}
             kcache = {"KCACHE_DIR": str(own / "kcache-root"), "TRITON_CACHE_DIR": str(own / "kcache-triton")}
-            cold = [("plain cold", False, plain), ("kcache cold", True, kcache)]
-            for lane, is_kcache, env in cold if turn % 2 == 0 else cold[::-1]:  # a drift falls on both
-                lanes.run(library, lane, turn, is_kcache, env)
+            cold = [("plain cold", False, plain, own / "compile-spans.json"), ("kcache cold", True, kcache, None)]
+            for lane, is_kcache, env, spans in cold if turn % 2 == 0 else cold[::-1]:  # a drift falls on both
+                lanes.run(library, lane, turn, is_kcache, env, spans=spans)
             if server is not None:
                 tier = {**server.env, "KCACHE_REMOTE": server.url(f"library-{turn}"), "KCACHE_REMOTE_SECRET": secret}
                 for lane in ("first machine", "second machine"):
@@ -190,61 +169,6 @@ def measure(library: Library, lanes: Lanes, turns: int, warm_runs: int, s3: bool
                 lanes.run(library, "plain warm", turn, False, plain)
                 lanes.run(library, "kcache warm", turn, True, kcache)
             longest = max(longest, time.monotonic() - begun)
-
-
-def untuned(cache: Path) -> Path:
-    """A copy of Triton's cache `cache` less its tunes' results (`<kernel>.autotune.json`, Triton 3.3
-    and later): a run on it compiles nothing and tunes again. Empty where the cold run made none."""
-    copy = cache.with_name(f"{cache.name}-untuned")
-    if cache.exists():
-        shutil.copytree(cache, copy, ignore=shutil.ignore_patterns("*.autotune.json"))
-    else:
-        copy.mkdir(parents=True)
-    return copy
-
-
-def bench_rows(library: Library, runs: list[Run]) -> list[dict[str, Any]]:
-    """The bench's rows: medians of each lane, against plain Triton's; none for a lane that did not run."""
-
-    def median(lane: str) -> float | None:
-        walls = [run.wall_s for run in runs if run.lane == lane]
-        return statistics.median(walls) if walls else None
-
-    def compiles(lane: str) -> float | None:  # None where a root was never made (nothing compiled or fetched)
-        counted = [run.stats.get("lookups", {}).get("triton", {}).get("compiles") for run in runs if run.lane == lane]
-        return None if not counted or None in counted else max(counted)
-
-    cold = median("plain cold")
-    readings: list[tuple[str, float | None, float | None, str, str]] = [
-        ("cold, wall median s", median("kcache cold"), cold, "s", PLAIN),
-        ("warm, wall median s", median("kcache warm"), median("plain warm"), "s", "plain Triton on its own warm cache"),
-        ("second machine (empty root, the first's entries in S3), wall median s", median("second machine"), cold,
-         "s", PLAIN),
-        ("first machine (empty root, uploading to S3), wall median s", median("first machine"), cold, "s", PLAIN),
-        ("tuning alone (every kernel compiled, no tune's result), wall median s: the floor of a cold run",
-         median("tuning alone"), cold, "s", PLAIN),
-        ("Triton compiles, second machine (most of a turn)", compiles("second machine"), compiles("first machine"),
-         "runs", "the first machine's"),
-        (f"tests whose verdict differs between runs ({len(runs)} runs)",
-         len(differing({run.name: run.verdicts for run in runs})), None, "tests", "")]
-    return [row(library.label, metric, value, baseline, unit, against)
-            for metric, value, baseline, unit, against in readings if value is not None]
-
-
-def report(library: Library, runs: list[Run], rows: list[dict[str, Any]]) -> int:
-    """The table and the verdicts' comparison; 1 where a verdict differs between runs."""
-    device, cores = this_machine()
-    print(f"triton-library: {library.label}, {device}, {cores} cores, {utc_now()}")
-    print_readings(rows, 70)
-    different = differing({run.name: run.verdicts for run in runs})
-    if not different:
-        print(f"  verdicts identical in all {len(runs)} runs: {summary(runs[0].verdicts)}")
-        return 0
-    print(f"triton-library: VERDICTS DIFFER: {len(different)} tests do not have one verdict in all {len(runs)} "
-          "runs; the timings compare different work", file=sys.stderr)
-    for test, seen in different.items():
-        print(f"  {test}: " + "; ".join(f"{run}: {verdict}" for run, verdict in seen.items()), file=sys.stderr)
-    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,61 @@
+"""A pytest plugin, loaded (`-p stress.bench.jobs.compile_spans`) into the plain cold runs of `python -m
+stress.bench --only triton-library`: how long each of the run's Triton compiles took, and which tune it
+belongs to, from Triton's compilation listener; written as JSON to the file that KT_COMPILE_SPANS names
+when the run ends. Nothing is recorded where that variable is unset.
+
+The file: {"tunes": {tune: [seconds, ...]}, "alone": [seconds, ...]}: a compile under an `Autotuner.run`
+(found up the listener's stack by that method's code, as kcache's compile-ahead finds it) is its tune's,
+named by the tuner and the tuning key; any other compile is alone. A hit (`cache_hit`) took no compile.
+A listener the library set itself is called after this one's note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+SPANS_VARIABLE = "KT_COMPILE_SPANS"
+_recorded: dict[str, Any] = {"tunes": {}, "alone": []}
+
+
+def pytest_configure(config: Any) -> None:
+    if not os.environ.get(SPANS_VARIABLE):
+        return
+    from triton import knobs
+
+    previous = knobs.compilation.listener
+
+    def listen(*, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool) -> None:
+        if not cache_hit:
+            took = (times.ir_initialization + sum(us for _, us in times.lowering_stages) + times.store_results) / 1e6
+            tune = tune_of(sys._getframe(1))
+            if tune is None:
+                _recorded["alone"].append(took)
+            else:
+                _recorded["tunes"].setdefault(tune, []).append(took)
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
+
+    knobs.compilation.listener = listen
+
+
+def pytest_unconfigure(config: Any) -> None:
+    path = os.environ.get(SPANS_VARIABLE)
+    if path:
+        Path(path).write_text(json.dumps(_recorded))
+
+
+def tune_of(frame: FrameType | None) -> str | None:
+    """"<tuner's id> <tuning key>" of the `Autotuner.run` up the stack from `frame`, or None."""
+    autotuner = sys.modules.get("triton.runtime.autotuner")
+    run_code = getattr(getattr(autotuner, "Autotuner", None), "run", None)
+    run_code = getattr(run_code, "__code__", None)
+    while frame is not None:
+        if frame.f_code is run_code:
+            return f"{id(frame.f_locals.get('self')):x} {frame.f_locals.get('key')!r}"
+        frame = frame.f_back
+    return None
