@@ -8,7 +8,8 @@ own runs: no cache can take a cold run below them.
   tune's configs compile at once, each as fast as alone, before its benchmarks (`compiled_at_once_s`):
   the tune's longest compile, and every compile of no tune. Read from the compiles of plain Triton's
   cold run (stress.bench.jobs.compile_spans): the floor of a cache that compiles a tune's configs
-  together and times none of them beside a compile (docs/design/triton.md: why).
+  together and times none of them beside a compile (docs/design/triton.md: why). That run, the cold
+  baseline itself, carries Triton's listener for it: a call and a walk up the stack per compile.
 """
 
 from __future__ import annotations
