@@ -1,6 +1,7 @@
 """kcache.triton.parallel_tune's launcher ahead: during a tune's compile-ahead, the first config to compile
-builds Triton's launcher in its own thread, once, while the others compile (tests/test_gpu_triton_isolation.py
-times the real one against the tune's assemblies on the GPU)."""
+builds Triton's launcher in its own thread, once, while the others compile (tests/test_triton_tune_ahead.py
+sees it made before a real tune's first benchmark on the CPU; tests/test_gpu_triton_isolation.py times the
+real build against the tune's assemblies on the GPU)."""
 
 from __future__ import annotations
 
