@@ -146,3 +146,19 @@ def test_the_triton_precompile_row_compiles_its_8_forks_in_both_lanes(tmp_path: 
     assert found["kcache"] > 0 and found["tilelang"] > 0 and found["baseline"] == "triton in the same forks"
     groups = [name for name in os.listdir(tmp_path / "precompile-kcache-0" / "triton") if not name.startswith(".")]
     assert len(groups) >= 9  # the caller's baseline and the 8 configs
+
+
+def test_without_a_gpu_the_autotune_row_times_the_tunes_compiles_under_a_driver_that_launches_nothing(
+        tmp_path: Path, runtime: Path) -> None:
+    """stress.bench --only triton's autotune row, one turn on the CPU: a row of its own, with no goal,
+    whose kcache lane compiled the tune's configs ahead into its root (16 groups) and Triton's into its
+    own cache."""
+    from stress.bench.suite.goals import judge
+    from stress.bench.triton import autotune_rows
+    from stress.procs import worker_env
+
+    (found,) = autotune_rows(tmp_path, worker_env(), 1)
+    assert found["metric"] == "tune's compiles median s" and found["kcache"] > 0 and found["tilelang"] > 0
+    assert judge("triton", found) == (None, None)
+    groups = [name for name in os.listdir(tmp_path / "cpu_tune-kcache-0" / "triton") if not name.startswith(".")]
+    assert len(groups) >= 16

@@ -1,6 +1,6 @@
 """A tune's compile-ahead on the CPU (kcache.triton.parallel_tune, issue 67): a real `@triton.autotune`
 over 16 matmul configs, with a driver that compiles for sm_90 and launches nothing
-(tests/triton_tune_program.py), in a fresh process each way. Under kcache the first config's compile
+(stress.programs.triton_programs.cpu_tune), in a fresh process each way. Under kcache the first config's compile
 finds the tune up its stack and compiles every config at once, their back halves in the compile
 service's workers and their front halves shared where equal; the launcher is made ahead, before the first
 benchmark's; the pick and every config's cubin are plain Triton's. With a config whose compile aborts,
@@ -26,7 +26,7 @@ CONFIGS = 16
 
 
 def tune(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tests.triton_tune_program"], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.cpu_tune"], capture_output=True, text=True,
                           env=env, cwd=str(PROJECT), timeout=600)
 
 

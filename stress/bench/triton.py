@@ -15,11 +15,13 @@ no GPU needed):
   a caller compiles one config, then 8 forks of it compile a config each, at once; the time until the
   last is reaped, kcache's manager against Triton's, taking turns (at most 5 each). No goal of its own
   (Helion's first tune has one): what kcache costs in those forks.
-- autotune (issue 56, GPU only): the compile phase of a 16-config `@triton.autotune` matmul in a fresh
+- autotune (issue 56): the compile phase of a 16-config `@triton.autotune` matmul in a fresh
   process (stress.programs.triton_programs.tune: the first tune less the same tune with every config compiled),
   kcache's configs at once (their back halves in the compile service's workers) against Triton's one
   after another, taking turns, `repeats` each (at most 5: a fresh process's tune spreads by 10-20% on the
-  GPU machine). Goal: at most 0.35x Triton's on a 16-core GPU machine.
+  GPU machine). Goal: at most 0.35x Triton's on a 16-core GPU machine. Without a GPU, a row of its own
+  with no goal: the same tune under a driver that compiles for sm_90 and launches nothing
+  (stress.programs.triton_programs.cpu_tune), the tune's time being its compiles'.
 - tunes at once (issue 67, GPU only): 8 fresh processes, one machine's cache, each starting a different
   16-config tune at the same moment (stress.programs.triton_programs.tune, KT_VARIANT: each its own register
   cap, so no two share a key), taking turns (at most 3 each); the compile phases together: the longest
@@ -156,24 +158,13 @@ def precompile_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int)
 
 
 def autotune_rows(work: Path, env: dict[str, str], turns: int = 3) -> list[dict[str, Any]]:
-    """The compile phase of a 16-config tune on the GPU, kcache's and Triton's in turns (none without a GPU)."""
+    """The compile phase of a 16-config tune on the GPU, kcache's and Triton's in turns; without a GPU,
+    the same tune's compiles under a driver that launches nothing (`cpu_tune_rows`)."""
     import torch
 
     if not torch.cuda.is_available():
-        print("triton: autotune compile phase not measured: Triton's autotuner needs a GPU to benchmark", flush=True)
-        return []
-    phases: dict[str, list[float]] = {"kcache": [], "triton": []}
-    for turn in range(turns):
-        for name, extra in (("kcache", KCACHE), ("triton", {})):
-            folder = work / f"tune-{name}-{turn}"
-            run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
-            done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.tune"], capture_output=True,
-                                  text=True, cwd=str(PROJECT), timeout=900,
-                                  env={**run_env, **extra, "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
-            if done.returncode != 0:
-                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}) exited {done.returncode}: {done.stderr[-800:]}")
-            phases[name].append(json.loads(done.stdout.splitlines()[-1])["compile_phase_s"])
-    kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
+        return cpu_tune_rows(work, env, turns)
+    kcache, triton = tune_medians(work, env, turns, "tune", "compile_phase_s")
     fronts = front_halves_s(work, env)
     print(f"triton: autotune compile phase (16 configs), median of {turns}: kcache {kcache:.3f} s, Triton "
           f"{triton:.3f} s, {kcache / triton:.3f}x (goal: at most 0.35x on 16 cores); the front halves alone, "
@@ -182,6 +173,35 @@ def autotune_rows(work: Path, env: dict[str, str], turns: int = 3) -> list[dict[
                 "s", "triton in-process compiles"),
             row("triton autotune (16 configs, fresh process)", "front halves in the caller s", fronts, triton,
                 "s", "triton in-process compiles")]
+
+
+def cpu_tune_rows(work: Path, env: dict[str, str], turns: int) -> list[dict[str, Any]]:
+    """Without a GPU: the 16-config tune under a driver that compiles for sm_90 and launches nothing
+    (stress.programs.triton_programs.cpu_tune), where the tune's time is its compiles'. No goal (the
+    goal is the GPU's 16 cores'): it shows a change to the compile-ahead on any machine."""
+    kcache, triton = tune_medians(work, env, turns, "cpu_tune", "tune_s")
+    print(f"triton: no GPU: a 16-config tune's compiles under a driver that launches nothing, median of {turns}: "
+          f"kcache {kcache:.3f} s, Triton {triton:.3f} s, {kcache / triton:.3f}x", flush=True)
+    return [row("triton autotune (16 configs, fresh process, a driver that launches nothing)",
+                "tune's compiles median s", kcache, triton, "s", "triton in-process compiles")]
+
+
+def tune_medians(work: Path, env: dict[str, str], turns: int, program: str, field: str) -> tuple[float, float]:
+    """The medians of `field` in the JSON of `stress.programs.triton_programs.<program>`, a fresh process
+    each, kcache's and Triton's in turns, each on an empty root: (kcache's, Triton's)."""
+    seen: dict[str, list[float]] = {"kcache": [], "triton": []}
+    for turn in range(turns):
+        for name, extra in (("kcache", KCACHE), ("triton", {})):
+            folder = work / f"{program}-{name}-{turn}"
+            run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
+            done = subprocess.run([sys.executable, "-m", f"stress.programs.triton_programs.{program}"],
+                                  capture_output=True, text=True, cwd=str(PROJECT), timeout=900,
+                                  env={**run_env, **extra, "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
+            if done.returncode != 0:
+                raise RuntimeError(f"stress.programs.triton_programs.{program} ({name}) exited {done.returncode}: "
+                                   f"{done.stderr[-800:]}")
+            seen[name].append(json.loads(done.stdout.splitlines()[-1])[field])
+    return statistics.median(seen["kcache"]), statistics.median(seen["triton"])
 
 
 def front_halves_s(work: Path, env: dict[str, str]) -> float:

@@ -1,14 +1,15 @@
 """A 16-config `@triton.autotune` of the bench's matmul (stress.programs.triton_programs.tune's configs), on
 the CPU: Triton's driver is replaced by one that compiles for sm_90 and launches nothing, so that a tune
-runs here as on a GPU, through Triton's own `Autotuner.run`, `_bench` and `JITFunction.run`, and so
-kcache's compile-ahead with it. Its benchmark calls each config once and times the configs in their
-order, the last fastest, so that every run picks the same one.
+runs without a GPU as on one, through Triton's own `Autotuner.run`, `_bench` and `JITFunction.run`, and
+so kcache's compile-ahead with it. Its benchmark calls each config once and times the configs in their
+order, the last fastest, so that every run picks the same one: the tune's time is its compiles'.
 
-    python -m tests.triton_tune_program      (KT_ABORT=1: one config's compile aborts, in its `llir` stage;
-                                              KT_FIRED: the file the abort notes its pid in)
+    python -m stress.programs.triton_programs.cpu_tune   (KT_ABORT=1: one config's compile aborts, in its
+                                                      `llir` stage; KT_FIRED: the file the abort notes its pid in)
 
-Prints one JSON object: the pick, each config's cubin sha256, the front halves made (`ASTSource.make_ir`
-calls in this process), and what the driver saw, in order: each launcher made, each launch.
+Prints one JSON object: the tune's seconds, the pick, each config's cubin sha256, the front halves made
+(`ASTSource.make_ir` calls in this process), and what the driver saw, in order: each launcher made, each
+launch. Run by tests/test_triton_tune_ahead.py and, without a GPU, by the bench's autotune row.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime import driver
 
-from stress.programs.triton_programs.tune import CONFIGS, abort_one_config, matmul_kernel
+from .tune import CONFIGS, abort_one_config, matmul_kernel
 
 SIZE = 256
 EVENTS: list[str] = []
@@ -90,11 +92,13 @@ def main() -> None:
     driver.set_active(Sm90WithoutGpu())
     tuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K"], do_bench=in_order())(matmul_kernel.fn)
     a, b, c = (torch.empty((SIZE, SIZE), dtype=torch.float16) for _ in range(3))
+    started = time.perf_counter()
     tuned[(1,)](a, b, c, SIZE, SIZE, SIZE, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    tune_s = time.perf_counter() - started
     kernels = tuned.fn.device_caches[0][0].values()
     cubins = {f"{sorted(kernel.src.constants.items())} w{kernel.metadata.num_warps} s{kernel.metadata.num_stages}":
               hashlib.sha256(kernel.asm["cubin"]).hexdigest() for kernel in kernels}
-    print(json.dumps({"best": str(tuned.best_config), "cubins": cubins, "fronts": fronts[0], "events": EVENTS,
+    print(json.dumps({"tune_s": tune_s, "best": str(tuned.best_config), "cubins": cubins, "fronts": fronts[0], "events": EVENTS,
                       "pid": os.getpid()}))
 
 
