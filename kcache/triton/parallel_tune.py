@@ -25,12 +25,14 @@ loads the manager at its first compile, after that tune pruned its configs).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -97,9 +99,35 @@ def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list) -> None:
 
     warm_workers(len(configs))  # the service forks its workers while the front halves run here
     with shared_fronts.sharing(), ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
-        with _async_compile.AsyncCompileMode(LauncherAhead(pool, build_launcher), ignore_errors=True):
+        with compiling_at_once(LauncherAhead(pool, build_launcher)):
             for config in configs:
                 warm(config)
+
+
+@contextmanager
+def compiling_at_once(executor: Executor) -> Iterator[Any]:
+    """Triton's `AsyncCompileMode` over `executor`, whose compiles that fail are left to their benchmark:
+    Triton's own `ignore_errors=True` (3.6 and later: those that compiled are finalized into the JIT's
+    cache, the others cleaned up as that Triton does). Triton 3.5's mode has no `ignore_errors` and,
+    ending, raises at the first failure and stays active in this thread; so there it is ended here:
+    every compile waited for, those that compiled finalized (3.5 leaves nothing behind of the others)."""
+    from triton.runtime import _async_compile
+
+    if "ignore_errors" in inspect.signature(_async_compile.AsyncCompileMode).parameters:
+        with _async_compile.AsyncCompileMode(executor, ignore_errors=True) as mode:
+            yield mode
+        return
+    mode = _async_compile.AsyncCompileMode(executor)
+    mode.__enter__()
+    try:
+        yield mode
+    finally:
+        try:
+            for future in as_completed(mode.raw_futures):
+                if future.exception() is None:
+                    mode.future_kernels[future._key].result()
+        finally:
+            _async_compile.active_mode.set(None)
 
 
 class LauncherAhead(Executor):

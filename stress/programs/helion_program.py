@@ -103,6 +103,8 @@ def example(name: str, device: str = "cuda") -> tuple[Any, tuple[torch.Tensor, .
 
 def abort_the_first_compile() -> None:
     def hook(self=None, stages=None, options=None, language=None, capability=None):  # noqa: ANN001, ANN202
+        if self is None and stages is None:  # Triton 3.7 and later ask it what it adds to the cache key
+            return "", ""
         if stages is None:
             return
         llir = stages["llir"]

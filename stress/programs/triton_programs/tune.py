@@ -44,6 +44,8 @@ matmul_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(plain_matm
 
 def abort_one_config() -> None:
     def hook(self=None, stages=None, options=None, language=None, capability=None):  # noqa: ANN001, ANN202
+        if self is None and stages is None:  # Triton 3.7 and later ask it what it adds to the cache key
+            return "", ""
         if stages is None or options.num_stages != ABORTED.num_stages:
             return
         llir = stages["llir"]
