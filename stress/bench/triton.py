@@ -190,10 +190,10 @@ def tune_medians(work: Path, env: dict[str, str], turns: int, program: str, fiel
     """The medians of `field` in the JSON of `stress.programs.triton_programs.<program>`, a fresh process
     each, kcache's and Triton's in turns, each on an empty root: (kcache's, Triton's)."""
     seen: dict[str, list[float]] = {"kcache": [], "triton": []}
+    run_env = plain_env(env)
     for turn in range(turns):
         for name, extra in (("kcache", KCACHE), ("triton", {})):
             folder = work / f"{program}-{name}-{turn}"
-            run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
             done = subprocess.run([sys.executable, "-m", f"stress.programs.triton_programs.{program}"],
                                   capture_output=True, text=True, cwd=str(PROJECT), timeout=900,
                                   env={**run_env, **extra, "KCACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder)})
@@ -208,7 +208,7 @@ def front_halves_s(work: Path, env: dict[str, str]) -> float:
     """The CPU time of a tune's front halves (each config's kernel to Triton's IR, in the caller, as
     kcache.triton.isolation logs it): a floor under kcache's compile phase, since they share the GIL."""
     folder = work / "tune-fronts"
-    run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
+    run_env = plain_env(env)
     done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.tune"], capture_output=True, text=True,
                           cwd=str(PROJECT), timeout=900, env={**run_env, **KCACHE, "KCACHE_LOG": "debug",
                                                                "KT_LOG_TIMES": "1", "KCACHE_DIR": str(folder),
@@ -235,7 +235,7 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
         for name, extra in (("kcache", KCACHE), ("triton", {})):
             folder = work / f"tunes-{name}-{turn}"
             folder.mkdir(parents=True)
-            run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
+            run_env = plain_env(env)
             run_env.update(extra)
             run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
                            TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1")
@@ -271,13 +271,18 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
 
 def wide_floor(env: dict[str, str]) -> dict[str, float]:
     """The machine's floor under the tunes at once (stress.programs.triton_programs.wide_floor), no kcache."""
-    run_env = {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
+    run_env = plain_env(env)
     done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.wide_floor",
                            str(len(os.sched_getaffinity(0)))], capture_output=True, text=True, cwd=str(PROJECT),
                           timeout=900, env=run_env)
     if done.returncode != 0:
         raise RuntimeError(f"stress.programs.triton_programs.wide_floor exited {done.returncode}: {done.stderr[-800:]}")
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def plain_env(env: dict[str, str]) -> dict[str, str]:
+    """A child's environment (worker_env) with Triton's own cache manager: each lane adds kcache's."""
+    return {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

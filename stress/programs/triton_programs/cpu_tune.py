@@ -98,8 +98,8 @@ def main() -> None:
     kernels = tuned.fn.device_caches[0][0].values()
     cubins = {f"{sorted(kernel.src.constants.items())} w{kernel.metadata.num_warps} s{kernel.metadata.num_stages}":
               hashlib.sha256(kernel.asm["cubin"]).hexdigest() for kernel in kernels}
-    print(json.dumps({"tune_s": tune_s, "best": str(tuned.best_config), "cubins": cubins, "fronts": fronts[0], "events": EVENTS,
-                      "pid": os.getpid()}))
+    print(json.dumps({"tune_s": tune_s, "best": str(tuned.best_config), "cubins": cubins, "fronts": fronts[0],
+                      "events": EVENTS, "pid": os.getpid()}))
 
 
 if __name__ == "__main__":
