@@ -3,7 +3,8 @@
 - `@triton.autotune` over 16 matmul configs, one of whose compiles aborts (Triton's stage hook): plain
   Triton dies; under kcache the tune completes, its pick is correct against torch, the abort fired in
   another process (a worker of the compile service), and the configs compiled at once (Triton's assembler runs overlapping in time);
-  Triton's launcher built once, by the C compiler, beside the tune's assemblies (its build began before the last ended).
+  Triton's launcher built once, by the C compiler, beside the tune's compiles (its build began before the first
+  assembly ended: from the kernel's source, as the tune began).
 - Inductor (`torch.compile`) with every kernel's compile aborting: Inductor's error, wrapping kcache's
   TritonCompilerCrashed, and the process lives; plain Triton dies.
 """
@@ -51,8 +52,8 @@ def c_builds(folder: Path, source: str) -> list[tuple[int, int]]:
     return [(int(start), int(end)) for name, start, end in (line.split() for line in lines) if name == source]
 
 
-def last_assembly_end(folder: Path) -> int:
-    return max(int(line.split()[1]) for line in (folder / "spans").read_text().splitlines() if line.startswith("-"))
+def assemblies_ended_before(folder: Path, stamp: int) -> int:
+    return sum(int(line.split()[1]) < stamp for line in (folder / "spans").read_text().splitlines() if line.startswith("-"))
 
 
 def tune(tmp_path: Path, name: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -80,7 +81,8 @@ def test_an_autotune_whose_config_aborts_completes_correct_with_its_configs_comp
     assert most_at_once(tmp_path / "kcache-ptxas") >= 2, "the configs compiled one after another"
     assert most_at_once(tmp_path / "plain-ptxas") == 1  # plain Triton's: one at a time
     launcher = c_builds(tmp_path / "kcache-ptxas", "__triton_launcher.c")
-    assert len(launcher) == 1 and launcher[0][0] < last_assembly_end(tmp_path / "kcache-ptxas"), launcher
+    # Begun before any config's assembly ended (one may have: the compile service's own warm-up kernel's).
+    assert len(launcher) == 1 and assemblies_ended_before(tmp_path / "kcache-ptxas", launcher[0][0]) <= 1, launcher
 
 
 INDUCTOR = """

@@ -1,21 +1,23 @@
-"""kcache.triton.parallel_tune's launcher ahead: during a tune's compile-ahead, the first config to compile
-builds Triton's launcher in its own thread, once, while the others compile (tests/test_triton_tune_ahead.py
-sees it made before a real tune's first benchmark on the CPU; tests/test_gpu_triton_isolation.py times the
-real build against the tune's assemblies on the GPU)."""
+"""kcache.triton.launcher_ahead: during a tune's compile-ahead, Triton's launcher built from the kernel's source
+in a thread of its own (a kernel without tensor descriptors), or else by the first config to compile, once,
+while the others compile (tests/test_triton_tune_ahead.py sees it made before any config of a real tune
+compiled, on the CPU; tests/test_gpu_triton_isolation.py times the real build against the tune's
+assemblies on the GPU)."""
 
 from __future__ import annotations
 
 import inspect
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from triton.runtime._async_compile import active_mode
 
-from kcache.triton.parallel_tune import LauncherAhead, build_launcher, compiling_at_once
+from kcache.triton.launcher_ahead import THREAD_NAME, LauncherAhead, build_launcher, from_source
+from kcache.triton.parallel_tune import compiling_at_once
 
 WAIT_S = 30
 
@@ -76,3 +78,50 @@ def test_a_launcher_that_cannot_be_built_ahead_is_left_to_the_kernels_first_load
     with caplog.at_level(logging.DEBUG, logger="kcache"):
         build_launcher(Kernel())  # no GPU here: Triton finds no active driver
     assert "building Triton's launcher ahead failed" in caplog.text, caplog.text
+
+
+class Source:
+    """An `ASTSource` as a launcher reads it: the kernel's signature."""
+
+    def __init__(self, signature: dict[str, str]) -> None:
+        self.signature = signature
+
+
+@pytest.fixture
+def driver_building(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, object, str]]]:
+    """Triton's active driver replaced by one whose launcher notes what it was built from (its thread, the
+    tensor descriptors' layout it read) and then, as Triton's CUDA launcher does once its module is built,
+    reads the compiled kernel's scratch size."""
+    from triton.runtime import driver
+
+    built: list[tuple[str, object, str]] = []
+
+    class Launcher:
+        def __init__(self, src: Source, metadata: object) -> None:
+            built.append((threading.current_thread().name, getattr(metadata, "tensordesc_meta", "absent"), src.signature))
+            self.global_scratch_size = metadata.global_scratch_size  # type: ignore[attr-defined]
+
+    class Driver:
+        launcher_cls = Launcher
+
+    monkeypatch.setattr(driver, "_active", Driver())  # Triton's own state, put back after (no GPU: no default)
+    yield built
+
+
+def test_a_kernel_without_tensor_descriptors_has_its_launcher_built_from_its_source_in_a_thread(
+        driver_building: list, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="kcache"):
+        thread = from_source(Source({"a_ptr": "*fp16", "M": "i32", "BLOCK": "constexpr"}))
+        assert thread is not None
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert driver_building == [(THREAD_NAME, None, {"a_ptr": "*fp16", "M": "i32", "BLOCK": "constexpr"})]
+    # The compiled kernel's fields are not there to read: what the launcher read of them is let go.
+    assert "global_scratch_size" in caplog.text and "Traceback" not in caplog.text
+
+
+def test_a_kernel_that_takes_tensor_descriptors_is_left_to_its_first_compile(driver_building: list) -> None:
+    assert from_source(Source({"desc": "tensordesc<fp16[64, 64]>", "M": "i32"})) is None
+    assert from_source(Source({"pair": ("*fp16", "tensordesc<fp16[64]>")})) is None  # inside a tuple too
+    assert from_source(None) is None
+    assert driver_building == []

@@ -37,6 +37,7 @@ import importlib
 import logging
 import os
 import sys
+import threading
 import time
 from types import FrameType
 from typing import Any
@@ -54,6 +55,7 @@ HELION_CHILD_FILE = os.path.join("helion", "autotuner", "precompile_future.py")
 HELION_CHILD_ENTRIES = frozenset({"_run_kernel_in_subprocess_fork", "_run_kernel_in_subprocess_spawn"})
 
 _warned: set[str] = set()
+_service_warming = False  # warm_service_soon ran in this process
 
 
 def lane() -> str:
@@ -168,6 +170,35 @@ def warm_workers(count: int) -> None:
             pool.warm(count)
     except Exception as err:  # noqa: BLE001 - a warm-up is an optimization; its failure costs nothing
         log.debug("kcache: could not warm %d compile workers: %s", count, err)
+
+
+def warm_service_soon() -> None:
+    """Reach (or start) the compile service in the background, once a process, at its first miss of a
+    lone file: Triton's driver building its utilities module at the first launch, a kernel's launcher,
+    an autotune result on disk. A compile is near; the service's start (an interpreter, Triton's
+    import, its template's warm-up compile: about 0.5 s of the H200's first tune) then overlaps what the
+    program does until its first compile. Nothing where Triton's compiles do not go to the service;
+    a process that only hits never misses a lone file, and starts nothing."""
+    global _service_warming
+    if _service_warming:
+        return
+    _service_warming = True
+    try:
+        if lane() != "worker" or values.env_choice("KCACHE_COMPILE_ISOLATION", values.ISOLATION_MODES) != "server":
+            return
+        pool = _compile_pool()  # the client imported here: the warm-up's thread imports nothing
+        from kcache.compile.fork.caller_fork import SERVICE_WARM_THREAD
+
+        threading.Thread(target=_warm_quietly, args=(pool,), name=SERVICE_WARM_THREAD, daemon=True).start()
+    except Exception as err:  # noqa: BLE001 - a warm-up is an optimization (a bad setting: the compile says it)
+        log.debug("kcache: could not warm the compile service ahead: %s", err)
+
+
+def _warm_quietly(pool: Any) -> None:
+    try:
+        pool.warm()
+    except Exception as err:  # noqa: BLE001 - the first compile reaches the service itself, and says why not
+        log.debug("kcache: could not warm the compile service ahead: %s", err)
 
 
 def _forkable(reason: str) -> bool:

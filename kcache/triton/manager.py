@@ -116,6 +116,9 @@ class CacheManager(TritonCacheManager):
         if lone is None:  # another node's, from the remote tiers
             lone = self._lone_files.fetch(entry_key(self.key, filename), None, filename)
         if lone is None:
+            from kcache.triton.isolation import warm_service_soon  # a miss's
+
+            warm_service_soon()  # Triton builds a module now: its compiles are near
             return None
         # Triton loads it by this path later: a private copy of the bytes just verified, never the entry
         return _private_copy(lone[0].name, filename, lone[1][filename])

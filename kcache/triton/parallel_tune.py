@@ -12,11 +12,11 @@ every later one are hits. Once per tune (per tuner and tuning key). A config tha
 to its benchmark, which meets the same error (a crash remembered, a Python error) and skips it as
 Triton would. No tune on the stack (a plain launch, Inductor, a warmup): nothing is done here.
 
-The first config to compile also builds Triton's launcher for its kernel (a C extension that Triton
-builds with the C compiler in this process when a kernel first loads: 0.35 s on the H200), while the
-other configs' back halves still run; the benchmarks then load it from the cache. A tune's configs
-share one launcher unless their kernels take tensor descriptors laid out per config; a launcher of
-another config's is built at its first load, as Triton does.
+Triton's launcher for the tune's kernel (a C extension that Triton builds with the C compiler in
+this process when a kernel first loads: 0.3 s on the H200) is built meanwhile, from the source of the
+compile that started the tune, beside the front halves; or, for a kernel that takes tensor
+descriptors, by the first config to compile, beside the others' back halves
+(kcache.triton.launcher_ahead). The benchmarks then load it from the cache.
 
 Found on the stack rather than by patching Triton's classes: nothing of Triton's is changed, and the
 first tune of a process that names the manager by TRITON_CACHE_MANAGER alone is covered too (Triton
@@ -29,9 +29,8 @@ import inspect
 import logging
 import os
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
+from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -52,7 +51,7 @@ def compile_tune_ahead(compile_frame: FrameType) -> bool:
     if key in done or len(configs) < 2:
         return False
     done.add(key)
-    _compile_ahead(tuner, args, meta, configs)
+    _compile_ahead(tuner, args, meta, configs, compile_frame.f_locals.get("src"))
     return True
 
 
@@ -78,8 +77,9 @@ def _tune_asking(frame: FrameType) -> tuple[Any, tuple, dict, list, Any] | None:
     return None
 
 
-def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list) -> None:
-    """Each config's kernel for the run's arguments, compiled at once through Triton's warmup."""
+def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list, source: Any) -> None:
+    """Each config's kernel for the run's arguments, compiled at once through Triton's warmup;
+    `source`: the `ASTSource` of the compile that started the tune (its launcher's)."""
     from triton.runtime import _async_compile
 
     if _async_compile.active_mode.get() is not None:
@@ -94,14 +94,20 @@ def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list) -> None:
 
     workers = max(1, min(len(configs), len(os.sched_getaffinity(0))))
     log.debug("kcache: compiling the %d configs of %s at once (%d at a time)", len(configs), tuner.fn, workers)
-    from kcache.triton import shared_fronts
+    from kcache.triton import launcher_ahead, shared_fronts
     from kcache.triton.isolation import warm_workers
 
+    launcher = launcher_ahead.from_source(source)  # the C compiler's run, beside the front halves
     warm_workers(len(configs))  # the service forks its workers while the front halves run here
-    with shared_fronts.sharing(), ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
-        with compiling_at_once(LauncherAhead(pool, build_launcher)):
-            for config in configs:
-                warm(config)
+    try:
+        with shared_fronts.sharing(), ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
+            build = None if launcher is not None else launcher_ahead.build_launcher
+            with compiling_at_once(launcher_ahead.LauncherAhead(pool, build)):
+                for config in configs:
+                    warm(config)
+    finally:
+        if launcher is not None:  # the first benchmark loads it: built whole by then, never twice at once
+            launcher.join(launcher_ahead.SOURCE_BUILD_WAIT_S)
 
 
 @contextmanager
@@ -128,34 +134,3 @@ def compiling_at_once(executor: Executor) -> Iterator[Any]:
                     mode.future_kernels[future._key].result()
         finally:
             _async_compile.active_mode.set(None)
-
-
-class LauncherAhead(Executor):
-    """A compile pool as Triton's `AsyncCompileMode` uses it (`submit`), whose first compile to return
-    a kernel then calls `build(kernel)` in its thread, once."""
-
-    def __init__(self, pool: Executor, build: Callable[[Any], None]) -> None:
-        self._pool, self._build = pool, build
-        self._unclaimed = threading.Lock()  # taken, never released, by the compile that builds
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        return self._pool.submit(self._compile, fn, args, kwargs)
-
-    def _compile(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        kernel = fn(*args, **kwargs)
-        if self._unclaimed.acquire(blocking=False):
-            self._build(kernel)
-        return kernel
-
-
-def build_launcher(kernel: Any) -> None:
-    """Triton's launcher for `kernel`, built (or found) through this process's cache manager, as its
-    first load would: Triton's own `launcher_cls`, on the kernel's source and metadata."""
-    try:
-        from triton.runtime import driver
-
-        driver.active.launcher_cls(kernel.src, kernel.metadata)
-        log.debug("kcache: built Triton's launcher for %s ahead", getattr(kernel, "name", kernel))
-    except Exception as err:  # noqa: BLE001 - the kernel's first load builds it again, and meets the error
-        log.debug("kcache: building Triton's launcher ahead failed (%s: %s); its first load builds it",
-                  type(err).__name__, err)

@@ -8,8 +8,8 @@ order, the last fastest, so that every run picks the same one: the tune's time i
                                                       `llir` stage; KT_FIRED: the file the abort notes its pid in)
 
 Prints one JSON object: the tune's seconds, the pick, each config's cubin sha256, the front halves made
-(`ASTSource.make_ir` calls in this process), and what the driver saw, in order: each launcher made, each
-launch. Run by tests/test_triton_tune_ahead.py and, without a GPU, by the bench's autotune row.
+(`ASTSource.make_ir` calls in this process), and what the driver saw, in order: each launcher made (and
+whether any compile had ended then), each launch. Run by tests/test_triton_tune_ahead.py and, without a GPU, by the bench's autotune row.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ from .tune import CONFIGS, abort_one_config, matmul_kernel
 
 SIZE = 256
 EVENTS: list[str] = []
+COMPILES_ENDED: list[str] = []  # Triton's compilation listener notes each compile that ended, hit or not
 
 
 class Launcher:
-    """Triton's launcher as the driver makes it for a kernel's first load; a launch does nothing."""
+    """Triton's launcher as the driver makes it for a kernel's first load (or kcache ahead of it); a
+    launch does nothing. Noted as made "before any kernel" while no compile of this process ended yet."""
 
     def __init__(self, src: Any, metadata: Any) -> None:
-        EVENTS.append("launcher")
+        EVENTS.append("launcher" if COMPILES_ENDED else "launcher before any kernel")
 
     def __call__(self, *args: Any) -> None:
         EVENTS.append("launch")
@@ -89,6 +91,7 @@ def main() -> None:
         return make_ir(self, *args, **kwargs)
 
     ASTSource.make_ir = counted_make_ir
+    triton.knobs.compilation.listener = lambda **compiled: COMPILES_ENDED.append("ended")
     driver.set_active(Sm90WithoutGpu())
     tuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K"], do_bench=in_order())(matmul_kernel.fn)
     a, b, c = (torch.empty((SIZE, SIZE), dtype=torch.float16) for _ in range(3))
