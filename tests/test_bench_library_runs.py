@@ -16,6 +16,7 @@ from stress.bench.standalone.triton_library import Lanes, Library, lane_base_env
 
 KERNEL_TEST = '''
 import triton
+from c_module import c_module
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -32,11 +33,23 @@ def test_compiles():
     signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
     compiled = triton.compile(ASTSource(add_kernel, signature, {"BLOCK": 1024}), target=GPUTarget("cuda", 90, 32))
     assert compiled.asm["cubin"]
+    assert c_module("lone_module")  # as Triton's driver builds its module, outside any tune
+'''
+# A C extension built as Triton builds its driver's module and its launchers (the C compiler's run, cached).
+C_MODULE = '''
+from triton.runtime.build import compile_module_from_src
+
+
+def c_module(name):
+    source = ("#include <Python.h>\\nstatic struct PyModuleDef module = {PyModuleDef_HEAD_INIT, \\"%s\\", NULL, -1, NULL};\\n"
+              "PyMODINIT_FUNC PyInit_%s(void) { return PyModule_Create(&module); }\\n" % (name, name))
+    return compile_module_from_src(src=source, name=name)
 '''
 # A real `Autotuner.run` over two configs whose kernel call compiles for sm_90 (no GPU to launch on, none to
 # benchmark on: its benchmark calls the kernel once), as a library's tune compiles each config it benchmarks.
 TUNE_TEST = '''
 import triton
+from c_module import c_module
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -56,6 +69,7 @@ class Compiling:
         signature = {"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
         triton.compile(ASTSource(scale_kernel, signature, {"BLOCK": BLOCK}), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": num_warps})
+        c_module("tuned_module")  # as the first benchmark's load builds the kernel's launcher (then a hit)
 
 
 def test_tunes():
@@ -95,6 +109,7 @@ def test_without_kcache():
 def library(folder: Path, modules: dict[str, str]) -> Library:
     (folder / "tests" / "ops").mkdir(parents=True)
     (folder / "tests" / "conftest.py").write_text("")
+    (folder / "tests" / "ops" / "c_module.py").write_text(C_MODULE)
     for name, text in modules.items():
         (folder / "tests" / "ops" / name).write_text(text)
     return Library(folder, "tests/ops", None, "kcache-test-library", "1.0")
@@ -135,17 +150,22 @@ def test_three_ways_with_identical_verdicts_and_the_second_machine_compiling_not
     tunes, alone = spans["plain cold"]["tunes"], spans["plain cold"]["alone"]
     assert len(tunes) == 1 and [len(times) for times in tunes.values()] == [2] and len(alone) == 1, spans
     assert all(0 < took < 60 for took in [*alone, *next(iter(tunes.values()))])
+    # And its C builds: the tune's first benchmark's (a launcher's), and the one of no tune (a driver's module).
+    builds = spans["plain cold"]["builds"]
+    assert list(builds["tunes"]) == list(tunes) and [len(times) for times in builds["tunes"].values()] == [1], builds
+    assert len(builds["alone"]) == 1 and all(0 < took < 60 for took in [*builds["alone"], *builds["tunes"][next(iter(tunes))]])
     rows = bench_rows(found, ran.runs)
     assert [r["metric"] for r in rows] == [
         "cold, wall median s", "warm, wall median s",
         "second machine (empty root, the first's entries in S3), wall median s",
         "first machine (empty root, uploading to S3), wall median s",
         "tuning alone (every kernel compiled, no tune's result), wall median s: the floor of a cold run",
-        "tuning alone and each tune's longest compile, s: the floor of a cold run whose tunes' configs compile "
-        "at once",
+        "tuning alone and each tune's longest compile or C build, s: the floor of a cold run whose tunes' configs "
+        "compile at once",
         "Triton compiles, second machine (most of a turn)", "tests whose verdict differs between runs (7 runs)"]
     alone_run = next(run for run in ran.runs if run.lane == "tuning alone")
-    assert rows[5]["kcache"] == pytest.approx(alone_run.wall_s + max(*next(iter(tunes.values()))) + alone[0])
+    tune_spans = [*next(iter(tunes.values())), *next(iter(builds["tunes"].values()))]
+    assert rows[5]["kcache"] == pytest.approx(alone_run.wall_s + max(tune_spans) + alone[0] + builds["alone"][0])
     assert rows[-1]["kcache"] == 0 and rows[-2]["kcache"] == 0
     assert report(found, ran.runs, rows) == 0
     out = capsys.readouterr().out
@@ -169,6 +189,9 @@ def test_the_floor_lane_runs_on_triton_s_cache_less_its_tunes_results(tmp_path: 
 def test_where_every_tunes_configs_compile_at_once_a_cold_run_adds_each_tunes_longest_and_every_lone_compile() -> None:
     spans = {"tunes": {"a (1024,)": [0.5, 2.0, 1.0], "a (2048,)": [0.25], "b (1024,)": []}, "alone": [0.5, 0.75]}
     assert compiled_at_once_s(spans) == 2.0 + 0.25 + 0.5 + 0.75
+    # A tune's C build (its launcher) runs beside its compiles at best; one of no tune (the driver's module) adds.
+    spans["builds"] = {"tunes": {"a (1024,)": [1.5], "a (2048,)": [0.375], "c (8,)": [0.125]}, "alone": [0.25]}
+    assert compiled_at_once_s(spans) == 2.0 + 0.375 + 0.125 + 0.5 + 0.75 + 0.25
 
 
 def test_a_verdict_that_depends_on_the_lane_fails_the_report(tmp_path: Path,

@@ -1,12 +1,13 @@
 """A pytest plugin, loaded (`-p stress.bench.jobs.compile_spans`) into the plain cold runs of `python -m
-stress.bench --only triton-library`: how long each of the run's Triton compiles took, and which tune it
-belongs to, from Triton's compilation listener; written as JSON to the file that KT_COMPILE_SPANS names
-when the run ends. Nothing is recorded where that variable is unset.
+stress.bench --only triton-library`: how long each of the run's Triton compiles took, from Triton's
+compilation listener, and each of its C builds (its driver's module, a kernel's launcher: the C compiler's
+run, `triton.runtime.build._build`), and which tune each belongs to; written as JSON to the file that
+KT_COMPILE_SPANS names when the run ends. Nothing is recorded where that variable is unset.
 
-The file: {"tunes": {tune: [seconds, ...]}, "alone": [seconds, ...]}: a compile under an `Autotuner.run`
-(found up the listener's stack by that method's code, as kcache's compile-ahead finds it) is its tune's,
-named by the tuner and the tuning key; any other compile is alone. A hit (`cache_hit`) took no compile.
-A listener the library set itself is called after this one's note.
+The file: {"tunes": {tune: [seconds, ...]}, "alone": [seconds, ...], "builds": {"tunes": {...}, "alone":
+[...]}}: a compile or build under an `Autotuner.run` (found up the stack by that method's code, as kcache's
+compile-ahead finds it) is its tune's, named by the tuner and the tuning key; any other is alone. A hit
+(`cache_hit`) took no compile. A listener the library set itself is called after this one's note.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 SPANS_VARIABLE = "KT_COMPILE_SPANS"
-_recorded: dict[str, Any] = {"tunes": {}, "alone": []}
+_recorded: dict[str, Any] = {"tunes": {}, "alone": [], "builds": {"tunes": {}, "alone": []}}
 
 
 def pytest_configure(config: Any) -> None:
@@ -41,6 +43,27 @@ def pytest_configure(config: Any) -> None:
             previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
 
     knobs.compilation.listener = listen
+    _time_c_builds()
+
+
+def _time_c_builds() -> None:
+    """Triton's C builds timed, by tune: `compile_module_from_src` calls the module's `_build` by name."""
+    from triton.runtime import build
+
+    compile_c = getattr(build, "_build", None)
+    if compile_c is None:
+        return
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return compile_c(*args, **kwargs)
+        finally:
+            builds, tune = _recorded["builds"], tune_of(sys._getframe(1))
+            took = time.perf_counter() - started
+            (builds["alone"] if tune is None else builds["tunes"].setdefault(tune, [])).append(took)
+
+    build._build = timed
 
 
 def pytest_unconfigure(config: Any) -> None:

@@ -4,12 +4,14 @@ own runs: no cache can take a cold run below them.
 - tuning alone: plain Triton on a copy of its cold run's cache less the tunes' results (`untuned`):
   every kernel compiled, every tune benchmarking again. A cache of compiled kernels takes away the
   compiles, never the benchmarks.
-- tuning alone and each tune's longest compile: that run's time, and what a cold run compiles where every
-  tune's configs compile at once, each as fast as alone, before its benchmarks (`compiled_at_once_s`):
-  the tune's longest compile, and every compile of no tune. Read from the compiles of plain Triton's
-  cold run (stress.bench.jobs.compile_spans): the floor of a cache that compiles a tune's configs
-  together and times none of them beside a compile (docs/design/triton.md: why). That run, the cold
-  baseline itself, carries Triton's listener for it: a call and a walk up the stack per compile.
+- tuning alone and each tune's longest compile or C build: that run's time, and what a cold run compiles
+  where every tune's configs compile at once, each as fast as alone, before its benchmarks
+  (`compiled_at_once_s`): the tune's longest compile or C build (its launcher, which may be built beside
+  its compiles but is built in a cold run), and every compile and C build of no tune (the driver's
+  module). Read from plain Triton's cold run (stress.bench.jobs.compile_spans): the floor of a cache that
+  compiles a tune's configs together and times none of them beside a compile (docs/design/triton.md:
+  why). That run, the cold baseline itself, carries Triton's listener for it: a call and a walk up the
+  stack per compile.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ def untuned(cache: Path) -> Path:
 
 
 def compiled_at_once_s(spans: dict[str, Any]) -> float:
-    """Seconds a cold run compiles beyond its tuning alone when each tune's configs compile at once:
-    each tune's longest compile, and every compile of no tune, from a run's compile spans."""
-    return float(sum(max(times) for times in spans["tunes"].values() if times) + sum(spans["alone"]))
+    """Seconds a cold run compiles beyond its tuning alone when each tune's configs and C builds run at
+    once: each tune's longest compile or C build, and every compile and C build of no tune, from a run's
+    compile spans."""
+    builds = spans.get("builds", {"tunes": {}, "alone": []})
+    tunes = {*spans["tunes"], *builds["tunes"]}
+    longest = sum(max([*spans["tunes"].get(tune, []), *builds["tunes"].get(tune, [])], default=0.0) for tune in tunes)
+    return float(longest + sum(spans["alone"]) + sum(builds["alone"]))
