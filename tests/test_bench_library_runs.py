@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stress.bench.standalone.library_floors import compiled_at_once_s, untuned
+from stress.bench.standalone.library_floors import compiled_at_once_s, fronts_in_turn_s, untuned
 from stress.bench.standalone.library_rows import bench_rows, report
 from stress.bench.standalone.triton_library import Lanes, Library, lane_base_env, measure
 
@@ -162,10 +162,17 @@ def test_three_ways_with_identical_verdicts_and_the_second_machine_compiling_not
         "tuning alone (every kernel compiled, no tune's result), wall median s: the floor of a cold run",
         "tuning alone and each tune's longest compile or C build, s: the floor of a cold run whose tunes' configs "
         "compile at once",
+        "tuning alone and each tune's compiles, their front halves in turn, s: the floor of a cold run that runs the "
+        "program's code only in its process",
         "Triton compiles, second machine (most of a turn)", "tests whose verdict differs between runs (7 runs)"]
     alone_run = next(run for run in ran.runs if run.lane == "tuning alone")
     tune_spans = [*next(iter(tunes.values())), *next(iter(builds["tunes"].values()))]
     assert rows[5]["kcache"] == pytest.approx(alone_run.wall_s + max(tune_spans) + alone[0] + builds["alone"][0])
+    # Its two configs are two sources (BLOCK differs): two front halves in turn, then the shorter back half.
+    halves = spans["plain cold"]["halves"][next(iter(tunes))]
+    assert len({source for source, _, _ in halves}) == 2 and all(0 < front < 60 and 0 < back < 60 for _, front, back in halves)
+    in_turn = halves[0][1] + halves[1][1] + min(halves[0][2], halves[1][2])
+    assert rows[6]["kcache"] == pytest.approx(rows[5]["kcache"] + max(0.0, in_turn - max(tune_spans)))
     assert rows[-1]["kcache"] == 0 and rows[-2]["kcache"] == 0
     assert report(found, ran.runs, rows) == 0
     out = capsys.readouterr().out
@@ -192,6 +199,17 @@ def test_where_every_tunes_configs_compile_at_once_a_cold_run_adds_each_tunes_lo
     # A tune's C build (its launcher) runs beside its compiles at best; one of no tune (the driver's module) adds.
     spans["builds"] = {"tunes": {"a (1024,)": [1.5], "a (2048,)": [0.375], "c (8,)": [0.125]}, "alone": [0.25]}
     assert compiled_at_once_s(spans) == 2.0 + 0.375 + 0.125 + 0.5 + 0.75 + 0.25
+
+
+def test_where_the_programs_code_runs_only_in_its_process_a_tunes_front_halves_take_their_turns() -> None:
+    # Three configs over two sources: s1's front once (the least of its two), s2's, then the shortest back half.
+    halves = [["s1", 0.25, 1.0], ["s1", 0.375, 0.5], ["s2", 0.125, 0.75]]
+    assert fronts_in_turn_s(halves) == 0.25 + 0.125 + 0.5
+    spans = {"tunes": {"a": [1.25, 0.875, 0.875], "b": [0.5]}, "alone": [0.5],
+             "halves": {"a": halves, "b": [["s3", 0.25, 0.25]]}}
+    assert compiled_at_once_s(spans, one_gil=True) == 1.25 + 0.5 + 0.5  # a's longest compile outlasts its fronts
+    halves.append(["s4", 0.5, 0.5])
+    assert compiled_at_once_s(spans, one_gil=True) == (0.25 + 0.125 + 0.5 + 0.5) + 0.5 + 0.5  # now they outlast it
 
 
 def test_a_verdict_that_depends_on_the_lane_fails_the_report(tmp_path: Path,

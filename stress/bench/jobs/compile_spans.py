@@ -5,9 +5,13 @@ run, `triton.runtime.build._build`), and which tune each belongs to; written as 
 KT_COMPILE_SPANS names when the run ends. Nothing is recorded where that variable is unset.
 
 The file: {"tunes": {tune: [seconds, ...]}, "alone": [seconds, ...], "builds": {"tunes": {...}, "alone":
-[...]}}: a compile or build under an `Autotuner.run` (found up the stack by that method's code, as kcache's
-compile-ahead finds it) is its tune's, named by the tuner and the tuning key; any other is alone. A hit
-(`cache_hit`) took no compile. A listener the library set itself is called after this one's note.
+[...]}, "halves": {tune: [[source, front half s, back half s], ...]}}: a compile or build under an
+`Autotuner.run` (found up the stack by that method's code, as kcache's compile-ahead finds it) is its
+tune's, named by the tuner and the tuning key; any other is alone. A tune's compiles are also split in
+halves: the front (Triton's `ir_initialization`: the kernel's Python made IR), the back (its lowering
+stages and store), with the source they were made from (`ASTSource.hash()`: configs of one source can
+share a front half). A hit (`cache_hit`) took no compile. A listener the library set itself is called
+after this one's note.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 SPANS_VARIABLE = "KT_COMPILE_SPANS"
-_recorded: dict[str, Any] = {"tunes": {}, "alone": [], "builds": {"tunes": {}, "alone": []}}
+_recorded: dict[str, Any] = {"tunes": {}, "alone": [], "builds": {"tunes": {}, "alone": []}, "halves": {}}
 
 
 def pytest_configure(config: Any) -> None:
@@ -33,12 +37,15 @@ def pytest_configure(config: Any) -> None:
 
     def listen(*, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool) -> None:
         if not cache_hit:
-            took = (times.ir_initialization + sum(us for _, us in times.lowering_stages) + times.store_results) / 1e6
+            front = times.ir_initialization / 1e6
+            back = (sum(us for _, us in times.lowering_stages) + times.store_results) / 1e6
             tune = tune_of(sys._getframe(1))
             if tune is None:
-                _recorded["alone"].append(took)
+                _recorded["alone"].append(front + back)
             else:
-                _recorded["tunes"].setdefault(tune, []).append(took)
+                _recorded["tunes"].setdefault(tune, []).append(front + back)
+                source = src.hash() if callable(getattr(src, "hash", None)) else repr(src)
+                _recorded["halves"].setdefault(tune, []).append([source, front, back])
         if previous is not None:
             previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
 

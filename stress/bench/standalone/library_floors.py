@@ -12,6 +12,11 @@ own runs: no cache can take a cold run below them.
   compiles a tune's configs together and times none of them beside a compile (docs/design/triton.md:
   why). That run, the cold baseline itself, carries Triton's listener for it: a call and a walk up the
   stack per compile.
+- the same, with each tune's front halves one after another: a tune's configs are turned into IR by the
+  kernel's Python, which runs only in the program's process (a project rule: the caller's code runs
+  only in the caller), under its one GIL; so a tune's compile phase lasts at least its distinct front
+  halves in turn and then a back half (`fronts_in_turn_s`). The floor of any cache that keeps the
+  program's code in the program, kcache's design among them.
 """
 
 from __future__ import annotations
@@ -32,11 +37,27 @@ def untuned(cache: Path) -> Path:
     return copy
 
 
-def compiled_at_once_s(spans: dict[str, Any]) -> float:
+def compiled_at_once_s(spans: dict[str, Any], *, one_gil: bool = False) -> float:
     """Seconds a cold run compiles beyond its tuning alone when each tune's configs and C builds run at
     once: each tune's longest compile or C build, and every compile and C build of no tune, from a run's
-    compile spans."""
+    compile spans. `one_gil`: with each tune's front halves one after another (`fronts_in_turn_s`)."""
     builds = spans.get("builds", {"tunes": {}, "alone": []})
-    tunes = {*spans["tunes"], *builds["tunes"]}
-    longest = sum(max([*spans["tunes"].get(tune, []), *builds["tunes"].get(tune, [])], default=0.0) for tune in tunes)
-    return float(longest + sum(spans["alone"]) + sum(builds["alone"]))
+    halves = spans.get("halves", {})
+    total = 0.0
+    for tune in {*spans["tunes"], *builds["tunes"]}:
+        longest = max([*spans["tunes"].get(tune, []), *builds["tunes"].get(tune, [])], default=0.0)
+        if one_gil and halves.get(tune):
+            longest = max(longest, fronts_in_turn_s(halves[tune]))
+        total += longest
+    return float(total + sum(spans["alone"]) + sum(builds["alone"]))
+
+
+def fronts_in_turn_s(halves: list[list[Any]]) -> float:
+    """The least a tune's compile phase takes where the program's code runs only in its process: the
+    front halves, the kernel's Python made IR, one after another under its one GIL, each source's once
+    (configs of one source share theirs, as kcache's do), and after the last of them at least the
+    shortest back half. From a tune's [source, front s, back s] per compile."""
+    fronts: dict[str, float] = {}
+    for source, front, _back in halves:
+        fronts[source] = min(front, fronts.get(source, front))
+    return sum(fronts.values()) + min(back for _source, _front, back in halves)

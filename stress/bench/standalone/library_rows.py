@@ -19,6 +19,8 @@ from .library_verdicts import differing, summary
 PLAIN = "plain Triton, cold (empty TRITON_CACHE_DIR)"
 FLOOR_AT_ONCE = ("tuning alone and each tune's longest compile or C build, s: the floor of a cold run whose tunes' "
                  "configs compile at once")
+FLOOR_ONE_GIL = ("tuning alone and each tune's compiles, their front halves in turn, s: the floor of a cold run that "
+                 "runs the program's code only in its process")
 
 
 def bench_rows(library: Library, runs: list[Run]) -> list[dict[str, Any]]:
@@ -32,9 +34,9 @@ def bench_rows(library: Library, runs: list[Run]) -> list[dict[str, Any]]:
         counted = [run.stats.get("lookups", {}).get("triton", {}).get("compiles") for run in runs if run.lane == lane]
         return None if not counted or None in counted else max(counted)
 
-    def compiled_at_once() -> float | None:  # each turn's tuning alone, with its plain cold run's compiles
+    def compiled_at_once(one_gil: bool = False) -> float | None:  # each turn's tuning alone, and its compiles
         plain = {run.turn: run.compile_spans for run in runs if run.lane == "plain cold" and run.compile_spans}
-        floors = [run.wall_s + compiled_at_once_s(plain[run.turn]) for run in runs
+        floors = [run.wall_s + compiled_at_once_s(plain[run.turn], one_gil=one_gil) for run in runs
                   if run.lane == "tuning alone" and run.turn in plain]
         return statistics.median(floors) if floors else None
 
@@ -48,6 +50,7 @@ def bench_rows(library: Library, runs: list[Run]) -> list[dict[str, Any]]:
         ("tuning alone (every kernel compiled, no tune's result), wall median s: the floor of a cold run",
          median("tuning alone"), cold, "s", PLAIN),
         (FLOOR_AT_ONCE, compiled_at_once(), cold, "s", PLAIN),
+        (FLOOR_ONE_GIL, compiled_at_once(one_gil=True), cold, "s", PLAIN),
         ("Triton compiles, second machine (most of a turn)", compiles("second machine"), compiles("first machine"),
          "runs", "the first machine's"),
         (f"tests whose verdict differs between runs ({len(runs)} runs)",

@@ -22,7 +22,8 @@ the user waits for); plain Triton's runs with an empty TRITON_CACHE_DIR, kcache'
   under the cold run of any cache that keeps the program's tunes (a cold run tunes; a cache of
   compiled kernels takes away the compiles, never the benchmarks). With each tune's longest compile or C
   build (its launcher) in plain Triton's cold run, and the C builds of no tune: the floor where a tune's
-  configs compile at once (library_floors).
+  configs compile at once; and with each tune's front halves in turn: the floor of a cache that runs the
+  program's code only in its process (library_floors).
 Medians over the turns (`--turns`; `--within-s` starts no turn that could end after it). pytest's verdicts
 (every test's outcome, from its JUnit XML) must be identical in every run: the bench lists every test whose
 verdict differs, records that count as a reading (goal: 0) and exits 1. Each run's output is kept in
