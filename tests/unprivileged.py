@@ -26,6 +26,7 @@ import grp
 import importlib.util
 import os
 import pwd
+import select
 import shutil
 import stat
 import subprocess
@@ -218,8 +219,7 @@ def _remove_created(state: Path, group: str) -> list[str]:
     for user in [name for name in made if name != group]:
         if not _user_exists(user):
             continue
-        # What the test users left running (their compile services, idle for minutes) ends with them.
-        subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
+        end_processes_of(user)  # what the test users left running (their compile services) ends with them
         _run_checked("userdel", user)  # its own primary group, which useradd made, goes with it
         removed.append(user)
     if group in made and _group_exists(group):
@@ -229,6 +229,42 @@ def _remove_created(state: Path, group: str) -> list[str]:
     with contextlib.suppress(OSError):
         STATE.rmdir()  # where no other set is held
     return removed
+
+
+def end_processes_of(user: str, within_s: float = 60.0) -> None:
+    """Every process of `user` killed, and waited for until it has exited (userdel refuses a user who
+    still runs one, and a SIGKILL takes a moment: a compile service's workers die after their server):
+    each through a pidfd, which is readable once its process exited. An exited process that its parent
+    has not reaped yet is not waited for again."""
+    uid = pwd.getpwnam(user).pw_uid
+    deadline = time.monotonic() + within_s
+    while (pids := _running_processes_of(uid)) and time.monotonic() < deadline:
+        subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
+        for pid in pids:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
+            finally:
+                os.close(pidfd)
+
+
+def _running_processes_of(uid: int) -> list[int]:
+    """The processes whose real user is `uid` and that have not exited (no zombie)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+            found.append(int(name))
+    return found
 
 
 def leftover_users() -> list[str]:
@@ -338,6 +374,6 @@ def unprivileged_env() -> Iterator[UnprivilegedEnv]:
         # session may still hold them): these users exist for the tests alone.
         for user in USERS:
             if _user_exists(user):
-                subprocess.run(["pkill", "-KILL", "-u", user], check=False, capture_output=True)
+                end_processes_of(user)
         release_users()
         shutil.rmtree(base)

@@ -8,10 +8,10 @@ The file: {"tunes": {tune: [seconds, ...]}, "alone": [seconds, ...], "builds": {
 [...]}, "halves": {tune: [[source, front half s, back half s], ...]}}: a compile or build under an
 `Autotuner.run` (found up the stack by that method's code, as kcache's compile-ahead finds it) is its
 tune's, named by the tuner and the tuning key; any other is alone. A tune's compiles are also split in
-halves: the front (Triton's `ir_initialization`: the kernel's Python made IR), the back (its lowering
-stages and store), with the source they were made from (`ASTSource.hash()`: configs of one source can
-share a front half). A hit (`cache_hit`) took no compile. A listener the library set itself is called
-after this one's note.
+halves: the front (Triton's `ir_initialization`: its key, its lookup and the kernel's Python made IR),
+the back (its lowering stages and store), with the source they were made from (`ASTSource.hash()`:
+configs of one source can share a front half). A hit (`cache_hit`) took no compile. A listener the
+library set itself is called after this one's note.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ order, the last fastest, so that every run picks the same one: the tune's time i
 
 Prints one JSON object: the tune's seconds, the pick, each config's cubin sha256, the front halves made
 (`ASTSource.make_ir` calls in this process), and what the driver saw, in order: each launcher made (and
-whether any compile had ended then), each launch. Run by tests/test_triton_tune_ahead.py and, without a GPU, by the bench's autotune row.
+whether any compile had ended then), each launch. Run by tests/test_triton_tune_ahead.py and, without a
+GPU, by the bench's autotune row.
 """
 
 from __future__ import annotations
