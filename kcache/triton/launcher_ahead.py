@@ -20,7 +20,9 @@ through that same call, so the module is Triton's own:
   while the other configs' back halves still run.
 
 The tune's configs share one launcher unless their kernels take tensor descriptors laid out per config;
-a launcher of another config's is built at its first load, as Triton does.
+a launcher of another config's is built at its first load, as Triton does. Triton 3.9 launches every
+kernel through its driver's one module: its launcher builds nothing, and reads the compiled kernel's
+fields at once (the build from the source then stops there, at no cost).
 """
 
 from __future__ import annotations
