@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 from triton.runtime._async_compile import active_mode
 
-from kcache.triton.launcher_ahead import THREAD_NAME, LauncherAhead, build_launcher, from_source
+from kcache.triton.launcher_ahead import (
+    THREAD_NAME,
+    LauncherAhead,
+    build_launcher,
+    from_source,
+    takes_tensor_descriptors,
+)
 from kcache.triton.parallel_tune import compiling_at_once
 
 WAIT_S = 30
@@ -125,3 +131,4 @@ def test_a_kernel_that_takes_tensor_descriptors_is_left_to_its_first_compile(dri
     assert from_source(Source({"pair": ("*fp16", "tensordesc<fp16[64]>")})) is None  # inside a tuple too
     assert from_source(None) is None
     assert driver_building == []
+    assert not takes_tensor_descriptors(Source({"tensordesc_base": "*fp16"}))  # a name is no type

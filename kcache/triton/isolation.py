@@ -186,18 +186,11 @@ def warm_service_soon() -> None:
     try:
         if lane() != "worker" or values.env_choice("KCACHE_COMPILE_ISOLATION", values.ISOLATION_MODES) != "server":
             return
-        pool = _compile_pool()  # the client imported here: the warm-up's thread imports nothing
+        _compile_pool()  # the client imported here: the warm-up's thread imports nothing
         from kcache.compile.fork.caller_fork import SERVICE_WARM_THREAD
 
-        threading.Thread(target=_warm_quietly, args=(pool,), name=SERVICE_WARM_THREAD, daemon=True).start()
+        threading.Thread(target=warm_workers, args=(1,), name=SERVICE_WARM_THREAD, daemon=True).start()
     except Exception as err:  # noqa: BLE001 - a warm-up is an optimization (a bad setting: the compile says it)
-        log.debug("kcache: could not warm the compile service ahead: %s", err)
-
-
-def _warm_quietly(pool: Any) -> None:
-    try:
-        pool.warm()
-    except Exception as err:  # noqa: BLE001 - the first compile reaches the service itself, and says why not
         log.debug("kcache: could not warm the compile service ahead: %s", err)
 
 

@@ -49,9 +49,11 @@ class SourceOnly:
 
 
 def takes_tensor_descriptors(src: Any) -> bool:
-    """Whether the kernel's signature has a tensor descriptor (`tensordesc<...>`), tuples included:
+    """Whether the kernel's signature has a tensor descriptor (a type `tensordesc<...>`, tuples included):
     then its launcher's source depends on how each was lowered, known only once it compiled."""
-    return "tensordesc" in repr(getattr(src, "signature", None))
+    signature = getattr(src, "signature", None)
+    types = signature.values() if isinstance(signature, dict) else [signature]
+    return "tensordesc" in repr(list(types))
 
 
 def from_source(src: Any) -> threading.Thread | None:
@@ -81,9 +83,9 @@ def _build_from_source(src: Any) -> None:
 
 class LauncherAhead(Executor):
     """A compile pool as Triton's `AsyncCompileMode` uses it (`submit`), whose first compile to return
-    a kernel then calls `build(kernel)` in its thread, once (none where `build` is None)."""
+    a kernel then calls `build(kernel)` in its thread, once."""
 
-    def __init__(self, pool: Executor, build: Callable[[Any], None] | None) -> None:
+    def __init__(self, pool: Executor, build: Callable[[Any], None]) -> None:
         self._pool, self._build = pool, build
         self._unclaimed = threading.Lock()  # taken, never released, by the compile that builds
 
@@ -92,7 +94,7 @@ class LauncherAhead(Executor):
 
     def _compile(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         kernel = fn(*args, **kwargs)
-        if self._build is not None and self._unclaimed.acquire(blocking=False):
+        if self._unclaimed.acquire(blocking=False):
             self._build(kernel)
         return kernel
 

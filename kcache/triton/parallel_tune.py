@@ -101,8 +101,8 @@ def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list, source: A
     warm_workers(len(configs))  # the service forks its workers while the front halves run here
     try:
         with shared_fronts.sharing(), ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
-            build = None if launcher is not None else launcher_ahead.build_launcher
-            with compiling_at_once(launcher_ahead.LauncherAhead(pool, build)):
+            executor = pool if launcher is not None else launcher_ahead.LauncherAhead(pool, launcher_ahead.build_launcher)
+            with compiling_at_once(executor):
                 for config in configs:
                     warm(config)
     finally:

@@ -11,7 +11,7 @@ own runs: no cache can take a cold run below them.
   module). Read from plain Triton's cold run (stress.bench.jobs.compile_spans): the floor of a cache that
   compiles a tune's configs together and times none of them beside a compile (docs/design/triton.md:
   why). That run, the cold baseline itself, carries Triton's listener for it: a call and a walk up the
-  stack per compile.
+  stack per compile, and a source's hash (`ASTSource.hash()`, microseconds) per compile of a tune.
 - the same, with each tune's front halves one after another: a tune's configs are turned into IR by the
   kernel's Python, which runs only in the program's process (a project rule: the caller's code runs
   only in the caller), under its one GIL; so a tune's compile phase lasts at least its distinct front
