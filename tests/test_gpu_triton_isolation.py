@@ -5,6 +5,8 @@
   another process (a worker of the compile service), and the configs compiled at once (Triton's assembler runs overlapping in time);
   Triton's launcher built once, by the C compiler, beside the tune's compiles (its build began before the first
   assembly ended: from the kernel's source, as the tune began).
+- the same tune with configs ptxas refuses (a register cap): skipped as plain Triton skips them, no
+  lock waited for.
 - Inductor (`torch.compile`) with every kernel's compile aborting: Inductor's error, wrapping kcache's
   TritonCompilerCrashed, and the process lives; plain Triton dies.
 """
@@ -84,6 +86,19 @@ def test_an_autotune_whose_config_aborts_completes_correct_with_its_configs_comp
     # Begun before any config's assembly ended (one may have: the compile service's own warm-up kernel's).
     assert len(launcher) == 1 and assemblies_ended_before(tmp_path / "kcache-ptxas", launcher[0][0]) <= 1, launcher
 
+
+
+def test_an_autotune_whose_configs_ptxas_refuses_skips_them_as_plain_triton_without_waiting(tmp_path: Path) -> None:
+    """A register cap of 72 (KT_VARIANT=20): ptxas refuses some configs (a PTXASError the autotuner skips).
+    Both complete with a correct pick; under kcache no compile waits for a lock its own failed compile
+    kept (before: each refused config's benchmark waited KCACHE_LOCK_TIMEOUT, 15 minutes by default)."""
+    plain = tune(tmp_path, "plain", KT_VARIANT="20")
+    assert plain.returncode == 0 and "Insufficient registers" in plain.stdout + plain.stderr, plain.stderr[-2000:]
+    done = tune(tmp_path, "kcache", KT_VARIANT="20", KCACHE_LOCK_TIMEOUT="30", KCACHE_LOG="debug", **MANAGER)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours, theirs = (json.loads(run.stdout.splitlines()[-1]) for run in (done, plain))
+    assert ours["correct"] and theirs["correct"], (ours, theirs)
+    assert "held the compile lock" not in done.stderr and "failed in its worker (PTXASError" in done.stderr
 
 INDUCTOR = """
 import json, os, sys

@@ -63,3 +63,23 @@ def test_a_tune_whose_config_aborts_skips_it_under_kcache_where_plain_triton_die
     assert aborted and ours["pid"] not in aborted  # the abort fired, in a worker
     assert len(ours["cubins"]) == CONFIGS - 1 and not any(label.endswith(" s5") for label in ours["cubins"])
     assert "num_stages: 5" not in ours["best"]
+
+
+def test_a_tune_whose_configs_ptxas_refuses_skips_them_as_plain_triton_and_waits_for_no_lock(
+        tmp_path: Path, ptxas: Path, runtime: Path) -> None:  # noqa: F811
+    """A register cap of 72 (KT_VARIANT=20): ptxas refuses the configs whose wgmma needs more registers
+    ("Insufficient registers"), a Python error (PTXASError) that Triton's autotuner skips. Before, the
+    compile-ahead's failed compile kept its key's lock in the caller, and the benchmark of that config
+    waited for it until KCACHE_LOCK_TIMEOUT (15 minutes by default), each failing config in turn."""
+    plain = result(tune(program_env(ptxas, tmp_path / "plain-root", KT_VARIANT="20")))
+    refused = CONFIGS - len(plain["cubins"])
+    assert refused > 0, "ptxas accepted every config: the test would show nothing"
+    assert runs(ptxas) == CONFIGS
+    done = tune(program_env(ptxas, tmp_path / "root", KT_VARIANT="20", KCACHE_LOG="debug", KCACHE_LOCK_TIMEOUT="30",
+                            KCACHE_CALLER_FORK="0", **MANAGER))
+    ours = result(done)
+    assert (ours["best"], ours["cubins"]) == (plain["best"], plain["cubins"])
+    assert "held the compile lock" not in done.stderr and "for another process's compile" not in done.stderr
+    assert done.stderr.count("failed in its worker (PTXASError") == refused, done.stderr[-3000:]
+    # Each refused config: once away (ahead), once in the caller (its benchmark's, raising Triton's error).
+    assert runs(ptxas) - CONFIGS == CONFIGS + refused

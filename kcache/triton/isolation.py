@@ -24,8 +24,9 @@ warning: a fork of a threaded program can hang on a lock another thread held (do
   cannot build), remembered (kcache.triton.crashes). Any other death (SIGKILL, SIGTERM: an OOM killer
   or an admin) raises the same, but is not remembered. Past KCACHE_COMPILE_TIMEOUT:
   `TritonCompileTimeout`, not remembered.
-- A Python error in the back half: the caller compiles in-process, down the path it would have taken
-  without isolation, and so raises exactly what plain Triton raises.
+- A Python error in either half (a `tl.static_assert`, ptxas refusing a config): `CompileFailed`;
+  the caller lets go of the key's lock and compiles in-process, down the path it would have taken
+  without isolation, and so raises exactly what plain Triton raises (kcache.triton.failed_compiles).
 - KCACHE_TRITON_ISOLATION=off, Triton's override and dump modes, one of Helion's precompile children
   (a process of its own already), or a caller other than Triton's `compile`: no isolation.
 """
@@ -46,6 +47,11 @@ from kcache import setting_values as values
 from kcache.triton.compile_record import config_of
 
 log = logging.getLogger("kcache")
+
+
+class CompileFailed(Exception):
+    """A Python error in a compile's front or back half: Triton's own compile, in the caller, raises it
+    again (a failed compile holds nothing: no lock is kept for it, kcache.triton.failed_compiles)."""
 
 # What the compile service's template imports for Triton's jobs (and warms up: stages.warm_up_template).
 TRITON_PRELOAD = ("triton", "kcache.triton.stages")
@@ -110,9 +116,9 @@ def import_before_forking() -> None:
 
 def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
     """The group's files of the compile of `frame`, its back half run away from this process; None
-    where this process compiles it itself (a Python error in either half, which Triton's own compile
-    then raises here; a program whose stages hook cannot leave it, and which runs other threads).
-    Raises CompilerCrashed or CompileTimeout."""
+    where this process compiles it itself (a program whose stages hook cannot leave it, and which runs
+    other threads; the service stopped). Raises CompileFailed (a Python error in either half, which
+    Triton's own compile then raises here), CompilerCrashed or CompileTimeout."""
     from kcache.errors import CompileAborted, CompilerCrashed, CompileTimeout
     from kcache.triton import frontend
     from kcache.triton.stages import ArrivedChanged, run_stages
@@ -126,7 +132,7 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
         job = frontend.stages_job(frame)
     except Exception as err:  # noqa: BLE001 - Triton's compile meets it again here, and raises it
         log.debug("kcache: the front half of Triton's %s failed (%s): compiling it in this process", name, err)
-        return None
+        raise CompileFailed(name) from err
     log.debug("kcache: the front half of Triton's %s took %.1f ms of CPU", name, 1000 * (time.thread_time() - started))
     timeout = values.env_seconds("KCACHE_COMPILE_TIMEOUT", values.DEFAULT_COMPILE_TIMEOUT_S) or None
     try:
@@ -149,7 +155,7 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
     except Exception as err:  # noqa: BLE001 - a Python error: Triton's own compile raises it here
         log.debug("kcache: Triton's compile of %s failed in its worker (%s: %s): compiling it here", name,
                   type(err).__name__, err)
-        return None
+        raise CompileFailed(name) from err
     from kcache.triton.stage_output import relay
 
     relay(result.output, stderr_too=reason is None)  # run_in_fork relayed the fork's stderr whole

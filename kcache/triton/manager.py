@@ -185,8 +185,9 @@ class CacheManager(TritonCacheManager):
     def _compile_isolated(self, frame: FrameType, filename: str, lookup: Lookup) -> dict[str, str] | None:
         """The compile that asked, its back half in a worker (kcache.triton.isolation), published here
         (under the key's lock and lease this process holds) and returned as a hit; None where this
-        process compiles it itself. Raises TritonCompilerCrashed or TritonCompileTimeout."""
-        from kcache.triton import crashes, isolation
+        process compiles it itself (and, where a Python error failed it, raises that error). Raises
+        TritonCompilerCrashed, TritonCompileTimeout, or in a tune's compile-ahead LeftToItsBenchmark."""
+        from kcache.triton import crashes, failed_compiles, isolation
         from kcache.triton.compile_record import record_of
         from kcache.triton.errors import TritonCompilerCrashed, TritonCompileTimeout
 
@@ -197,7 +198,13 @@ class CacheManager(TritonCacheManager):
             self._held.release_lock()
             raise
         try:
+            if failed_compiles.failed_before(self._groups.key):
+                raise isolation.CompileFailed(name)
             files = isolation.compile_isolated(frame, name)
+        except isolation.CompileFailed:  # Triton's compile raises it here; nothing to wait for (failed_compiles)
+            self._held.release_lock()
+            failed_compiles.note(self._groups.key)
+            return failed_compiles.compile_here(name)
         except CompileTimeout as err:
             self._held.release_lock()
             log.warning("kcache: Triton's compile of %s outlived KCACHE_COMPILE_TIMEOUT (%g s): its worker was "
@@ -212,6 +219,9 @@ class CacheManager(TritonCacheManager):
                         "; remembered (`kcache clear --crashes` forgets it)" if remembered else "",
                         isolation.compiler_said(err.stderr_tail))
             raise crash from None
+        except BaseException:  # an interrupt, say: the lock is not kept for a compile that will not come
+            self._held.release_lock()
+            raise
         if files is None:
             return None
         record = record_of(frame)

@@ -9,8 +9,8 @@ checked by identity of their code. It then compiles every pruned config ahead, t
 each compile's back half in a worker of the compile service (kcache.triton.isolation, which is asked
 for as many warm workers as there are configs first), and goes on: the config asked for and
 every later one are hits. Once per tune (per tuner and tuning key). A config that fails ahead is left
-to its benchmark, which meets the same error (a crash remembered, a Python error) and skips it as
-Triton would. No tune on the stack (a plain launch, Inductor, a warmup): nothing is done here.
+to its benchmark, which meets the same error (a crash remembered; a Python error raised by Triton's
+compile in the caller, once: kcache.triton.failed_compiles) and skips it as Triton would. No tune on the stack (a plain launch, Inductor, a warmup): nothing is done here.
 
 Triton's launcher for the tune's kernel (a C extension that Triton builds with the C compiler in
 this process when a kernel first loads: 0.3 s on the H200) is built meanwhile, from the source of the
@@ -29,6 +29,7 @@ import inspect
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -38,6 +39,16 @@ from typing import Any
 log = logging.getLogger("kcache")
 
 _DONE = "_kcache_compiled_ahead"  # on a tuner: the tuning keys whose configs were compiled ahead
+_lane = threading.local()  # `ahead` in the compile-ahead's pool threads
+
+
+def in_ahead_lane() -> bool:
+    """Whether this thread compiles a tune's configs ahead (its failures are left to the benchmarks)."""
+    return getattr(_lane, "ahead", False)
+
+
+def _enter_ahead_lane() -> None:
+    _lane.ahead = True
 
 
 def compile_tune_ahead(compile_frame: FrameType) -> bool:
@@ -100,7 +111,8 @@ def _compile_ahead(tuner: Any, args: tuple, meta: dict, configs: list, source: A
     launcher = launcher_ahead.from_source(source)  # the C compiler's run, beside the front halves
     warm_workers(len(configs))  # the service forks its workers while the front halves run here
     try:
-        with shared_fronts.sharing(), ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune") as pool:
+        with shared_fronts.sharing(), ThreadPoolExecutor(workers, thread_name_prefix="kcache-triton-tune",
+                                                         initializer=_enter_ahead_lane) as pool:
             executor = pool if launcher is not None else launcher_ahead.LauncherAhead(pool, launcher_ahead.build_launcher)
             with compiling_at_once(executor):
                 for config in configs:
