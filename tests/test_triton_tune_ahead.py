@@ -83,3 +83,16 @@ def test_a_tune_whose_configs_ptxas_refuses_skips_them_as_plain_triton_and_waits
     assert done.stderr.count("failed in its worker (PTXASError") == refused, done.stderr[-3000:]
     # Each refused config: once away (ahead), once in the caller (its benchmark's, raising Triton's error).
     assert runs(ptxas) - CONFIGS == CONFIGS + refused
+
+
+def test_a_tune_whose_config_fails_its_front_half_raises_plain_tritons_error_and_waits_for_no_lock(
+        tmp_path: Path, ptxas: Path, runtime: Path) -> None:  # noqa: F811
+    """A last config with BM=48 (KT_BAD_CONFIG): its front half raises Triton's CompilationError (a block
+    not a power of 2), which ends a tune. Under kcache the tune ends with the same error, without
+    waiting KCACHE_LOCK_TIMEOUT for the lock its compile-ahead's failed compile kept."""
+    plain = tune(program_env(ptxas, tmp_path / "plain-root", KT_BAD_CONFIG="1"))
+    assert plain.returncode == 1 and "CompilationError" in plain.stderr, plain.stderr[-2000:]
+    done = tune(program_env(ptxas, tmp_path / "root", KT_BAD_CONFIG="1", KCACHE_LOCK_TIMEOUT="30",
+                            KCACHE_CALLER_FORK="0", **MANAGER))
+    assert done.returncode == 1 and "held the compile lock" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == plain.stderr.strip().splitlines()[-1]

@@ -55,6 +55,19 @@ def remembered(groups: GroupStore) -> dict[str, Any] | None:
 COMPILER_SIGNALS = frozenset({"SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
 
 
+def raise_remembered(groups: GroupStore, name: str) -> None:
+    """Where a compile of this key crashed the compiler before: TritonCompilerCrashed, at once, for the
+    compile `name` (kcache.triton.isolation.describe's)."""
+    from kcache.triton.errors import TritonCompilerCrashed
+
+    record = remembered(groups)
+    if record is not None:
+        log.warning("kcache: skipping Triton's compile of %s: its compiler crashed (%s) on %s; "
+                    "`kcache clear --crashes` forgets remembered crashes", name,
+                    record["signal"] or f"exit {record['exit_code']}", record["created"])
+        raise TritonCompilerCrashed(name, record["signal"], record["exit_code"], record["tail"], record["created"])
+
+
 def how_it_died(crash: CompilerCrashed) -> str:
     """`crashed (SIGABRT)`, `was killed (SIGKILL) from outside`, `exited with status 3`."""
     if crash.signal_name in COMPILER_SIGNALS:

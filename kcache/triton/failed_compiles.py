@@ -44,11 +44,10 @@ def failed_before(key: str) -> bool:
         return key in _failed
 
 
-def compile_here(name: str) -> None:
-    """What a compile of a failed key returns to the manager: None (Triton's compile runs here and
-    raises its own error), or, in a tune's compile-ahead, LeftToItsBenchmark."""
+def raise_in_ahead_lane(name: str) -> None:
+    """In a tune's compile-ahead, LeftToItsBenchmark for the failed compile `name`; elsewhere nothing:
+    Triton's own compile runs in this process and raises its error."""
     from kcache.triton.parallel_tune import in_ahead_lane
 
     if in_ahead_lane():
         raise LeftToItsBenchmark(f"Triton's compile of {name} failed; its benchmark compiles it in this process")
-    return None

@@ -169,19 +169,6 @@ class CacheManager(TritonCacheManager):
 
     # ------------------------------------------------------------------ isolation
 
-    def _raise_remembered_crash(self, frame: FrameType, filename: str) -> None:
-        """A compile of this key crashed the compiler before (kcache.triton.crashes): raised at once."""
-        from kcache.triton import crashes, isolation
-        from kcache.triton.errors import TritonCompilerCrashed
-
-        record = crashes.remembered(self._groups)
-        if record is not None:
-            name = isolation.describe(frame, kernel_name(filename))
-            log.warning("kcache: skipping Triton's compile of %s: its compiler crashed (%s) on %s; "
-                        "`kcache clear --crashes` forgets remembered crashes", name,
-                        record["signal"] or f"exit {record['exit_code']}", record["created"])
-            raise TritonCompilerCrashed(name, record["signal"], record["exit_code"], record["tail"], record["created"])
-
     def _compile_isolated(self, frame: FrameType, filename: str, lookup: Lookup) -> dict[str, str] | None:
         """The compile that asked, its back half in a worker (kcache.triton.isolation), published here
         (under the key's lock and lease this process holds) and returned as a hit; None where this
@@ -193,7 +180,7 @@ class CacheManager(TritonCacheManager):
 
         name = isolation.describe(frame, kernel_name(filename))
         try:  # checked under the key's lock: a compile this process waited for may have crashed meanwhile
-            self._raise_remembered_crash(frame, filename)
+            crashes.raise_remembered(self._groups, name)
         except BaseException:
             self._held.release_lock()
             raise
@@ -204,7 +191,8 @@ class CacheManager(TritonCacheManager):
         except isolation.CompileFailed:  # Triton's compile raises it here; nothing to wait for (failed_compiles)
             self._held.release_lock()
             failed_compiles.note(self._groups.key)
-            return failed_compiles.compile_here(name)
+            failed_compiles.raise_in_ahead_lane(name)
+            return None
         except CompileTimeout as err:
             self._held.release_lock()
             log.warning("kcache: Triton's compile of %s outlived KCACHE_COMPILE_TIMEOUT (%g s): its worker was "

@@ -5,7 +5,9 @@ so kcache's compile-ahead with it. Its benchmark calls each config once and time
 order, the last fastest, so that every run picks the same one: the tune's time is its compiles'.
 
     python -m stress.programs.triton_programs.cpu_tune   (KT_ABORT=1: one config's compile aborts, in its
-                                                      `llir` stage; KT_FIRED: the file the abort notes its pid in)
+                                                      `llir` stage; KT_FIRED: the file the abort notes its pid in;
+                                                      KT_BAD_CONFIG=1: a last config whose front half fails,
+                                                      BM=48 not a power of 2, a CompilationError that ends the tune)
 
 Prints one JSON object: the tune's seconds, the pick, each config's cubin sha256, the front halves made
 (`ASTSource.make_ir` calls in this process), and what the driver saw, in order: each launcher made (and
@@ -73,7 +75,7 @@ class Sm90WithoutGpu:
 
 def in_order() -> Any:
     """A benchmark that calls the config once and times the configs in the order benchmarked."""
-    calls = iter(range(len(CONFIGS), 0, -1))
+    calls = iter(range(len(CONFIGS) + 1, 0, -1))
 
     def bench(kernel_call: Any, quantiles: Any) -> list[float]:
         kernel_call()
@@ -94,7 +96,10 @@ def main() -> None:
     ASTSource.make_ir = counted_make_ir
     triton.knobs.compilation.listener = lambda **compiled: COMPILES_ENDED.append("ended")
     driver.set_active(Sm90WithoutGpu())
-    tuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K"], do_bench=in_order())(matmul_kernel.fn)
+    configs = list(CONFIGS)
+    if os.environ.get("KT_BAD_CONFIG"):
+        configs.append(triton.Config({"BM": 48, "BN": 64, "BK": 32}, num_warps=4, num_stages=3))
+    tuned = triton.autotune(configs=configs, key=["M", "N", "K"], do_bench=in_order())(matmul_kernel.fn)
     a, b, c = (torch.empty((SIZE, SIZE), dtype=torch.float16) for _ in range(3))
     started = time.perf_counter()
     tuned[(1,)](a, b, c, SIZE, SIZE, SIZE, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
