@@ -53,6 +53,7 @@ class CompileFailed(Exception):
     """A Python error in a compile's front or back half: Triton's own compile, in the caller, raises it
     again (a failed compile holds nothing: no lock is kept for it, kcache.triton.failed_compiles)."""
 
+
 # What the compile service's template imports for Triton's jobs (and warms up: stages.warm_up_template).
 TRITON_PRELOAD = ("triton", "kcache.triton.stages")
 

@@ -10,7 +10,8 @@ each compile's back half in a worker of the compile service (kcache.triton.isola
 for as many warm workers as there are configs first), and goes on: the config asked for and
 every later one are hits. Once per tune (per tuner and tuning key). A config that fails ahead is left
 to its benchmark, which meets the same error (a crash remembered; a Python error raised by Triton's
-compile in the caller, once: kcache.triton.failed_compiles) and skips it as Triton would. No tune on the stack (a plain launch, Inductor, a warmup): nothing is done here.
+compile in the caller, once: kcache.triton.failed_compiles) and skips it as Triton would. No tune on
+the stack (a plain launch, Inductor, a warmup): nothing is done here.
 
 Triton's launcher for the tune's kernel (a C extension that Triton builds with the C compiler in
 this process when a kernel first loads: 0.3 s on the H200) is built meanwhile, from the source of the
