@@ -162,3 +162,33 @@ def test_without_a_gpu_the_autotune_row_times_the_tunes_compiles_under_a_driver_
     assert judge("triton", found) == (None, None)
     groups = [name for name in os.listdir(tmp_path / "cpu_tune-kcache-0" / "triton") if not name.startswith(".")]
     assert len(groups) >= 16
+
+
+def test_kcaches_own_floor_in_the_tunes_row_is_first_compiles_alone_then_the_cpu_time_on_every_core(
+        tmp_path: Path) -> None:
+    """stress.bench's tunes-at-once row, kcache's own floor from its parts: 2 processes whose first compile
+    runs 0.5 s alone, 10 s of the machine's CPU time over the window, spread on the usable cores. And the
+    sampler reads this machine's /proc/stat: a busy loop of 0.3 s counts as at least 0.2 s of CPU."""
+    import json as json_module
+    import time
+
+    from stress.bench.cpu_busy import CpuSampler
+    from stress.bench.triton_tunes import own_work_floor
+
+    for pid, spans in ((1, [[100.0, 101.0], [100.5, 102.0]]), (2, [[100.0, 101.5], [100.5, 103.0]])):
+        (tmp_path / f"{pid}.json").write_text(json_module.dumps({"spans": spans}))
+    cpu = CpuSampler()
+    cpu.times, cpu.busy = [99.0, 104.0], [0, 10 * os.sysconf("SC_CLK_TCK")]  # 10 s over 99-104: 6 s in 100-103
+    floor, spread = own_work_floor(tmp_path, cpu)
+    cores = len(os.sched_getaffinity(0))
+    assert floor == pytest.approx(0.5 + (6.0 - 2 * 0.5) / cores) and spread == pytest.approx(6.0 / cores)
+    (tmp_path / "3.json").write_text(json_module.dumps({"spans": [[100.0, 101.0]]}))
+    with pytest.raises(RuntimeError, match="fewer than 2 compile spans"):
+        own_work_floor(tmp_path, cpu)
+
+    with CpuSampler() as sampler:
+        started = time.time()
+        while time.time() - started < 0.3:
+            pass
+        ended = time.time()
+    assert (sampler.core_seconds(started, ended) or 0.0) >= 0.2

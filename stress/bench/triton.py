@@ -22,23 +22,13 @@ no GPU needed):
   GPU machine). Goal: at most 0.35x Triton's on a 16-core GPU machine. Without a GPU, a row of its own
   with no goal: the same tune under a driver that compiles for sm_90 and launches nothing
   (stress.programs.triton_programs.cpu_tune), the tune's time being its compiles'.
-- tunes at once (issue 67, GPU only): 8 fresh processes, one machine's cache, each starting a different
-  16-config tune at the same moment (stress.programs.triton_programs.tune, KT_VARIANT: each its own register
-  cap, so no two share a key), taking turns (at most 3 each); the compile phases together: the longest
-  of the processes' times spent compiling (within Triton's `compile` calls, as its compilation listener
-  reports them, overlapping calls counted once: plain Triton's one after another between its
-  benchmarks, kcache's at once ahead of them); and the most assemblies (ptxas) that ran at once. Goals:
-  at most 0.55x plain Triton's (0.5x is the limit: plain Triton keeps 8 cores busy, kcache 16), with at
-  most as many compiles at once as the machine has usable cores. Beside them, each turn, the machine's
-  floor, with no kcache and no tune (stress.programs.triton_programs.wide_floor): the same 128 compiles
-  from one queue in as many processes as cores, against 8 processes compiling 16 each one after another.
+- tunes at once (issue 67, GPU only): stress.bench.triton_tunes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -47,13 +37,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..procs import PROJECT, release_gated, worker_env
-from ..programs.triton_programs.assemblers import assembler_runs, counting_assemblers, most_at_once, timed_assemblers
+from ..procs import PROJECT, release_gated
+from ..programs.triton_programs.assemblers import assembler_runs, counting_assemblers
 from ..programs.triton_programs.precompile import CONFIGS as PRECOMPILE_CONFIGS
 from .suite.rows import row
 from .suite.timing import percentile
+from .triton_lanes import KCACHE, plain_env
+from .triton_tunes import tunes_at_once_rows
 
-KCACHE = {"TRITON_CACHE_MANAGER": "kcache.triton:CacheManager"}
 KERNEL = "matmul"
 
 
@@ -82,7 +73,7 @@ def measure(work: Path, repeats: int, procs: int, env: dict[str, str], only: tup
     rows += cold_rows(work, caches, min(repeats, 9)) if "cold" in only else []
     rows += precompile_rows(work, caches, min(repeats, 5)) if "precompile" in only else []
     rows += autotune_rows(work, env, min(repeats, 5)) if "autotune" in only else []
-    return rows + (tunes_at_once_rows(work, env, turns=min(repeats, 3)) if "tunes" in only else [])
+    return rows + (tunes_at_once_rows(work, env, turns=min(repeats, 5)) if "tunes" in only else [])
 
 
 def hit_and_herd_rows(work: Path, caches: dict[str, dict[str, str]], repeats: int,
@@ -218,71 +209,6 @@ def front_halves_s(work: Path, env: dict[str, str]) -> float:
         raise RuntimeError(f"stress.programs.triton_programs.tune (front halves) exited {done.returncode}: {done.stderr[-800:]}")
     taken = re.findall(r"front half of Triton's .* took ([0-9.]+) ms of CPU", done.stderr)
     return sum(float(ms) for ms in taken) / 1000
-
-
-def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: int = 2) -> list[dict[str, Any]]:
-    """`procs` processes each starting a 16-config tune of its own at once, kcache's and Triton's in turns;
-    none without a GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        print("triton: tunes at once not measured: Triton's autotuner needs a GPU to benchmark", flush=True)
-        return []
-    phases: dict[str, list[float]] = {"kcache": [], "triton": []}
-    at_once: dict[str, list[int]] = {"kcache": [], "triton": []}
-    floors: list[dict[str, float]] = []
-    for turn in range(turns):
-        for name, extra in (("kcache", KCACHE), ("triton", {})):
-            folder = work / f"tunes-{name}-{turn}"
-            folder.mkdir(parents=True)
-            run_env = plain_env(env)
-            run_env.update(extra)
-            run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
-                           TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1")
-            processes = [subprocess.Popen([sys.executable, "-m", "stress.programs.triton_programs.tune"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
-                                          env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
-            release_gated(processes)
-            outputs = [process.communicate(timeout=900)[0] for process in processes]
-            if any(process.returncode != 0 for process in processes):
-                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once) failed")
-            results = [json.loads(out.splitlines()[-1]) for out in outputs]
-            if not all(found["correct"] for found in results):
-                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once): a wrong result")
-            phases[name].append(max(found["compiling_s"] for found in results))
-            at_once[name].append(most_at_once(folder))
-        floors.append(wide_floor(env))
-    kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
-    cores = len(os.sched_getaffinity(0))
-    wide, eight = (statistics.median(floor[part] for floor in floors) for part in ("wide_s", "eight_s"))
-    print(f"triton: {procs} different 16-config tunes at once, compile phases together, median of {turns}: kcache "
-          f"{kcache:.3f} s, Triton {triton:.3f} s, {kcache / triton:.3f}x (goal: at most 0.55x); most assemblies at "
-          f"once: kcache {max(at_once['kcache'])}, Triton {max(at_once['triton'])} (goal: at most {cores}, the usable "
-          f"cores); the machine's floor, plain Triton's 128 compiles from one queue in {cores} processes against "
-          f"8 processes one after another: {wide:.3f} s against {eight:.3f} s, {wide / eight:.3f}x", flush=True)
-    return [row(f"triton {procs} tunes at once (16 configs each)", "compile phases together median s", kcache, triton,
-                "s", "triton in-process compiles"),
-            row(f"triton {procs} tunes at once (16 configs each)", f"the floor: their 128 compiles, plain, {cores} "
-                "processes from one queue, median s", wide, eight, "s", "plain, 8 processes, 16 compiles each"),
-            row(f"triton {procs} tunes at once (16 configs each)", f"most assemblies at once (usable cores: {cores})",
-                max(at_once["kcache"]),
-                max(at_once["triton"]), "runs", "triton in-process compiles")]
-
-
-def wide_floor(env: dict[str, str]) -> dict[str, float]:
-    """The machine's floor under the tunes at once (stress.programs.triton_programs.wide_floor), no kcache."""
-    run_env = plain_env(env)
-    done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.wide_floor",
-                           str(len(os.sched_getaffinity(0)))], capture_output=True, text=True, cwd=str(PROJECT),
-                          timeout=900, env=run_env)
-    if done.returncode != 0:
-        raise RuntimeError(f"stress.programs.triton_programs.wide_floor exited {done.returncode}: {done.stderr[-800:]}")
-    return json.loads(done.stdout.splitlines()[-1])
-
-
-def plain_env(env: dict[str, str]) -> dict[str, str]:
-    """A child's environment (worker_env) with Triton's own cache manager: each lane adds kcache's."""
-    return {key: value for key, value in worker_env(env).items() if key != "TRITON_CACHE_MANAGER"}
 
 
 def rows(options: argparse.Namespace, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:

@@ -4,7 +4,9 @@
                                                KT_VARIANT=N: a tune of its own, every config's `maxnreg`
                                                232 - 8 N, so that N processes tune N sets of keys;
                                                KT_GATE=1: print "ready" and wait for a line first;
-                                               KT_LOG_TIMES=1: kcache's log with each line's time)
+                                               KT_LOG_TIMES=1: kcache's log with each line's time;
+                                               KT_SPANS_DIR=D: the tune's compile spans, as epoch seconds,
+                                               written to D/<pid>.json, for a timeline)
 
 Times, in a fresh process: the first call (the tune: every config compiled, then benchmarked) and a
 second tune of the same key with every config already compiled (the benchmarks alone). Their
@@ -115,6 +117,9 @@ def main() -> None:
     torch.cuda.synchronize()
     tune_s = time.perf_counter() - started
     compiling_s = time_compiling(spans)
+    if os.environ.get("KT_SPANS_DIR"):
+        with open(os.path.join(os.environ["KT_SPANS_DIR"], f"{os.getpid()}.json"), "w") as out:
+            json.dump({"variant": os.environ.get("KT_VARIANT"), "cache": os.environ.get("TRITON_CACHE_DIR"), "spans": spans}, out)
     best = matmul_kernel.best_config
     matmul_kernel.cache.clear()  # the same tune again: every config compiled, in Triton's memory
     started = time.perf_counter()

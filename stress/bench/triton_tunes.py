@@ -1,0 +1,129 @@
+"""`python -m stress.bench --only triton --triton-rows tunes` (issue 67, GPU only): 8 processes at once,
+each starting a 16-config tune of its own.
+
+8 fresh processes, one machine's cache, each starting a different 16-config tune at the same moment
+(stress.programs.triton_programs.tune, KT_VARIANT: each its own register cap, so no two share a key),
+taking turns (at most 5 each); the compile phases together: the longest of the processes' times spent
+compiling (within Triton's `compile` calls, as its compilation listener reports them, overlapping calls
+counted once: plain Triton's one after another between its benchmarks, kcache's at once ahead of
+them); and the most assemblies (ptxas) that ran at once. Goals: at most 0.55x plain Triton's (0.5x is
+the limit: plain Triton keeps 8 cores busy, kcache 16), with at most as many compiles at once as the
+machine has usable cores.
+
+Beside them, two floors:
+- kcache's own floor, each kcache turn: a tune's first compile runs alone in its process (Triton's
+  first-compile work: the key of its whole installation, a hash of `libtriton.so`, then the first
+  config's front half) before its configs fan out; from then on the lane's CPU time (the machine's,
+  sampled from /proc/stat while it ran: compiles, kcache and the programs) spread evenly on every core.
+  No schedule of that same work finishes sooner, so a ratio under it needs less work, not better order.
+- the machine's floor, with no kcache and no tune (stress.programs.triton_programs.wide_floor): the same
+  128 compiles from one queue in as many processes as cores, against 8 processes compiling 16 each one
+  after another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..procs import PROJECT, release_gated
+from ..programs.triton_programs.assemblers import most_at_once, timed_assemblers
+from .cpu_busy import CpuSampler
+from .suite.rows import row
+from .triton_lanes import KCACHE, plain_env
+
+SCENARIO = "triton {procs} tunes at once (16 configs each)"
+
+
+def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: int = 2) -> list[dict[str, Any]]:
+    """`procs` processes each starting a 16-config tune of its own at once, kcache's and Triton's in turns;
+    none without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("triton: tunes at once not measured: Triton's autotuner needs a GPU to benchmark", flush=True)
+        return []
+    phases: dict[str, list[float]] = {"kcache": [], "triton": []}
+    at_once: dict[str, list[int]] = {"kcache": [], "triton": []}
+    own_floors: list[tuple[float, float]] = []
+    floors: list[dict[str, float]] = []
+    for turn in range(turns):
+        for name, extra in (("kcache", KCACHE), ("triton", {})):
+            folder = work / f"tunes-{name}-{turn}"
+            (folder / "compile-spans").mkdir(parents=True)
+            run_env = plain_env(env)
+            run_env.update(extra)
+            run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
+                           TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1", KT_SPANS_DIR=str(folder / "compile-spans"))
+            processes = [subprocess.Popen([sys.executable, "-m", "stress.programs.triton_programs.tune"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
+                                          env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
+            with CpuSampler() as cpu:
+                release_gated(processes)
+                outputs = [process.communicate(timeout=900)[0] for process in processes]
+            if any(process.returncode != 0 for process in processes):
+                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once) failed")
+            results = [json.loads(out.splitlines()[-1]) for out in outputs]
+            if not all(found["correct"] for found in results):
+                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once): a wrong result")
+            phases[name].append(max(found["compiling_s"] for found in results))
+            at_once[name].append(most_at_once(folder))
+            if name == "kcache":
+                own_floors.append(own_work_floor(folder / "compile-spans", cpu))
+        floors.append(wide_floor(env))
+    kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
+    cores = len(os.sched_getaffinity(0))
+    wide, eight = (statistics.median(floor[part] for floor in floors) for part in ("wide_s", "eight_s"))
+    own = statistics.median(floor for floor, _ in own_floors)
+    spread = statistics.median(even for _, even in own_floors)
+    scenario = SCENARIO.format(procs=procs)
+    print(f"triton: {procs} different 16-config tunes at once, compile phases together, median of {turns}: kcache "
+          f"{kcache:.3f} s, Triton {triton:.3f} s, {kcache / triton:.3f}x (goal: at most 0.55x); most assemblies at "
+          f"once: kcache {max(at_once['kcache'])}, Triton {max(at_once['triton'])} (goal: at most {cores}, the usable "
+          f"cores); kcache's own floor (each tune's first compile alone, then the lane's CPU time on every core): "
+          f"{own:.3f} s, {own / triton:.3f}x (its CPU time on every core from the start: {spread:.3f} s, "
+          f"{spread / triton:.3f}x); the machine's floor, plain Triton's 128 compiles from one queue in {cores} "
+          f"processes against 8 processes one after another: {wide:.3f} s against {eight:.3f} s, {wide / eight:.3f}x",
+          flush=True)
+    return [row(scenario, "compile phases together median s", kcache, triton, "s", "triton in-process compiles"),
+            row(scenario, "kcache's floor: first compiles alone, then its CPU time on every core, median s", own,
+                triton, "s", "triton in-process compiles"),
+            row(scenario, f"the floor: their 128 compiles, plain, {cores} processes from one queue, median s", wide,
+                eight, "s", "plain, 8 processes, 16 compiles each"),
+            row(scenario, f"most assemblies at once (usable cores: {cores})", max(at_once["kcache"]),
+                max(at_once["triton"]), "runs", "triton in-process compiles")]
+
+
+def own_work_floor(spans_folder: Path, cpu: CpuSampler) -> tuple[float, float]:
+    """From a lane's compile spans (each process's, stress.programs.triton_programs.tune's KT_SPANS_DIR)
+    and the machine's CPU time while it ran: (the floor, the lane's CPU time spread on every core).
+
+    The floor: each process's first compile alone (the median of its time until a second compile
+    starts), then whatever CPU time the window held beyond those first compiles, spread on every core."""
+    spans = [json.loads(path.read_text())["spans"] for path in sorted(spans_folder.glob("*.json"))]
+    if not spans or any(len(process) < 2 for process in spans):
+        raise RuntimeError(f"{spans_folder}: a tune's process left fewer than 2 compile spans")
+    start, end = min(s for process in spans for s, _ in process), max(e for process in spans for _, e in process)
+    busy = cpu.core_seconds(start, end)
+    if busy is None:
+        raise RuntimeError("the machine's CPU time was not sampled over the tunes (no /proc/stat?)")
+    cores = len(os.sched_getaffinity(0))
+    alone = statistics.median(sorted(s for s, _ in process)[1] - min(s for s, _ in process) for process in spans)
+    return alone + max(0.0, busy - len(spans) * alone) / cores, busy / cores
+
+
+def wide_floor(env: dict[str, str]) -> dict[str, float]:
+    """The machine's floor under the tunes at once (stress.programs.triton_programs.wide_floor), no kcache."""
+    run_env = plain_env(env)
+    done = subprocess.run([sys.executable, "-m", "stress.programs.triton_programs.wide_floor",
+                           str(len(os.sched_getaffinity(0)))], capture_output=True, text=True, cwd=str(PROJECT),
+                          timeout=900, env=run_env)
+    if done.returncode != 0:
+        raise RuntimeError(f"stress.programs.triton_programs.wide_floor exited {done.returncode}: {done.stderr[-800:]}")
+    found: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    return found
