@@ -18,6 +18,7 @@ from kcache import helion as kcache_helion
 from kcache import triton as kcache_triton
 from kcache.dropin.on_import import install_from_environment
 from kcache.setting_values import DROPIN_ENV, check_settings
+from kcache.triton import key_ahead
 
 if TYPE_CHECKING:
     import argparse
@@ -79,10 +80,12 @@ def prepare(module: str | None, program_args: list[str], root: str | None) -> Ca
 
 def install_on_import() -> None:
     """kcache for whatever the program uses, in this process and its children: Triton's cache manager and
-    Helion's backend by their environment variables, unless the user named their own; TileLang's hooks
-    once the program imports TileLang (KCACHE_TILELANG=1, which children that import kcache honour too).
+    Helion's backend by their environment variables, unless the user named their own (and Triton's key
+    of its installation computed once the program imports Triton, kcache.triton.key_ahead); TileLang's
+    hooks once the program imports TileLang (KCACHE_TILELANG=1, which children that import kcache honour too).
     Nothing of TileLang, Triton or Helion is imported here, and none of them needs to be installed."""
-    kcache_triton.enable()
+    if kcache_triton.enable():
+        key_ahead.when_triton_imported()  # Triton's key of its installation, before its first compile
     kcache_helion.enable()
     os.environ[DROPIN_ENV] = "1"
     install_from_environment()

@@ -15,6 +15,7 @@ from kcache.dropin import autotuner_results, routing, state
 from kcache.setting_values import check_settings
 from kcache.tilelang import internals, support
 from kcache.tilelang.installed import tilelang_installed
+from kcache.triton import key_ahead
 
 log = logging.getLogger("kcache")
 
@@ -41,7 +42,8 @@ def install(cache: KernelCache | None = None) -> None:
     # Triton's kernels (Inductor's too) on kcache's store, in this process and its children, unless
     # the user named a cache manager of their own. An environment variable: nothing of Triton is imported.
     triton_was_unset = kcache_triton.ENV not in os.environ
-    kcache_triton.enable()
+    if kcache_triton.enable():
+        key_ahead.when_triton_imported()  # Triton's key of its installation, before its first compile
     # Helion's autotune picks too (kcache.helion), unless the user named a backend of their own.
     helion_was_unset = kcache_helion.BACKEND_ENV not in os.environ
     kcache_helion.enable()

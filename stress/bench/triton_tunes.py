@@ -8,12 +8,14 @@ compiling (within Triton's `compile` calls, as its compilation listener reports 
 counted once: plain Triton's one after another between its benchmarks, kcache's at once ahead of
 them); and the most assemblies (ptxas) that ran at once. Goals: at most 0.55x plain Triton's (0.5x is
 the limit: plain Triton keeps 8 cores busy, kcache 16), with at most as many compiles at once as the
-machine has usable cores.
+machine has usable cores. kcache's lane runs each program as the README does, `kcache run -m`: Triton's
+key of its own installation is then computed as the program imports Triton (kcache.triton.key_ahead),
+where plain Triton computes it in its first compile.
 
 Beside them, two floors:
 - kcache's own floor, each kcache turn: a tune's first compile runs alone in its process (Triton's
-  first-compile work: the key of its whole installation, a hash of `libtriton.so`, then the first
-  config's front half) before its configs fan out; from then on the lane's CPU time (the machine's,
+  first-compile work, the first config's front half, and the key of Triton's installation where it is
+  not computed yet) before its configs fan out; from then on the lane's CPU time (the machine's,
   sampled from /proc/stat while it ran: compiles, kcache and the programs) spread evenly on every core.
   No schedule of that same work finishes sooner, so a ratio under it needs less work, not better order.
 - the machine's floor, with no kcache and no tune (stress.programs.triton_programs.wide_floor): the same
@@ -38,6 +40,8 @@ from .suite.rows import row
 from .triton_lanes import KCACHE, plain_env
 
 SCENARIO = "triton {procs} tunes at once (16 configs each)"
+PROGRAM = "stress.programs.triton_programs.tune"
+COMMANDS = {"kcache": [sys.executable, "-m", "kcache", "run", "-m", PROGRAM], "triton": [sys.executable, "-m", PROGRAM]}
 
 
 def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: int = 2) -> list[dict[str, Any]]:
@@ -60,7 +64,7 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
             run_env.update(extra)
             run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
                            TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1", KT_SPANS_DIR=str(folder / "compile-spans"))
-            processes = [subprocess.Popen([sys.executable, "-m", "stress.programs.triton_programs.tune"], stdin=subprocess.PIPE,
+            processes = [subprocess.Popen(COMMANDS[name], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
                                           env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
             with CpuSampler() as cpu:
