@@ -10,10 +10,10 @@ any cache manager is asked. kcache calls that same function in a thread of its o
 (stress.bench.triton_tunes). The value is Triton's own: its function, its memo.
 
 The thread imports nothing: it starts only where every package Triton's walk would import is loaded
-already (after `import triton`, in Triton 3.5 and 3.6, they are), so that a fork of the program while it
-hashes inherits no import lock of it; the fork's first compile computes the key as it would have. A
-first compile that comes before the thread ends computes the key too, as it would have: Triton's memo
-holds a value only once one is computed.
+already (checked, not assumed: after `import triton` they are, in Triton 3.6 and 3.8), so that a fork of
+the program while it hashes inherits no import lock of it; the fork's first compile computes the key as
+it would have. A first compile that comes before the thread ends computes the key too, as it would have:
+Triton's memo holds a value only once one is computed.
 """
 
 from __future__ import annotations

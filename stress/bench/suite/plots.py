@@ -211,6 +211,7 @@ def triton(readings: list[Reading], axes: Any) -> list[Reading]:
 
 TRITON_COMPILES = (("cold compile median s", "cold compile\n(fresh process)", 1.05),
                    ("autotune compile phase median s", "16-config autotune:\ncompile phase", 0.35),
+                   ("compile phases together median s", "8 different tunes\nat once", 0.55),
                    ("children median s", "8 forks of a caller\n(Helion's precompile)", None))  # no goal of its own
 
 
