@@ -29,6 +29,7 @@ from triton.runtime.cache import FileCacheManager
 
 from kcache.errors import CacheLockTimeout, CompilerCrashed, CompileTimeout
 from kcache.store.manifest import is_entry_file_name
+from kcache.triton import lone_files
 from kcache.triton.counting import Lookup, counted
 from kcache.triton.roots import candidates_apart, roots
 from kcache.triton.store import GroupStore, as_paths, entry_key, kernel_name
@@ -110,11 +111,7 @@ class CacheManager(TritonCacheManager):
             return self._triton_own.get_file(filename)
         if filename in self._staged:
             return str(self._staged[filename])
-        lone = self._lone_files.read(entry_key(self.key, filename), None, filename)
-        if lone is None:
-            lone = self._groups.read(self._groups.key, _group_of(filename), filename)
-        if lone is None:  # another node's, from the remote tiers
-            lone = self._lone_files.fetch(entry_key(self.key, filename), None, filename)
+        lone = lone_files.find(self._lone_files, self._groups, filename, lambda: self._held)
         if lone is None:
             from kcache.triton.isolation import warm_service_soon  # a miss's
 
@@ -134,6 +131,8 @@ class CacheManager(TritonCacheManager):
         if not self._in_group:  # a lone file: saved for the next process, and Triton loads its own build
             key = entry_key(self.key, filename)
             self._lone_files.publish(key, None, {filename: payload})
+            if self._held_now is not None:
+                self._held_now.release_lock()  # a C module built here: the processes waiting read it now
             copy = _private_copy(key, filename, payload)
             self._staged[filename] = Path(copy)
             return copy
@@ -293,9 +292,3 @@ def _private_copy(entry: str, name: str, data: bytes) -> str:
 
 def _listed(roots: tuple[Path, ...]) -> str:
     return ", ".join(str(root) for root in roots) or "no root"
-
-
-def _group_of(filename: str) -> str:
-    """The metadata file of the group a compile's file belongs to (`add.ptx` -> `add.json`)."""
-    return f"{filename.rsplit('.', 1)[0]}.json"
-
