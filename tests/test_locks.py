@@ -205,3 +205,28 @@ def test_a_lock_file_removed_by_its_holder_is_never_held_through_two_files(tmp_p
     assert locks.remove_free_lock_file(path) and not path.exists()  # free: removed
     assert not locks.remove_free_lock_file(path)  # nothing there: nothing created
     assert not path.exists()
+
+
+def test_a_fork_made_while_a_lock_is_held_keeps_nothing_once_the_holder_lets_go(tmp_path: Path) -> None:
+    """A child forked while this process holds a key's lock (a data loader's worker forked beside a
+    compile) lives on; the holder releases; another acquirer takes the lock at once, where the child's
+    copy of the descriptor would otherwise keep it locked for the child's life (kcache.store.held_locks)."""
+    path = tmp_path / ".locks" / f"{KEY}.lock"
+    lock = KeyLock(path, KEY)
+    lock.acquire(timeout=5)
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: lives until the test lets it go, touching nothing
+        os.close(writer)
+        os.read(reader, 1)
+        os._exit(0)
+    os.close(reader)
+    try:
+        lock.release()
+        other = KeyLock(path, KEY)
+        assert other.acquire(timeout=2) == 0.0  # the child still lives: without held_locks, CacheLockTimeout
+        other.release()
+    finally:
+        os.write(writer, b"x")
+        os.close(writer)
+        os.waitpid(pid, 0)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kcache.errors import CacheLockTimeout
-from kcache.store import sharing
+from kcache.store import held_locks, sharing
 from kcache.store.dirfd import DIR_FLAGS, NOT_A_DIRECTORY_ERRNOS
 from kcache.store.fsutil import ensure_dir
 
@@ -138,6 +138,7 @@ class KeyLock:
             fd = self._try_acquire()
             if fd is not None:
                 self._fd = fd
+                held_locks.holding(self)  # a fork of this process lets go of its copy (held_locks)
                 return time.monotonic() - start if logged else 0.0
             if give_up_when is not None and give_up_when():
                 return None
@@ -153,6 +154,7 @@ class KeyLock:
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
+            held_locks.letting_go(self)
             if self._noted:  # only a noting holder pays for this: a kernel's lock releases as before
                 self._noted = False
                 try:
