@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 QUICK_MODULES = frozenset({
     "test_arch_safety", "test_arrivals", "test_autotune_store", "test_bench_cli", "test_bench_library",
     "test_bench_suite", "test_bench_plots", "test_bench_record", "test_bundles", "test_cli", "test_deployment",
-    "test_eviction", "test_triton_stages", "test_settings_checked", "test_triton_shared_fronts", "test_triton_launcher_ahead", "test_triton_key_ahead", "test_triton_service_warmup", "test_cli_abbreviations", "test_message_table",
+    "test_eviction", "test_triton_stages", "test_settings_checked", "test_triton_shared_fronts", "test_triton_launcher_ahead", "test_triton_key_ahead", "test_triton_lone_modules", "test_triton_service_warmup", "test_cli_abbreviations", "test_message_table",
     "test_import_hooks", "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance",
     "test_packed_blob", "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust",
     "test_user_errors", "test_why_miss", "test_pool_close", "test_service_scheduler", "test_tune_trials",

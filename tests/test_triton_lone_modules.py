@@ -91,15 +91,16 @@ def test_a_build_that_failed_lets_go_of_its_lock_while_its_process_lives(tmp_pat
     """The first build fails (the compiler's exit status 1: Triton raises), its process stays alive; the
     next process takes the lock at once and builds (no warning of a wait of BUILD_WAIT_S)."""
     cc = counting_compiler(tmp_path, fail_first=True)
-    failing = start(tmp_path, CC=cc, KT_HOLD="1")
+    started = [start(tmp_path, CC=cc, KT_HOLD="1")]
     try:
-        assert failing.stdout is not None
-        assert "error" in json.loads(failing.stdout.readline()), "the first build was meant to fail"
-        second = start(tmp_path, CC=cc)
-        out, err = second.communicate(timeout=300)
+        assert started[0].stdout is not None
+        assert "error" in json.loads(started[0].stdout.readline()), "the first build was meant to fail"
+        started.append(start(tmp_path, CC=cc))
+        out, err = started[1].communicate(timeout=300)
     finally:
-        failing.kill()
-        failing.wait(timeout=60)
+        for process in started:
+            process.kill()
+            process.wait(timeout=60)
     assert json.loads(out.splitlines()[-1]) == {"answer": 42} and "building it here too" not in err, err[-2000:]
     assert builds(tmp_path) == 2
 
