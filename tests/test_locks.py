@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import threading
 from pathlib import Path
@@ -215,13 +216,17 @@ def test_a_fork_made_while_a_lock_is_held_keeps_nothing_once_the_holder_lets_go(
     lock = KeyLock(path, KEY)
     lock.acquire(timeout=5)
     reader, writer = os.pipe()
+    ready_reader, ready_writer = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: lives until the test lets it go, touching nothing
+    if pid == 0:  # the child (its fork handlers have run): says so, lives until the test lets it go
         os.close(writer)
+        os.write(ready_writer, b"r")
         os.read(reader, 1)
         os._exit(0)
     os.close(reader)
+    os.close(ready_writer)
     try:
+        assert select.select([ready_reader], [], [], 60)[0] and os.read(ready_reader, 1) == b"r"
         lock.release()
         other = KeyLock(path, KEY)
         assert other.acquire(timeout=2) == 0.0  # the child still lives: without held_locks, CacheLockTimeout
@@ -229,4 +234,5 @@ def test_a_fork_made_while_a_lock_is_held_keeps_nothing_once_the_holder_lets_go(
     finally:
         os.write(writer, b"x")
         os.close(writer)
+        os.close(ready_reader)
         os.waitpid(pid, 0)

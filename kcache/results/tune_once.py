@@ -229,7 +229,7 @@ class TuneOnce(Generic[Result]):
 
     def progress(self, phase: str, done: int, total: int) -> None:
         """The holder's progress, for waiters to show."""
-        if self.held:
+        if self.held and self.lock.is_locked:  # not in a fork of the holder (kcache.store.held_locks)
             self._note.phase, self._note.done, self._note.total = phase, done, total
             self.lock.write_note(self._note.encode())
 
