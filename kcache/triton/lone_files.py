@@ -6,12 +6,12 @@ Triton builds such a module with the C compiler in the program's process (`compi
 0.25-0.6 s of a core on the H200) when `get_file` misses it, and `put`s it. Without a lock, N processes
 that start at once (a job's ranks, 8 tunes at once) each build the same module. Here a miss of a file
 named as Python's extension modules are (`EXT_SUFFIX`) takes the key's lock, as a group's miss does: the
-first process builds while the others wait for its publish and read it; the lock is released at `put`
-or when Triton drops the manager: a build that raised lets go of it as the program lets go of the
-exception (whose traceback holds Triton's frame, and so the manager), mostly at once. The wait is short
-on purpose: past `BUILD_WAIT_S` a waiter builds the module itself, as Triton would have (a second build
-of the same source is harmless: each process loads the copy it verified). An autotuner's timings, the other lone
-file, take no lock: a tune is not to wait for another process's benchmarks.
+first process builds while the others wait for its publish and read it; the lock is released at `put` or
+when Triton drops the manager: a build that raised lets go of it as the program lets go of the exception
+(whose traceback holds Triton's frame, and so the manager), mostly at once. The wait is short on
+purpose: past `BUILD_WAIT_S` a waiter builds the module itself, as Triton would have (a second build of
+the same source is harmless: each process loads the copy it verified). An autotuner's timings, the other
+lone file, take no lock: a tune is not to wait for another process's benchmarks.
 """
 
 from __future__ import annotations
