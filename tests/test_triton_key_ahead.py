@@ -124,3 +124,17 @@ def test_a_package_the_walk_would_import_leaves_the_key_to_the_first_compile(tmp
     for package in ("compiler", "language", "language/zz_kcache_unloaded"):
         (tmp_path / package / "__init__.py").write_text("")
     assert key_ahead.unloaded_packages(str(tmp_path)) == ["triton.language.zz_kcache_unloaded"]
+
+
+def test_a_failure_to_start_never_fails_the_programs_import_of_triton(monkeypatch, caplog) -> None:  # noqa: ANN001
+    """What runs from the program's `import triton` catches its own errors: the key is then left to
+    the first compile, with a debug line."""
+    import logging
+
+    def broken() -> None:
+        raise OSError("a Triton folder that cannot be listed")
+
+    monkeypatch.setattr(key_ahead, "start", broken)
+    with caplog.at_level(logging.DEBUG, logger="kcache"):
+        key_ahead._start_quietly()
+    assert "left to its first compile: OSError" in caplog.text

@@ -36,7 +36,15 @@ _lock = threading.Lock()
 
 def when_triton_imported() -> None:
     """Start the key's computation once the program's `import triton` has run (now, if it has)."""
-    after_import("triton", start)
+    after_import("triton", _start_quietly)
+
+
+def _start_quietly() -> None:
+    """`start`, from the program's `import triton`: whatever goes wrong here must not fail that import."""
+    try:
+        start()
+    except Exception as err:  # noqa: BLE001 - the first compile computes the key, as without kcache
+        log.debug("kcache: Triton's key left to its first compile: %s: %s", type(err).__name__, err)
 
 
 def start() -> threading.Thread | None:

@@ -48,13 +48,13 @@ def find(lone_files: GroupStore, groups: GroupStore, filename: str, held: Callab
     if found is None:
         found = lone_files.fetch(key, None, filename)
     if found is None and filename.endswith(SUFFIX):
-        found = wait_or_hold(lone_files, key, filename, held())
+        found = wait_or_hold(lone_files, key, filename, held)
     return found
 
 
-def wait_or_hold(store: GroupStore, key: str, filename: str, held: Held) -> Read | None:
+def wait_or_hold(store: GroupStore, key: str, filename: str, held: Callable[[], Held]) -> Read | None:
     """A C module missed: another process's build of it, read once published (at most BUILD_WAIT_S),
-    or None with its lock in `held` (this process builds it; released at `put` or the manager's drop),
+    or None with its lock in `held()` (this process builds it; released at `put` or the manager's drop),
     or None holding nothing (no lock to be had: built here too)."""
     if store.where.write is None:
         return None
@@ -78,5 +78,5 @@ def wait_or_hold(store: GroupStore, key: str, filename: str, held: Held) -> Read
         return found
     if waited is None:  # seen published, then gone (evicted): build it, unlocked, as Triton would
         return None
-    held.lock = lock
+    held().lock = lock  # made only now: a hit or a wait holds nothing
     return None
