@@ -167,13 +167,14 @@ def test_without_a_gpu_the_autotune_row_times_the_tunes_compiles_under_a_driver_
 def test_kcaches_own_floor_in_the_tunes_row_is_first_compiles_alone_then_the_cpu_time_on_every_core(
         tmp_path: Path) -> None:
     """stress.bench's tunes-at-once row, kcache's own floor from its parts: 2 processes whose first compile
-    runs 0.5 s alone, 10 s of the machine's CPU time over the window, spread on the usable cores. And the
+    runs 0.5 s alone, 10 s of the machine's CPU time over the window, spread on the usable cores; each turn's
+    two lanes as a ratio. And the
     sampler reads this machine's /proc/stat: a busy loop of 0.3 s counts as at least 0.2 s of CPU."""
     import json as json_module
     import time
 
     from stress.bench.cpu_busy import CpuSampler
-    from stress.bench.triton_tunes import own_work_floor
+    from stress.bench.triton_tunes import own_work_floor, turn_ratios
 
     for pid, spans in ((1, [[100.0, 101.0], [100.5, 102.0]]), (2, [[100.0, 101.5], [100.5, 103.0]])):
         (tmp_path / f"{pid}.json").write_text(json_module.dumps({"spans": spans}))
@@ -185,6 +186,8 @@ def test_kcaches_own_floor_in_the_tunes_row_is_first_compiles_alone_then_the_cpu
     (tmp_path / "3.json").write_text(json_module.dumps({"spans": [[100.0, 101.0]]}))
     with pytest.raises(RuntimeError, match="fewer than 2 compile spans"):
         own_work_floor(tmp_path, cpu)
+
+    assert turn_ratios([2.5, 3.0], [5.0, 4.0]) == "2.50/5.00 s 0.500x, 3.00/4.00 s 0.750x"
 
     with CpuSampler() as sampler:
         started = time.time()

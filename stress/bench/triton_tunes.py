@@ -92,8 +92,8 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
           f"cores); kcache's own floor (each tune's first compile alone, then the lane's CPU time on every core): "
           f"{own:.3f} s, {own / triton:.3f}x (its CPU time on every core from the start: {spread:.3f} s, "
           f"{spread / triton:.3f}x); the machine's floor, plain Triton's 128 compiles from one queue in {cores} "
-          f"processes against 8 processes one after another: {wide:.3f} s against {eight:.3f} s, {wide / eight:.3f}x",
-          flush=True)
+          f"processes against 8 processes one after another: {wide:.3f} s against {eight:.3f} s, {wide / eight:.3f}x; "
+          f"per turn (kcache's lane, then Triton's): {turn_ratios(phases['kcache'], phases['triton'])}", flush=True)
     return [row(scenario, "compile phases together median s", kcache, triton, "s", "triton in-process compiles"),
             row(scenario, "kcache's floor: first compiles alone, then its CPU time on every core, median s", own,
                 triton, "s", "triton in-process compiles"),
@@ -101,6 +101,12 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
                 eight, "s", "plain, 8 processes, 16 compiles each"),
             row(scenario, f"most assemblies at once (usable cores: {cores})", max(at_once["kcache"]),
                 max(at_once["triton"]), "runs", "triton in-process compiles")]
+
+
+def turn_ratios(kcache: list[float], triton: list[float]) -> str:
+    """Each turn's two lanes, run one after the other, as a ratio: how far the machine's speed moved
+    between turns shows beside the ratio of the medians, which is the goal's reading."""
+    return ", ".join(f"{mine:.2f}/{theirs:.2f} s {mine / theirs:.3f}x" for mine, theirs in zip(kcache, triton))
 
 
 def own_work_floor(spans_folder: Path, cpu: CpuSampler) -> tuple[float, float]:
