@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING
 
-_held: weakref.WeakSet[Any] = weakref.WeakSet()  # KeyLocks holding their flock in this process
+if TYPE_CHECKING:
+    from kcache.store.locks import KeyLock
+
+_held: weakref.WeakSet[KeyLock] = weakref.WeakSet()  # KeyLocks holding their flock in this process
 
 
-def holding(lock: Any) -> None:
+def holding(lock: KeyLock) -> None:
     _held.add(lock)
 
 
-def letting_go(lock: Any) -> None:
+def letting_go(lock: KeyLock) -> None:
     _held.discard(lock)
 
 
 def _close_in_child() -> None:
     for lock in list(_held):
-        fd, lock._fd = lock._fd, None  # the parent's hold: this child never held it, and cannot release it
-        if fd is not None:
-            os.close(fd)
+        lock.forget_in_child()
     _held.clear()
 
 

@@ -164,6 +164,13 @@ class KeyLock:
             # Closing the descriptor drops the flock.
             os.close(fd)
 
+    def forget_in_child(self) -> None:
+        """In a fork's child: close this process's copy of the parent's hold, which the child never held
+        and cannot release (kcache.store.held_locks); the parent's hold is unchanged."""
+        fd, self._fd, self._noted = self._fd, None, False
+        if fd is not None:
+            os.close(fd)
+
     def write_note(self, note: bytes) -> None:
         """While held: replace the lock file's content with `note` (who holds it, how far it got),
         for waiters to show (`read_note`). Best effort: a note that cannot be written is not an error."""
