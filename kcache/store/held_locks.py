@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kcache.store.locks import KeyLock
-
-_held: weakref.WeakSet[KeyLock] = weakref.WeakSet()  # KeyLocks holding their flock in this process
+from typing import Protocol
 
 
-def holding(lock: KeyLock) -> None:
+class Held(Protocol):
+    """A lock that holds its flock in this process (kcache.store.locks.KeyLock, which imports this)."""
+
+    def forget_in_child(self) -> None: ...
+
+
+_held: weakref.WeakSet[Held] = weakref.WeakSet()  # KeyLocks holding their flock in this process
+
+
+def holding(lock: Held) -> None:
     _held.add(lock)
 
 
-def letting_go(lock: KeyLock) -> None:
+def letting_go(lock: Held) -> None:
     _held.discard(lock)
 
 
