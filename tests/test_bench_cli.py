@@ -168,13 +168,13 @@ def test_kcaches_own_floor_in_the_tunes_row_is_first_compiles_alone_then_the_cpu
         tmp_path: Path) -> None:
     """stress.bench's tunes-at-once row, kcache's own floor from its parts: 2 processes whose first compile
     runs 0.5 s alone, 10 s of the machine's CPU time over the window, spread on the usable cores; each turn's
-    two lanes as a ratio. And the sampler reads this machine's /proc/stat: a busy loop of 0.3 s counts as
+    two lanes as a ratio; the window's ramp and tail, where fewer than 90% of the cores were busy. And the sampler reads this machine's /proc/stat: a busy loop of 0.3 s counts as
     at least 0.2 s of CPU."""
     import json as json_module
     import time
 
     from stress.bench.cpu_busy import CpuSampler
-    from stress.bench.triton_tunes import own_work_floor, turn_ratios
+    from stress.bench.triton_tunes import own_work_floor, ramp_and_tail, turn_ratios
 
     for pid, spans in ((1, [[100.0, 101.0], [100.5, 102.0]]), (2, [[100.0, 101.5], [100.5, 103.0]])):
         (tmp_path / f"{pid}.json").write_text(json_module.dumps({"spans": spans}))
@@ -183,6 +183,12 @@ def test_kcaches_own_floor_in_the_tunes_row_is_first_compiles_alone_then_the_cpu
     floor, spread = own_work_floor(tmp_path, cpu)
     cores = len(os.sched_getaffinity(0))
     assert floor == pytest.approx(0.5 + (6.0 - 2 * 0.5) / cores) and spread == pytest.approx(6.0 / cores)
+    # The window 100-103: half the cores busy until 101, all of them 101-102, half again 102-103.
+    tick, window = os.sysconf("SC_CLK_TCK"), CpuSampler()
+    window.times = [99.0, 100.0, 101.0, 102.0, 103.0, 104.0]
+    window.busy = [round(sum(share * cores * tick for share in (0, 0.5, 0.5, 1.0, 0.5, 0.2)[:n + 1])) for n in range(6)]
+    assert ramp_and_tail(tmp_path, window) == pytest.approx((1.0, 1.0))
+    assert window.full_between(100.0, 103.0, cores * 4) is None  # never 90% of 4 times the cores
     (tmp_path / "3.json").write_text(json_module.dumps({"spans": [[100.0, 101.0]]}))
     with pytest.raises(RuntimeError, match="fewer than 2 compile spans"):
         own_work_floor(tmp_path, cpu)

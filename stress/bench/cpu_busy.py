@@ -61,6 +61,19 @@ class CpuSampler:
         ticks = self._ticks_at(end) - self._ticks_at(start)
         return ticks / os.sysconf("SC_CLK_TCK")
 
+    def full_between(self, start: float, end: float, cores: int, share: float = 0.9) -> tuple[float, float] | None:
+        """(seconds from `start` until a sample interval first kept `share` of `cores` busy, seconds from
+        the last such interval's end to `end`): a window's ramp and tail. None outside the samples, or
+        where no interval within the window was that busy."""
+        if len(self.times) < 2 or start < self.times[0] or end > self.times[-1]:
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        full = [(t0, t1) for t0, t1, b0, b1 in zip(self.times, self.times[1:], self.busy, self.busy[1:])
+                if t1 > start and t0 < end and t1 > t0 and (b1 - b0) / tick / (t1 - t0) >= share * cores]
+        if not full:
+            return None
+        return max(0.0, full[0][0] - start), max(0.0, end - full[-1][1])
+
     def _ticks_at(self, instant: float) -> float:
         after = min(max(bisect.bisect_left(self.times, instant), 1), len(self.times) - 1)
         t0, t1 = self.times[after - 1], self.times[after]

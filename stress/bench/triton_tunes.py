@@ -18,6 +18,9 @@ Beside them, two floors:
   not computed yet) before its configs fan out; from then on the lane's CPU time (the machine's,
   sampled from /proc/stat while it ran: compiles, kcache and the programs) spread evenly on every core.
   No schedule of that same work finishes sooner, so a ratio under it needs less work, not better order.
+  Printed beside it, each turn: the window's ramp and tail, the seconds from its start until 90% of the
+  cores were first busy and from the last such moment to its end (where kcache's time above that floor
+  goes).
 - the machine's floor, with no kcache and no tune (stress.programs.triton_programs.wide_floor): the same
   128 compiles from one queue in as many processes as cores, against 8 processes compiling 16 each one
   after another.
@@ -55,6 +58,7 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
     phases: dict[str, list[float]] = {"kcache": [], "triton": []}
     at_once: dict[str, list[int]] = {"kcache": [], "triton": []}
     own_floors: list[tuple[float, float]] = []
+    windows: list[tuple[float, float] | None] = []
     floors: list[dict[str, float]] = []
     for turn in range(turns):
         for name, extra in (("kcache", KCACHE), ("triton", {})):
@@ -79,6 +83,7 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
             at_once[name].append(most_at_once(folder))
             if name == "kcache":
                 own_floors.append(own_work_floor(folder / "compile-spans", cpu))
+                windows.append(ramp_and_tail(folder / "compile-spans", cpu))
         floors.append(wide_floor(env))
     kcache, triton = statistics.median(phases["kcache"]), statistics.median(phases["triton"])
     cores = len(os.sched_getaffinity(0))
@@ -93,7 +98,9 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
           f"{own:.3f} s, {own / triton:.3f}x (its CPU time on every core from the start: {spread:.3f} s, "
           f"{spread / triton:.3f}x); the machine's floor, plain Triton's 128 compiles from one queue in {cores} "
           f"processes against 8 processes one after another: {wide:.3f} s against {eight:.3f} s, {wide / eight:.3f}x; "
-          f"per turn (kcache's lane, then Triton's): {turn_ratios(phases['kcache'], phases['triton'])}", flush=True)
+          f"per turn (kcache's lane, then Triton's): {turn_ratios(phases['kcache'], phases['triton'])}; kcache's "
+          f"window per turn, s until 90% of the cores were busy / from the last such moment to its end: "
+          f"{', '.join('-' if found is None else f'{found[0]:.2f}/{found[1]:.2f}' for found in windows)}", flush=True)
     return [row(scenario, "compile phases together median s", kcache, triton, "s", "triton in-process compiles"),
             row(scenario, "kcache's floor: first compiles alone, then its CPU time on every core, median s", own,
                 triton, "s", "triton in-process compiles"),
@@ -115,16 +122,29 @@ def own_work_floor(spans_folder: Path, cpu: CpuSampler) -> tuple[float, float]:
 
     The floor: each process's first compile alone (the median of its time until a second compile
     starts), then whatever CPU time the window held beyond those first compiles, spread on every core."""
-    spans = [json.loads(path.read_text())["spans"] for path in sorted(spans_folder.glob("*.json"))]
-    if not spans or any(len(process) < 2 for process in spans):
-        raise RuntimeError(f"{spans_folder}: a tune's process left fewer than 2 compile spans")
-    start, end = min(s for process in spans for s, _ in process), max(e for process in spans for _, e in process)
+    spans, start, end = compile_window(spans_folder)
     busy = cpu.core_seconds(start, end)
     if busy is None:
         raise RuntimeError("the machine's CPU time was not sampled over the tunes (no /proc/stat?)")
     cores = len(os.sched_getaffinity(0))
     alone = statistics.median(sorted(s for s, _ in process)[1] - min(s for s, _ in process) for process in spans)
     return alone + max(0.0, busy - len(spans) * alone) / cores, busy / cores
+
+
+def ramp_and_tail(spans_folder: Path, cpu: CpuSampler) -> tuple[float, float] | None:
+    """Where a lane's window (its first compile's start to its last compile's end) left cores idle: the
+    seconds until the machine first ran 90% of its cores busy, and from the last such moment to the end."""
+    _, start, end = compile_window(spans_folder)
+    return cpu.full_between(start, end, len(os.sched_getaffinity(0)))
+
+
+def compile_window(spans_folder: Path) -> tuple[list[list[list[float]]], float, float]:
+    """Each process's compile spans (stress.programs.triton_programs.tune's KT_SPANS_DIR), the first
+    start and the last end."""
+    spans = [json.loads(path.read_text())["spans"] for path in sorted(spans_folder.glob("*.json"))]
+    if not spans or any(len(process) < 2 for process in spans):
+        raise RuntimeError(f"{spans_folder}: a tune's process left fewer than 2 compile spans")
+    return spans, min(s for process in spans for s, _ in process), max(e for process in spans for _, e in process)
 
 
 def wide_floor(env: dict[str, str]) -> dict[str, float]:
