@@ -167,9 +167,9 @@ def test_without_a_gpu_the_autotune_row_times_the_tunes_compiles_under_a_driver_
 def test_kcaches_own_floor_in_the_tunes_row_is_first_compiles_alone_then_the_cpu_time_on_every_core(
         tmp_path: Path) -> None:
     """stress.bench's tunes-at-once row, kcache's own floor from its parts: 2 processes whose first compile
-    runs 0.5 s alone, 10 s of the machine's CPU time over the window, spread on the usable cores; each turn's
-    two lanes as a ratio; the window's ramp and tail, where fewer than 90% of the cores were busy. And the sampler reads this machine's /proc/stat: a busy loop of 0.3 s counts as
-    at least 0.2 s of CPU."""
+    runs 0.5 s alone, 10 s of the machine's CPU time over the window, spread on the usable cores; each
+    turn's two lanes as a ratio; the window's ramp and tail, where fewer than 90% of the cores were busy.
+    And the sampler reads this machine's /proc/stat: a busy loop of 0.3 s counts as at least 0.2 s of CPU."""
     import json as json_module
     import time
 
