@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kcache.triton import key_ahead
 
 from .helpers import child_env
@@ -126,7 +128,8 @@ def test_a_package_the_walk_would_import_leaves_the_key_to_the_first_compile(tmp
     assert key_ahead.unloaded_packages(str(tmp_path)) == ["triton.language.zz_kcache_unloaded"]
 
 
-def test_a_failure_to_start_never_fails_the_programs_import_of_triton(monkeypatch, caplog) -> None:  # noqa: ANN001
+def test_a_failure_to_start_never_fails_the_programs_import_of_triton(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
     """What runs from the program's `import triton` catches its own errors: the key is then left to
     the first compile, with a debug line."""
     import logging
