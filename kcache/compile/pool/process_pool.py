@@ -41,6 +41,7 @@ from kcache.compile.jobs import UNSET, Job, JobOutput, JobResult, JobRunner, usa
 __all__ = ["CompilePool", "Job", "JobResult", "TILELANG_PRELOAD", "usable_cpu_count"]
 from kcache.compile.pool import live_pools
 from kcache.compile.pool.job_on_worker import PendingJob, PoolSlot, run_job
+from kcache.compile.pool.spare_workers import spare_count
 from kcache.compile.pool.worker_source import WorkerSource
 from kcache.compile.workers.worker_process import EXIT_GRACE_S
 from kcache.errors import CompilePoolError
@@ -83,7 +84,8 @@ class CompilePool(JobRunner):
         self.owner_pid = os.getpid()
         self._numbers = itertools.count()
         self.start_method = start
-        self._workers = WorkerSource(self.preload, start_timeout_s, fork=start == "fork")
+        self._workers = WorkerSource(self.preload, start_timeout_s, fork=start == "fork",
+                                     spares=spare_count(self.max_workers))
         live_pools.track(self)
 
     # ------------------------------------------------------------ public
@@ -246,7 +248,7 @@ class CompilePool(JobRunner):
                 if self.start_method == "fork" and slot.worker is not None and pending.aborted is None:
                     # The compile service's: a fresh fork of the template for every job, so that no
                     # module, global or registration of one client's job is seen by the next.
-                    slot.worker.close()
+                    self._workers.retire(slot.worker)
                     slot.worker = None
                 if pending.aborted is not None and slot.worker is not None:
                     # abort() killed it, or is about to, after its reply came: never hand it a job.

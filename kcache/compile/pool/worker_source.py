@@ -17,6 +17,7 @@ import os
 import threading
 from collections.abc import Iterable
 
+from kcache.compile.pool.spare_workers import SpareWorkers
 from kcache.compile.workers.template_process import TemplateGone, WorkerTemplate
 from kcache.compile.workers.worker_process import WorkerProcess, anonymous_append_file
 from kcache.errors import CompilePoolError
@@ -28,14 +29,20 @@ class WorkerSource:
     """Starts workers that import `preload`: forked from a worker template where `fork` is set and
     the template is usable, by exec otherwise."""
 
-    def __init__(self, preload: Iterable[str], start_timeout_s: float, *, fork: bool) -> None:
+    def __init__(self, preload: Iterable[str], start_timeout_s: float, *, fork: bool, spares: int = 0) -> None:
         self.preload = tuple(preload)
         self.start_timeout_s = start_timeout_s
         self._template: WorkerTemplate | None = None
         self._template_lock = threading.Lock()
         self._template_unusable = not fork
+        # Forked ahead from the template (spare_workers); none for workers started by exec.
+        self._spares = SpareWorkers(self._fork_spare, self._is_current, spares) if fork and spares else None
 
     def start_worker(self) -> WorkerProcess:
+        """A fresh worker: a spare forked ahead where one is ready, else one started now."""
+        spare = self._spares.take() if self._spares is not None else None
+        if spare is not None:
+            return spare
         template = self._usable_template()
         if template is not None:
             try:
@@ -43,6 +50,14 @@ class WorkerSource:
             except TemplateGone as err:  # the next start makes a new template
                 log.warning("kcache: the compile worker template is gone (%s); starting a new one", err)
         return WorkerProcess(self.preload, self.start_timeout_s)
+
+    def retire(self, worker: WorkerProcess) -> None:
+        """A worker whose one job is done: it exits, and is waited for off the caller's path where
+        spares are kept (their thread reaps it), else here."""
+        if self._spares is not None:
+            self._spares.retire(worker)
+        else:
+            worker.close()
 
     def template_pid(self) -> int | None:
         """The worker template's pid, if workers are forked from one now."""
@@ -58,12 +73,25 @@ class WorkerSource:
                 self._template = self._new_template(forked)
 
     def close(self) -> None:
-        """Stop the template; every later worker starts by exec."""
+        """Stop the spares and the template; every later worker starts by exec."""
+        if self._spares is not None:
+            self._spares.close()
         with self._template_lock:
             if self._template is not None:
                 self._template.close()
                 self._template = None
             self._template_unusable = True
+
+    def _fork_spare(self) -> WorkerProcess:
+        template = self._usable_template()
+        if template is None:
+            raise CompilePoolError("no worker template: workers start by exec", "")
+        return WorkerProcess(self.preload, self.start_timeout_s, template)
+
+    def _is_current(self, worker: WorkerProcess) -> bool:
+        """Whether `worker` was forked by the template that forks now, which still runs."""
+        template = self._template
+        return template is not None and worker.template is template and template.alive
 
     def _new_template(self, forked: bool = False) -> WorkerTemplate | None:
         stderr = anonymous_append_file()
