@@ -152,3 +152,21 @@ def remember(value: object) -> int:
 def what_was_left_behind() -> tuple[list[object], bool]:
     """What an earlier job left in this worker: its global, and whether its module is imported."""
     return list(_REMEMBERED), "tests.pool_jobs_left_behind" in sys.modules
+
+
+def linger_at_exit(seconds: float) -> int:
+    """Make this worker take `seconds` to exit once its job pipe closes, as a worker whose large address
+    space takes long to unmap does, and return its pid."""
+    from kcache.compile import protocol
+
+    receive = protocol.recv_bytes
+
+    def lingering(fd: int) -> bytes:
+        try:
+            return receive(fd)
+        except EOFError:
+            threading.Event().wait(seconds)  # the slow exit under test, not a synchronization
+            raise
+
+    protocol.recv_bytes = lingering
+    return os.getpid()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 import kcache
 from kcache.compile.pool.process_pool import CompilePool, Job
 from kcache.compile.service.client import ServicePool
+from kcache.compile.workers.worker_process import exited_within
 from kcache.config import Settings
 
 from . import pool_jobs
@@ -121,16 +121,7 @@ def test_200_jobs_with_crashes_leave_the_parents_memory_and_fds_flat(make_pool) 
 
 def _wait_for_exit(pid: int, timeout_s: float) -> bool:
     """Whether `pid` exited within the timeout (a pidfd turns readable when it does)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        return bool(poller.poll(int(timeout_s * 1000)))
-    finally:
-        os.close(pidfd)
+    return bool(exited_within(pid, timeout_s))
 
 
 def test_killing_the_parent_leaves_no_orphan_workers() -> None:

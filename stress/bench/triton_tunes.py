@@ -61,24 +61,9 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
     windows: list[tuple[float, float] | None] = []
     floors: list[dict[str, float]] = []
     for turn in range(turns):
-        for name, extra in (("kcache", KCACHE), ("triton", {})):
+        for name in ("kcache", "triton"):
             folder = work / f"tunes-{name}-{turn}"
-            (folder / "compile-spans").mkdir(parents=True)
-            run_env = plain_env(env)
-            run_env.update(extra)
-            run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"),
-                           TRITON_CACHE_DIR=str(folder / "cache"), KT_GATE="1", KT_SPANS_DIR=str(folder / "compile-spans"))
-            processes = [subprocess.Popen(COMMANDS[name], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
-                                          env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
-            with CpuSampler() as cpu:
-                release_gated(processes)
-                outputs = [process.communicate(timeout=900)[0] for process in processes]
-            if any(process.returncode != 0 for process in processes):
-                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once) failed")
-            results = [json.loads(out.splitlines()[-1]) for out in outputs]
-            if not all(found["correct"] for found in results):
-                raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once): a wrong result")
+            results, cpu = run_lane(folder, name, env, procs)
             phases[name].append(max(found["compiling_s"] for found in results))
             at_once[name].append(most_at_once(folder))
             if name == "kcache":
@@ -108,6 +93,31 @@ def tunes_at_once_rows(work: Path, env: dict[str, str], procs: int = 8, turns: i
                 eight, "s", "plain, 8 processes, 16 compiles each"),
             row(scenario, f"most assemblies at once (usable cores: {cores})", max(at_once["kcache"]),
                 max(at_once["triton"]), "runs", "triton in-process compiles")]
+
+
+def run_lane(folder: Path, name: str, env: dict[str, str], procs: int,
+             extra: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], CpuSampler]:
+    """One turn of a lane ("kcache" or "triton"): `procs` processes released at once, each starting a
+    16-config tune of its own, with `extra` in their environment; their results (each checked correct)
+    and the machine's CPU samples over them. Each process's compile spans land in
+    `folder`/compile-spans."""
+    (folder / "compile-spans").mkdir(parents=True)
+    run_env = plain_env(env)
+    run_env.update(KCACHE if name == "kcache" else {})
+    run_env.update(timed_assemblers(folder), KCACHE_DIR=str(folder / "cache"), TRITON_CACHE_DIR=str(folder / "cache"),
+                   KT_GATE="1", KT_SPANS_DIR=str(folder / "compile-spans"), **(extra or {}))
+    processes = [subprocess.Popen(COMMANDS[name], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(PROJECT),
+                                  env={**run_env, "KT_VARIANT": str(index)}) for index in range(procs)]
+    with CpuSampler() as cpu:
+        release_gated(processes)
+        outputs = [process.communicate(timeout=900)[0] for process in processes]
+    if any(process.returncode != 0 for process in processes):
+        raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once) failed")
+    results = [json.loads(out.splitlines()[-1]) for out in outputs]
+    if not all(found["correct"] for found in results):
+        raise RuntimeError(f"stress.programs.triton_programs.tune ({name}, {procs} at once): a wrong result")
+    return results, cpu
 
 
 def turn_ratios(kcache: list[float], triton: list[float]) -> str:

@@ -120,7 +120,7 @@ class CompilePool(JobRunner):
 
     def warm(self, count: int | None = None) -> float:
         """Start `count` workers (default: all) and wait until every worker is ready, replacements of
-        dead ones included; returns the seconds it took."""
+        dead ones and a fork pool's spares included; returns the seconds it took."""
         self._check_usable()
         started = time.monotonic()
         with self._lock:
@@ -129,6 +129,7 @@ class CompilePool(JobRunner):
             slots = list(self._slots)
         for slot in slots:
             slot.ready.wait()
+        self._workers.wait_for_spares()
         return time.monotonic() - started
 
     def abort(self, future: Future[Any], why: str) -> bool:
@@ -224,6 +225,9 @@ class CompilePool(JobRunner):
             try:
                 if not pending.future.set_running_or_notify_cancel():
                     continue
+                if slot.worker is not None and slot.worker.has_exited():  # it died idle (its template was
+                    slot.worker.kill()  # killed, say): the job gets a live one, never that death
+                    slot.worker = None
                 if slot.worker is None:
                     if start_error is not None:
                         # Reported once to the job that was waiting; the next job retries the start.

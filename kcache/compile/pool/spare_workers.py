@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -63,6 +64,20 @@ class SpareWorkers:
             if spare is None or (self._current(spare) and not spare.has_exited()):
                 return spare
             spare.kill()  # its template was replaced, or it died with it
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until every spare is forked and ready (or forking failed, or timeout_s passed): a pool's
+        `warm`, which says its workers are ready, means its spares too."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._start_thread()
+            self._paused = False
+            self._cond.notify()
+            while not self._closed and not self._paused and len(self._ready) < self.count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
 
     def retire(self, worker: WorkerProcess) -> None:
         """A worker whose job is done: its job pipe closes now (it starts to exit), and this pool's
@@ -122,9 +137,11 @@ class SpareWorkers:
             log.debug("kcache: no spare compile worker (%s); slots fork their own", err)
             with self._cond:
                 self._paused = True
+                self._cond.notify_all()
             return
         with self._cond:
             if not self._closed:
                 self._ready.append(worker)
+                self._cond.notify_all()  # a `wait_ready`
                 return
         worker.kill()

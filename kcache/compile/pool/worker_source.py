@@ -51,6 +51,11 @@ class WorkerSource:
                 log.warning("kcache: the compile worker template is gone (%s); starting a new one", err)
         return WorkerProcess(self.preload, self.start_timeout_s)
 
+    def wait_for_spares(self) -> None:
+        """Until the spares are ready (`SpareWorkers.wait_ready`), at most the start timeout."""
+        if self._spares is not None:
+            self._spares.wait_ready(self.start_timeout_s)
+
     def retire(self, worker: WorkerProcess) -> None:
         """A worker whose one job is done: it exits, and is waited for off the caller's path where
         spares are kept (their thread reaps it), else here."""

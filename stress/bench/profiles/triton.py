@@ -3,6 +3,8 @@ beside `python -m stress.bench --only triton` (whose p50s spread over tens of mi
 
     python -m stress.bench --only triton --profile [--repeats 5] [--kernel matmul] [--against DIR]
 
+(`--tunes`: the tunes-at-once profile instead, stress.bench.profiles.tunes.)
+
 One fresh process compiles the kernel into an empty root (the miss); then each of `--repeats` fresh
 processes imports Triton, then `kcache.triton.manager` (timed), and compiles the kernel again with
 its managers' construction and `get_group` calls timed. Prints the medians in milliseconds.
@@ -73,8 +75,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--kernel", default="matmul")
     parser.add_argument("--against", type=Path, help="another version's tree (kcache/ and stress/): taking turns")
+    parser.add_argument("--tunes", action="store_true",
+                        help="instead: where kcache's lane of 8 tunes at once spends its window (GPU)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.tunes:
+        from .tunes import main as tunes
+
+        tunes(["--repeats", str(args.repeats), *rest])
+        return
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.child:
         child(args.child)
         return
