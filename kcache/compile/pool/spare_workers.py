@@ -6,7 +6,9 @@ of 12 ms on the H200 with 16 workers replaced every 0.3 s (issue 67: a 16th of t
 compiles queued). Here one thread of the pool keeps a few workers forked ahead from the same
 template, and a slot whose job ended takes one at once and hands its used worker here, to be waited
 for and reaped. A spare is what a worker forked on demand would be (the template does nothing but
-fork, so every fork of it is alike) and, like it, serves one job.
+fork, so every fork of it is alike) and, like it, serves one job. An idle spare holds about 1 MB of its
+own (its pages are the template's until written): the memory budget, which counts the slots' workers,
+leaves the spares out.
 
 A spare is handed out only while the template that forked it is the pool's live one and the spare
 still runs; any other is killed and the next one tried, or the slot forks its own.

@@ -91,6 +91,10 @@ class ForkedChild(ReapedChild):
         except TemplateGone:
             return None  # it died with the template (PR_SET_PDEATHSIG), its status lost
 
+    def kill(self) -> None:
+        if self.template.alive:  # else it died with the template, and whoever adopted it reaped it: its
+            super().kill()  # pid may be another process's by now, which a kill would hit
+
 
 def exited_within(pid: int, timeout_s: float) -> bool | None:
     """Whether process `pid` (a worker not yet reaped, so the pid is still its own) ended within
@@ -233,8 +237,10 @@ class WorkerProcess:
         return self._child.template if isinstance(self._child, ForkedChild) else None
 
     def has_exited(self) -> bool:
-        """Whether its process has ended, asked without waiting (a spare's check before its job)."""
-        return self._child.wait(0) is not None if isinstance(self._child, ExecChild) else bool(exited_within(self.pid, 0))
+        """Whether its process has ended, asked without waiting (before a job is handed to it)."""
+        if isinstance(self._child, ForkedChild):  # its template gone, it is too (and its pid may be reused)
+            return not self._child.template.alive or bool(exited_within(self.pid, 0))
+        return self._child.wait(0) is not None
 
     def send_exit(self) -> None:
         """Close its job pipe: it exits once it reads the end (`close` then waits for that)."""
