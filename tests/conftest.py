@@ -60,7 +60,8 @@ QUICK_MODULES = frozenset({
     "test_eviction", "test_triton_stages", "test_settings_checked", "test_triton_shared_fronts", "test_triton_launcher_ahead", "test_triton_key_ahead", "test_triton_lone_modules", "test_triton_service_warmup", "test_cli_abbreviations", "test_message_table",
     "test_import_hooks", "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance",
     "test_packed_blob", "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust",
-    "test_user_errors", "test_why_miss", "test_pool_close", "test_service_scheduler", "test_tune_trials",
+    "test_user_errors", "test_why_miss", "test_pool_close", "test_pool_spares", "test_service_scheduler", "test_tune_trials",
+    "test_tunes_profile",
 })
 NEEDS_THE_MACHINE = frozenset({"unprivileged_env", "world_dir", "redis_url", "remote"})
 
