@@ -119,8 +119,10 @@ class CompilePool(JobRunner):
         return future
 
     def warm(self, count: int | None = None) -> float:
-        """Start `count` workers (default: all) and wait until every worker is ready, replacements of
-        dead ones and a fork pool's spares included; returns the seconds it took."""
+        """Start `count` workers (default: all, and a fork pool's spares) and wait until every worker is
+        ready, replacements of dead ones included; returns the seconds it took. A count, as the compile
+        service's first warm-up gives (`warm(1)`), waits for no spare: its first worker is what makes
+        the service warm."""
         self._check_usable()
         started = time.monotonic()
         with self._lock:
@@ -129,7 +131,8 @@ class CompilePool(JobRunner):
             slots = list(self._slots)
         for slot in slots:
             slot.ready.wait()
-        self._workers.wait_for_spares()
+        if count is None:
+            self._workers.wait_for_spares()
         return time.monotonic() - started
 
     def abort(self, future: Future[Any], why: str) -> bool:

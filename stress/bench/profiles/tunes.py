@@ -1,7 +1,7 @@
 """Where kcache's lane of 8 tunes at once spends its window: a diagnostic beside the bench's tunes row
 (`stress.bench.triton_tunes`), not a goal. GPU only, as the row.
 
-    python -m stress.bench --only triton --profile --tunes [--repeats 3]
+    python -m stress.bench --only triton --profile --tunes [--repeats 5]
 
 Each turn runs kcache's lane alone (8 fresh processes, each starting a 16-config tune of its own), with
 every step of every compile timed where it runs (`tunes_site/sitecustomize.py`, on the children's
@@ -68,7 +68,7 @@ def _median_and_p90(values: list[float]) -> tuple[float, float] | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stress.bench --only triton --profile --tunes")
-    parser.add_argument("--repeats", type=int, default=3, help="turns")
+    parser.add_argument("--repeats", type=int, default=5, help="turns")
     parser.add_argument("--procs", type=int, default=8)
     args = parser.parse_args(argv)
     import torch
