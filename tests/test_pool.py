@@ -119,11 +119,6 @@ def test_200_jobs_with_crashes_leave_the_parents_memory_and_fds_flat(make_pool) 
         assert _rss_bytes() - rss < 4 << 20
 
 
-def _wait_for_exit(pid: int, timeout_s: float) -> bool:
-    """Whether `pid` exited within the timeout (a pidfd turns readable when it does)."""
-    return bool(exited_within(pid, timeout_s))
-
-
 def test_killing_the_parent_leaves_no_orphan_workers() -> None:
     parent = spawn("""
         import json, sys
@@ -137,10 +132,10 @@ def test_killing_the_parent_leaves_no_orphan_workers() -> None:
     """)
     assert parent.stdout is not None
     workers = json.loads(parent.stdout.readline())
-    assert len(workers) == 2 and all(not _wait_for_exit(pid, 0) for pid in workers)
+    assert len(workers) == 2 and all(not exited_within(pid, 0) for pid in workers)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    assert all(_wait_for_exit(pid, 10.0) for pid in workers)
+    assert all(exited_within(pid, 10.0) for pid in workers)
 
 
 def test_killing_the_service_leaves_no_orphan_workers(runtime: Path) -> None:
@@ -154,9 +149,9 @@ def test_killing_the_service_leaves_no_orphan_workers(runtime: Path) -> None:
         workers, template = served["worker_pids"], served["template_pid"]
         pool.submit(pool_jobs.hang)  # one worker busy, one idle
         assert len(workers) == 2 and template is not None
-        assert all(not _wait_for_exit(pid, 0) for pid in [*workers, template])
+        assert all(not exited_within(pid, 0) for pid in [*workers, template])
         os.kill(served["pid"], signal.SIGKILL)
-        assert all(_wait_for_exit(pid, 10.0) for pid in [*workers, template])
+        assert all(exited_within(pid, 10.0) for pid in [*workers, template])
         pool.fallback_expected = True  # the lost hang went to the own pool: not what this test is about
 
 

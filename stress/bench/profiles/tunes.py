@@ -34,8 +34,8 @@ def timeline(events: list[dict[str, Any]], start: float, end: float, width: int)
     events = [e for e in events if start <= e["start"] <= end]
     backs = sorted((e["start"], e["end"], e["detail"]) for e in events if e["what"] == "back half")
     queued = [e["start"] for e in events if e["what"] == "job queued"]
-    starts = [b[0] for b in backs]
-    full_from, last_start = sorted(starts)[min(width, len(starts)) - 1], max(starts)
+    starts = [b[0] for b in backs]  # in order
+    full_from, last_start = starts[min(width, len(starts)) - 1], starts[-1]
     busy = sum(max(0.0, min(b, last_start) - max(a, full_from)) for a, b, _ in backs)
     slots: dict[tuple[int, str], list[tuple[float, float]]] = {}  # the service's pool threads, each one slot
     for e in events:

@@ -3,7 +3,9 @@ worker template and workers keep the absolute PYTHONPATH entries), where KCACHE_
 steps of a Triton compile under kcache, each call's start and end appended to that log as JSON lines
 {pid, thread, what, start, end, detail}, on the machine's wall clock. Each step is wrapped as its module is first
 imported (a worker forked from the template inherits the wrapped modules). Not a package: a folder the
-profile puts on its children's PYTHONPATH (stress.bench.profiles.tunes)."""
+profile puts on its children's PYTHONPATH (stress.bench.profiles.tunes). Self-contained, not written
+through stress.bench.profiles.events: kcache's own interpreters drop relative path entries, and may
+not find `stress` there."""
 
 from __future__ import annotations
 
