@@ -170,3 +170,9 @@ def linger_at_exit(seconds: float) -> int:
 
     protocol.recv_bytes = lingering
     return os.getpid()
+
+
+def append_line(path: str, line: str) -> None:
+    """Append `line` to the file at `path`: the order the jobs ran in."""
+    with open(path, "a") as out:
+        out.write(line + "\n")

@@ -94,3 +94,45 @@ def test_a_client_that_goes_away_has_its_queued_jobs_dropped_and_its_running_one
     assert pool.aborted == ["its client went away"]
     assert pool.names() == ["a1", "b1"]  # b1 got the worker a1 held
     assert sorted(done) == ["a1", "a2", "a3"]  # every dropped job was answered (as cancelled or failed)
+
+
+def costed(client: int, name: str, cost: float | None, done: list[str]) -> QueuedJob:
+    return QueuedJob(client, b"", name, None, lambda finished: done.append(name), cost=cost)
+
+
+def test_a_clients_costliest_queued_job_starts_first_and_jobs_without_an_estimate_before_any() -> None:
+    pool, done = RecordingPool(8), []
+    scheduler = FairScheduler(pool, None, lambda pids: [0 for _ in pids])
+    running = [f"r{index}" for index in range(8)]  # every worker busy: what comes next waits
+    for name in running:
+        scheduler.add(costed(1, name, None, done))
+    for name, cost in (("c1", 1.0), ("c3", 3.0), ("tilelang", None), ("c2", 2.0), ("c3b", 3.0)):
+        scheduler.add(costed(1, name, cost, done))
+    for name in running[:5]:
+        pool.finish(name)  # one worker free at a time
+    # Arrival order would be c1, c3, tilelang, c2, c3b; equal estimates keep theirs.
+    assert pool.names()[8:] == ["tilelang", "c3", "c3b", "c2", "c1"]
+
+
+def test_a_job_passed_over_as_many_times_as_there_are_workers_goes_next_whatever_comes_after_it() -> None:
+    pool, done = RecordingPool(2), []
+    scheduler = FairScheduler(pool, None, lambda pids: [0 for _ in pids])
+    for name, cost in (("r1", None), ("r2", None), ("small", 1.0), ("big1", 9.0)):
+        scheduler.add(costed(1, name, cost, done))
+    pool.finish("r1")  # big1 before small: passed over once
+    scheduler.add(costed(1, "big2", 9.0, done))
+    pool.finish("r2")  # big2 before small: twice, the workers' count
+    scheduler.add(costed(1, "big3", 9.0, done))
+    pool.finish("big1")
+    assert pool.names() == ["r1", "r2", "big1", "big2", "small"]  # not big3, though it is costlier
+
+
+def test_estimates_order_a_clients_own_jobs_never_another_clients_turn() -> None:
+    pool, done = RecordingPool(1), []
+    scheduler = FairScheduler(pool, None, lambda pids: [0 for _ in pids])
+    for name, cost in (("a0", None), ("a1", 1.0), ("a9", 9.0)):
+        scheduler.add(costed(1, name, cost, done))
+    scheduler.add(costed(2, "b", 0.001, done))
+    for name in ("a0", "a9", "b"):
+        pool.finish(name)
+    assert pool.names() == ["a0", "a9", "b", "a1"]

@@ -57,15 +57,16 @@ class JobRunner:
     """`run` and `compile_many` for anything that has `submit(fn, *args, name=, timeout_s=)`: the
     compile pool and the compile service's client."""
 
-    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET, output: JobOutput | None = None, calls: Any = None) -> Future[Any]:
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
+               output: JobOutput | None = None, calls: Any = None, cost: float | None = None) -> Future[Any]:
         raise NotImplementedError
 
     def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
-            output: JobOutput | None = None, calls: Any = None) -> Any:
+            output: JobOutput | None = None, calls: Any = None, cost: float | None = None) -> Any:
         """`submit(...).result()`; the job's calls to its caller (`calls`, a `caller_calls.CallerCalls`)
-        are answered in this thread meanwhile."""
-        future = self.submit(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls)
+        are answered in this thread meanwhile. `cost`: an estimate of the job's run time, relative to
+        this process's other jobs; the compile service starts the costliest first (service.scheduler)."""
+        future = self.submit(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls, cost=cost)
         return calls.wait(future) if calls is not None else future.result()
 
     def compile_many(self, jobs: Iterable[Job]) -> Iterator[JobResult]:

@@ -21,8 +21,8 @@ _HEADER = struct.Struct(">Q")
 # The compile service's message format: part of the service's name (service.address.identity), so a
 # client never talks to a running server of another format (one started before kcache was upgraded
 # in place). Raise it with any change to the messages of service/server.py and service/client.py.
-SERVICE_PROTOCOL = 5  # 3: jobs carry the client's umask; 4: the greeting and ("warmed",) say when it is warm;
-# 5: a job calls functions of its caller ("call" / "return")
+SERVICE_PROTOCOL = 6  # 3: jobs carry the client's umask; 4: the greeting and ("warmed",) say when it is warm;
+# 5: a job calls functions of its caller ("call" / "return"); 6: a job carries its estimated cost
 
 # Worker -> parent replies.
 READY = "ready"

@@ -122,6 +122,7 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
     Triton's own compile then raises here), CompilerCrashed or CompileTimeout."""
     from kcache.errors import CompileAborted, CompilerCrashed, CompileTimeout
     from kcache.triton import frontend
+    from kcache.triton.compile_cost import estimated_cost
     from kcache.triton.stages import ArrivedChanged, run_stages
 
     import_before_forking()
@@ -143,7 +144,7 @@ def compile_isolated(frame: FrameType, name: str) -> dict[str, bytes] | None:
             with _compile_slot(name, timeout):
                 result = run_in_fork(run_stages, (job,), name, timeout, relay=_relay)
         else:
-            result = _compile_pool().run(run_stages, job, name=name, timeout_s=timeout)
+            result = _compile_pool().run(run_stages, job, name=name, timeout_s=timeout, cost=estimated_cost(job))
         files = result.verified_files()
     except (CompilerCrashed, CompileTimeout):
         raise

@@ -90,11 +90,11 @@ class CompilePool(JobRunner):
 
     # ------------------------------------------------------------ public
 
-    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET, output: JobOutput | None = None, calls: Any = None) -> Future[Any]:
-        """Run `fn(*args)` in a worker. fn, args and the result must pickle (cloudpickle). `output`
-        matters to the compile service only; `calls` answers the job's calls to this process
-        (`worker.call_caller`).
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
+               output: JobOutput | None = None, calls: Any = None, cost: float | None = None) -> Future[Any]:
+        """Run `fn(*args)` in a worker. fn, args and the result must pickle (cloudpickle). `output` and
+        `cost` matter to the compile service only (this pool takes jobs in arrival order); `calls`
+        answers the job's calls to this process (`worker.call_caller`).
 
         The future raises what fn raised, `CompilerCrashed` if the worker
         died, `CompileTimeout` past the time limit, `CompilePoolError` if no

@@ -28,7 +28,7 @@ from kcache.compile.jobs import UNSET, JobOutput, JobRunner, usable_cpu_count
 from kcache.compile.protocol import CallByName
 from kcache.compile.service import address
 from kcache.compile.service.connection import START_TIMEOUT_S, connect, request
-from kcache.compile.service.service_connection import ServiceConnection
+from kcache.compile.service.service_connection import SentJob, ServiceConnection
 from kcache.compile.workers.worker import current_umask
 from kcache.errors import CompileAborted
 from kcache.setting_values import caller_fork_setting
@@ -55,18 +55,18 @@ class ServicePool(ServiceConnection, JobRunner):
 
     # ------------------------------------------------------------ the CompilePool interface
 
-    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None,
-               timeout_s: float | None = UNSET, output: JobOutput | None = None, calls: Any = None) -> Future[Any]:
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
+               output: JobOutput | None = None, calls: Any = None, cost: float | None = None) -> Future[Any]:
         label = name or getattr(fn, "__qualname__", None) or repr(fn)
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
-        return self.submit_payload(cloudpickle.dumps((fn, args)), label, limit, output, calls=calls)
+        return self.submit_payload(cloudpickle.dumps((fn, args)), label, limit, output, calls=calls, cost=cost)
 
     def _wrapped(self, payload: bytes, umask: int | None) -> bytes:
         """The job as the service runs it: with this process's sys.path and umask (worker.run_client_job)."""
         return cloudpickle.dumps((CallByName("kcache.compile.workers.worker", "run_client_job"), (list(sys.path), umask, payload)))
 
-    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET,
-                       output: JobOutput | None = None, *, retried: bool = False, calls: Any = None) -> Future[Any]:
+    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET, output: JobOutput | None = None,
+                       *, retried: bool = False, calls: Any = None, cost: float | None = None) -> Future[Any]:
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
         conn = self._connection()
         if conn is None:
@@ -74,7 +74,7 @@ class ServicePool(ServiceConnection, JobRunner):
         future: Future[Any] = Future()
         job_id = next(self._ids)
         with self._lock:
-            self._pending[job_id] = (future, payload, name, limit, calls)
+            self._pending[job_id] = SentJob(future, payload, name, limit, calls, cost)
         try:
             umask = current_umask()
             merge_as = output
@@ -85,7 +85,7 @@ class ServicePool(ServiceConnection, JobRunner):
             elif output is not None and umask is not None:
                 # Jobs merge only when their outputs would be the same files, modes included.
                 merge_as = JobOutput(f"{output.key} umask {umask:o}", output.directory)
-            self._send(conn, ("job", job_id, self._wrapped(payload, umask), name, limit, merge_as))
+            self._send(conn, ("job", job_id, self._wrapped(payload, umask), name, limit, merge_as, cost))
         except OSError as err:
             # The server closed this connection before it could read the job (it exited when idle,
             # the usual case, or died): this job never ran, so it goes to a new connection, which
@@ -96,17 +96,17 @@ class ServicePool(ServiceConnection, JobRunner):
             self._lost(conn, f"sending a job failed: {err}")
             if retried:
                 return self._fallback().submit_payload(payload, name, limit, calls)
-            return self.submit_payload(payload, name, limit, output, retried=True, calls=calls)
+            return self.submit_payload(payload, name, limit, output, retried=True, calls=calls, cost=cost)
         return future
 
     def run(self, fn: Callable[..., Any], *args: Any, name: str | None = None, timeout_s: float | None = UNSET,
-            output: JobOutput | None = None, calls: Any = None) -> Any:
+            output: JobOutput | None = None, calls: Any = None, cost: float | None = None) -> Any:
         """`submit(...).result()`; or, while the service is not warm and this process may (`caller_fork`),
         the job in a fork of this process, from memory, with the service started after it for later
         jobs. The job's calls to this process (`calls`) are answered in this thread either way."""
         slot = self._caller_fork_slot()
         if slot is None:
-            return super().run(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls)
+            return super().run(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls, cost=cost)
         label = name or getattr(fn, "__qualname__", None) or repr(fn)
         limit = self.timeout_s if timeout_s is UNSET else timeout_s
         with slot:
@@ -118,7 +118,7 @@ class ServicePool(ServiceConnection, JobRunner):
             finally:
                 if self.caller_forks != forks_before:  # the job ran in a fork, however it ended
                     self._reach_service_later()
-        return super().run(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls)
+        return super().run(fn, *args, name=name, timeout_s=timeout_s, output=output, calls=calls, cost=cost)
 
     def _caller_fork_slot(self) -> CompileSlot | None:
         """A compile slot when this job should run in a fork of this process: the service is not
@@ -206,7 +206,7 @@ class ServicePool(ServiceConnection, JobRunner):
         with self._lock:
             conn, self._conn = self._conn, None
             unfinished, self._pending = self._pending, {}  # not run again anywhere: closing stops them
-        for future, _payload, name, _limit, _calls in unfinished.values():
-            future.set_exception(CompileAborted(name, "its ServicePool was closed"))
+        for sent in unfinished.values():
+            sent.future.set_exception(CompileAborted(sent.name, "its ServicePool was closed"))
         if conn is not None:
             self._shut(conn)  # its reader closes it

@@ -6,6 +6,13 @@ one kernel wait behind all 64. Here each client has its own queue and the pool i
 time, taking the clients in turn, so a client waits for at most one job of each other client per
 free worker.
 
+Of a client's own queued jobs, the costliest by its estimate goes first (a Triton back half's, from
+kcache.triton.compile_cost): a tune waits for all its configs, and when the long ones start first its
+last minutes are spent on short ones, not on one long compile with the other cores idle. Jobs without
+an estimate (TileLang's) keep their arrival order, ahead of estimated ones. A job passed over
+`max_workers` times goes next whatever the estimates, so none waits for long behind later arrivals.
+An estimate orders its own client's jobs only: it cannot move another client's.
+
 The memory budget (`KCACHE_COMPILE_MEMORY`) bounds the same dispatch: a job starts only while the
 workers' memory (proportional set size: pages shared with the template count once) plus one
 more worker's (the largest seen) fits the budget, or an idle worker can take it; one job always
@@ -20,6 +27,7 @@ in forks of themselves).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -40,7 +48,9 @@ class QueuedJob:
     timeout_s: float | None
     done: Callable[[Future[Any]], None]  # called once, with the pool's finished future
     calls: Any = None  # the relay of the job's calls to its client (service.CallRelay)
+    cost: float | None = None  # the client's estimate of its run time, relative to its other jobs
     future: Future[Any] | None = field(default=None, init=False)
+    passed_over: int = field(default=0, init=False)  # later jobs of its client that started before it
     slot: CompileSlot | None = field(default=None, init=False)
 
 
@@ -102,7 +112,7 @@ class FairScheduler:
                     return
                 client = self._turns.popleft()
                 queue = self._queues[client]
-                job = queue.popleft()
+                job = self._next_of(queue)
                 if queue:
                     self._turns.append(client)
                 else:
@@ -111,6 +121,19 @@ class FairScheduler:
                 self._running.add(job)
             job.future = self.pool.submit_payload(job.payload, job.name, job.timeout_s, job.calls)
             job.future.add_done_callback(lambda finished, job=job: self._finished(job, finished))
+
+    def _next_of(self, queue: deque[QueuedJob]) -> QueuedJob:
+        """A client's next job (and out of its queue): its costliest, jobs without an estimate first
+        and equals in arrival order, unless its oldest has been passed over `max_workers` times."""
+        chosen = queue[0]
+        if chosen.passed_over < self.pool.max_workers:
+            chosen = max(queue, key=lambda job: math.inf if job.cost is None else job.cost)
+        for waiting in queue:
+            if waiting is chosen:
+                break
+            waiting.passed_over += 1
+        queue.remove(chosen)
+        return chosen
 
     def _memory_allows(self) -> bool:
         if self.memory_budget is None or not self._running:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import socket
 import threading
@@ -135,8 +136,9 @@ class Server:
         try:
             kind = message[0]
             if kind == "job":
-                _, job_id, payload, name, timeout_s, output = message
-                self._submit(client, job_id, payload, name, timeout_s, send, output, relay.for_job(job_id))
+                _, job_id, payload, name, timeout_s, output, cost = message
+                self._submit(client, job_id, payload, name, timeout_s, send, output, relay.for_job(job_id),
+                             _cost_or_none(cost))
             elif kind == "return":  # ("return", job id, pickled answer): a client answered its job's call
                 relay.answered(message[1], message[2])
             elif kind == "hello":
@@ -168,7 +170,7 @@ class Server:
         return True
 
     def _submit(self, client: int, job_id: int, payload: bytes, name: str, timeout_s: float | None,
-                send: Any, output: Any, calls: Any) -> None:
+                send: Any, output: Any, calls: Any, cost: float | None) -> None:
         """Queue a client's job, or let it follow an identical one in flight (`inflight`)."""
         from kcache.compile import protocol as wire
         from kcache.compile.service.inflight import Follower, merge_key
@@ -207,7 +209,7 @@ class Server:
             answer_followers()
 
         def run_own() -> None:
-            self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done_alone, calls))
+            self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done_alone, calls, cost))
 
         def done_alone(finished: Future[Any]) -> None:
             cancelled = finished.cancelled()
@@ -218,7 +220,7 @@ class Server:
         if merged_as is not None and not self.inflight.lead_or_follow(merged_as, output.directory,
                                                                       Follower(output.directory, answer, run_own)):
             return
-        self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done, calls))
+        self.scheduler.add(QueuedJob(client, payload, name, timeout_s, done, calls, cost))
 
     def warm_up(self) -> None:
         """Start the first worker, then say that the service is warm (`mark_warm`)."""
@@ -262,3 +264,11 @@ class Server:
                 "idle_timeout_s": self.idle_s,
                 **self.counts,
             }
+
+
+def _cost_or_none(cost: object) -> float | None:
+    """A job's estimated cost as its client sent it, if it is a finite number: it only orders that
+    client's own jobs (scheduler), so anything else just leaves the job in arrival order."""
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
+        return float(cost)
+    return None

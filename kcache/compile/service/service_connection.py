@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 from kcache.compile import protocol as wire
 from kcache.compile.fork import caller_fork
@@ -28,6 +28,17 @@ from kcache.compile.workers.worker_process import answer_call
 log = logging.getLogger("kcache")
 
 RETRY_AFTER_S = 30.0  # after a failure, the own pool serves this long before the service is tried again
+
+
+class SentJob(NamedTuple):
+    """A job sent to the service and not answered yet: what sending it again takes."""
+
+    future: Future[Any]
+    payload: bytes
+    name: str
+    limit: float | None
+    calls: Any  # the caller's functions it may call
+    cost: float | None  # its estimate (service.scheduler)
 
 
 class ServiceConnection:
@@ -45,8 +56,7 @@ class ServiceConnection:
         self._conn: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._close_lock = threading.Lock()  # a connection's shutdown against its close (`_shut`, `_read`)
-        # job id -> (its future, payload, name, time limit, the caller's functions it may call)
-        self._pending: dict[int, tuple[Future[Any], bytes, str, float | None, Any]] = {}
+        self._pending: dict[int, SentJob] = {}  # by job id
         self._pongs: dict[int, threading.Event] = {}
         self._left_idle: set[int] = set()  # connections whose server said it exits when idle
         self._down_until = 0.0
@@ -54,8 +64,8 @@ class ServiceConnection:
         self.server_pid: int | None = None
         self._warm = False  # the connected service has a worker ready (its greeting, or ("warmed",) after it)
 
-    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET,
-                       output: Any = None, *, retried: bool = False, calls: Any = None) -> Future[Any]:
+    def submit_payload(self, payload: bytes, name: str, timeout_s: float | None = UNSET, output: Any = None,
+                       *, retried: bool = False, calls: Any = None, cost: float | None = None) -> Future[Any]:
         raise NotImplementedError  # `ServicePool`'s: the jobs a lost connection leaves go to it again
 
     def _connection(self) -> socket.socket | None:
@@ -132,9 +142,9 @@ class ServiceConnection:
                 if entry is None:
                     continue
                 if message[0] == "ok":
-                    entry[0].set_result(message[2])
+                    entry.future.set_result(message[2])
                 else:
-                    entry[0].set_exception(message[2])
+                    entry.future.set_exception(message[2])
         except (EOFError, OSError, wire.WorkerDied, wire.ReplyUnreadable) as err:
             self._lost(conn, f"the connection closed ({err})" if str(err) else "the connection closed")
 
@@ -151,21 +161,22 @@ class ServiceConnection:
             return  # an idle service that exited: the next job reconnects (or starts a new one)
         if left_idle:
             # The jobs crossed the server's idle exit on the way: none of them ran. A new service.
-            for future, payload, name, limit, calls in orphans.values():
-                _chain(self.submit_payload(payload, name, limit, retried=True, calls=calls), future)
+            for sent in orphans.values():
+                _chain(self.submit_payload(sent.payload, sent.name, sent.limit, retried=True, calls=sent.calls,
+                                           cost=sent.cost), sent.future)
             return
         self._down_until = time.monotonic() + RETRY_AFTER_S
         self._warn("lost", f"the compile service (pid {self.server_pid}) went away with {len(orphans)} job(s) running: "
                    f"{why}; running them in this process's own pool")
-        for future, payload, name, limit, calls in orphans.values():
-            _chain(self._fallback().submit_payload(payload, name, limit, calls), future)
+        for sent in orphans.values():
+            _chain(self._fallback().submit_payload(sent.payload, sent.name, sent.limit, sent.calls), sent.future)
 
     def _answer_call(self, conn: socket.socket, job_id: int, name: str, args: bytes) -> None:
         """A running job calls a function of this process: call it (in the thread waiting for the
         job, if one does) and send the answer back, pickled, through the service to the job."""
         with self._lock:
             entry = self._pending.get(job_id)
-        answer = answer_call(entry[4] if entry is not None else None, name, args)
+        answer = answer_call(entry.calls if entry is not None else None, name, args)
         with contextlib.suppress(OSError):
             self._send(conn, ("return", job_id, answer))
 
