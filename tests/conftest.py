@@ -61,7 +61,7 @@ QUICK_MODULES = frozenset({
     "test_import_hooks", "test_interrupts", "test_layers", "test_locks", "test_machine_code", "test_maintenance",
     "test_packed_blob", "test_readonly", "test_run", "test_store_stateful", "test_toolchain", "test_trust",
     "test_user_errors", "test_why_miss", "test_pool_close", "test_pool_spares", "test_service_scheduler", "test_tune_trials",
-    "test_tunes_profile",
+    "test_tunes_profile", "test_service_job_cost", "test_triton_compile_cost",
 })
 NEEDS_THE_MACHINE = frozenset({"unprivileged_env", "world_dir", "redis_url", "remote"})
 

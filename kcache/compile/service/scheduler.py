@@ -8,7 +8,7 @@ free worker.
 
 Of a client's own queued jobs, the costliest by its estimate goes first (a Triton back half's, from
 kcache.triton.compile_cost): a tune waits for all its configs, and when the long ones start first its
-last minutes are spent on short ones, not on one long compile with the other cores idle. Jobs without
+last seconds are spent on short ones, not on one long compile with the other cores idle. Jobs without
 an estimate (TileLang's) keep their arrival order, ahead of estimated ones. A job passed over
 `max_workers` times goes next whatever the estimates, so none waits for long behind later arrivals.
 An estimate orders its own client's jobs only: it cannot move another client's.

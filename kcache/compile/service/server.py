@@ -269,6 +269,10 @@ class Server:
 def _cost_or_none(cost: object) -> float | None:
     """A job's estimated cost as its client sent it, if it is a finite number: it only orders that
     client's own jobs (scheduler), so anything else just leaves the job in arrival order."""
-    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
-        return float(cost)
-    return None
+    if not isinstance(cost, (int, float)) or isinstance(cost, bool):
+        return None
+    try:
+        value = float(cost)
+    except OverflowError:  # an int past a float's range
+        return None
+    return value if math.isfinite(value) else None
