@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 from kcache.compile.pool.process_pool import CompilePool
 from kcache.compile.service import address, client
 from kcache.compile.service import connection as service_connection
+from kcache.compile.workers.worker_process import exited_within
 from kcache.errors import CompilerCrashed, CompileTimeout
 from kcache.store import layout
 from stress.service_runtime import service_processes
@@ -59,18 +59,6 @@ def service_pool(idle_s: float = 60.0, workers: int = 2, fallback: CompilePool |
 
 def status(pool: client.ServicePool) -> dict:
     return service_connection.request(pool.name, ("status",))
-
-
-def wait_for_exit(pid: int, timeout: float) -> bool:
-    """Wait for a process that is not our child to end (pidfd: no polling)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
-    finally:
-        os.close(fd)
 
 
 CLIENT = """
@@ -173,7 +161,7 @@ def test_the_service_killed_mid_job_falls_back_to_the_own_pool(runtime: Path, tm
         # The service's template and workers gone too (none is forked once the server is dead): a
         # service worker still waiting in the FIFO's open would take the release meant for the own
         # pool's worker (CI saw it), which would then wait for ever.
-        assert all(wait_for_exit(pid, 30) for pid in [server, *service_processes(runtime)])
+        assert all(exited_within(pid, 30) for pid in [server, *service_processes(runtime)])
         released = threading.Thread(target=lambda: fifo.write_text("done"))
         released.start()  # the job runs again in the own pool, whose worker opens the FIFO
         assert future.result(timeout=60) == "done"
@@ -203,7 +191,7 @@ def test_the_service_exits_when_idle(runtime: Path) -> None:
     pool = service_pool(idle_s=1.0)
     assert pool.run(pool_jobs.double, 4) == 8
     server = pool.server_pid
-    assert server is not None and wait_for_exit(server, 30)
+    assert server is not None and exited_within(server, 30)
     assert not address.socket_path(pool.name).exists()
     assert service_files(pool.name) == [f"compile-{pool.name}.log"]  # its lock, slots and start lock went with it
     assert pool.run(pool_jobs.double, 4) == 8  # the next job starts a new one
@@ -217,7 +205,7 @@ def test_a_stopped_service_removes_its_lock_and_slot_files_and_keeps_its_log(run
     running = service_files(name)
     assert {f"compile-{name}.lock", f"compile-{name}.sock", f"compile-{name}.start.lock"} <= set(running), running
     assert any(entry.startswith("compile-slot-") for entry in running), running  # the job ran in a slot
-    assert service_connection.request(name, ("stop",)) == server and server is not None and wait_for_exit(server, 30)
+    assert service_connection.request(name, ("stop",)) == server and server is not None and exited_within(server, 30)
     assert service_files(name) == [f"compile-{name}.log"]
     assert pool.run(pool_jobs.double, 1) == 2 and pool.server_pid != server  # a new service starts as before
 
@@ -504,7 +492,7 @@ def test_a_client_killed_mid_job_has_its_running_job_killed(runtime: Path, tmp_p
     worker = int(fifo.read_text())  # the job runs in this worker of the service
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    assert wait_for_exit(worker, 30)  # its hang does not hold the worker forever
+    assert exited_within(worker, 30)  # its hang does not hold the worker forever
     pool = service_pool()
     assert pool.run(pool_jobs.double, 5) == 10
     served = status(pool)
@@ -589,7 +577,7 @@ def test_followers_of_a_job_whose_client_went_away_run_their_own(runtime: Path, 
     served = status(follower)
     assert served["merged_jobs"] == 1 and served["running"] == 1 and served["queued"] == 0
     leader.close()  # its client goes away: the leader's job is aborted with its worker...
-    assert wait_for_exit(busy, 30)
+    assert exited_within(busy, 30)
     gate.write_text("go")  # ...and the follower's own job, in the replacement worker, opens the gate
     assert future.result(timeout=60) != busy
     assert runs.read_text() == "run\n" and not list(first.iterdir())  # the leader never got past the gate

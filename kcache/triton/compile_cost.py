@@ -31,7 +31,8 @@ def per_thread_elements(ir_text: str, num_warps: int, threads_per_warp: int = 32
     for line in ir_text.splitlines():
         if "=" not in line or "tensor<" not in line or line.lstrip().startswith("#"):
             continue
-        result_type = _LOCATION.sub("", line).rsplit("->" if "->" in line else ":", 1)[-1]
+        text = _LOCATION.sub("", line)
+        result_type = text.rsplit("->" if "->" in text else ":", 1)[-1]
         shapes = _TENSOR_SHAPE.findall(result_type)
         if shapes:
             elements += prod(int(size) for size in shapes[-1].rstrip("x").split("x"))
